@@ -1,0 +1,9 @@
+//! ingress: a Kubernetes ingress controller with an eBPF SNI gate.
+//!
+//! Data flows one way: sources → [`store::Store`] → [`snapshot::Snapshot`] (pure) → the proxy,
+//! the kernel map sync and the reporter, which all read the same published `Arc<Snapshot>`.
+
+pub mod diagnostics;
+pub mod snapshot;
+pub mod source;
+pub mod store;

@@ -1,0 +1,102 @@
+//! The annotations this controller reads. Each is accepted under its ingress-nginx name
+//! (`nginx.ingress.kubernetes.io/…`) so existing manifests keep working, and under this
+//! project's own prefix (`ingress.rs/…`), which wins when both are present.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub const PREFIX: &str = "ingress.rs/";
+pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
+/// Per-Ingress options, parsed once per snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `ssl-redirect`: `None` means "redirect when the host has TLS".
+    pub ssl_redirect: Option<bool>,
+    /// `force-ssl-redirect`: redirect to HTTPS even without TLS configured.
+    pub force_ssl_redirect: bool,
+    /// `ssl-passthrough`: the hosts are routed by SNI and TLS is left to the backend.
+    pub ssl_passthrough: bool,
+    /// `proxy-connect-timeout`, in seconds.
+    pub connect_timeout: Option<Duration>,
+    /// `proxy-read-timeout`, in seconds: how long to wait for the upstream's response headers.
+    pub read_timeout: Option<Duration>,
+}
+
+/// Parses the annotations this controller knows. Unknown keys are ignored, because other tools
+/// annotate Ingresses too. Each value that does not parse is an error message and the option
+/// keeps its default.
+pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<String>) {
+    let mut options = Options::default();
+    let mut errors = Vec::new();
+    let Some(annotations) = annotations else {
+        return (options, errors);
+    };
+    let mut bool_of = |name: &str| -> Option<bool> {
+        let (key, value) = lookup(annotations, name)?;
+        match value.trim() {
+            "true" => Some(true),
+            "false" => Some(false),
+            other => {
+                errors.push(format!("{key}: {other:?} is not \"true\" or \"false\""));
+                None
+            }
+        }
+    };
+    options.ssl_redirect = bool_of("ssl-redirect");
+    options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
+    options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
+    let mut seconds_of = |name: &str| -> Option<Duration> {
+        let (key, value) = lookup(annotations, name)?;
+        match value.trim().parse::<u64>() {
+            Ok(s) if (1..=86_400).contains(&s) => Some(Duration::from_secs(s)),
+            _ => {
+                errors.push(format!("{key}: {value:?} is not a whole number of seconds in 1..=86400"));
+                None
+            }
+        }
+    };
+    options.connect_timeout = seconds_of("proxy-connect-timeout");
+    options.read_timeout = seconds_of("proxy-read-timeout");
+    (options, errors)
+}
+
+fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
+    [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
+        annotations.get_key_value(&format!("{prefix}{name}")).map(|(k, v)| (k.as_str(), v.as_str()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_pairs(pairs: &[(&str, &str)]) -> (Options, Vec<String>) {
+        let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        parse(Some(&map))
+    }
+
+    #[test]
+    fn table() {
+        let n = |s: &str| format!("{NGINX_PREFIX}{s}");
+        let o = |s: &str| format!("{PREFIX}{s}");
+        let cases: Vec<(Vec<(String, &str)>, Options, usize)> = vec![
+            (vec![], Options::default(), 0),
+            (vec![(n("ssl-redirect"), "false")], Options { ssl_redirect: Some(false), ..Default::default() }, 0),
+            (vec![(n("ssl-redirect"), "false"), (o("ssl-redirect"), "true")], Options { ssl_redirect: Some(true), ..Default::default() }, 0),
+            (vec![(n("force-ssl-redirect"), "true")], Options { force_ssl_redirect: true, ..Default::default() }, 0),
+            (vec![(o("ssl-passthrough"), "true")], Options { ssl_passthrough: true, ..Default::default() }, 0),
+            (vec![(n("ssl-passthrough"), "yes")], Options::default(), 1),
+            (vec![(n("proxy-read-timeout"), "120")], Options { read_timeout: Some(Duration::from_secs(120)), ..Default::default() }, 0),
+            (vec![(n("proxy-connect-timeout"), "5s")], Options::default(), 1),
+            (vec![(n("proxy-connect-timeout"), "0")], Options::default(), 1),
+            (vec![("example.com/other".to_string(), "x")], Options::default(), 0),
+        ];
+        for (pairs, want, errors) in cases {
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let (got, errs) = parse_pairs(&pairs);
+            assert_eq!(got, want, "{pairs:?}");
+            assert_eq!(errs.len(), errors, "{pairs:?}: {errs:?}");
+        }
+    }
+}

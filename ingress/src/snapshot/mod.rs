@@ -1,0 +1,291 @@
+//! The snapshot: everything the proxy, the kernel map sync and the reporter need, built by one
+//! pure function from the store and published atomically.
+//!
+//! ```text
+//!   Store ──> build() ──> Snapshot { hosts: HostTable<VirtualHost>, default_backend, diagnostics }
+//!              │            VirtualHost { paths: PathMatcher<Route>, default_backend }
+//!              │            Route { ingress, backend: Backend { endpoints }, options }
+//!              └─ class selection, annotations, host/path validation, backend resolution
+//! ```
+
+pub mod annotations;
+pub mod backend;
+pub mod class;
+pub mod host;
+pub mod path;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
+
+use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity, Subject};
+use crate::store::{Kind, ObjectKey, Store};
+use annotations::Options;
+use backend::{Backend, PortRef, Resolver};
+use class::ClassSelector;
+use host::{HostPattern, HostTable};
+use path::{PathMatcher, PathRule};
+
+/// What the builder needs beyond the store. Everything here comes from flags.
+#[derive(Clone, Debug)]
+pub struct BuildSettings {
+    pub class: ClassSelector,
+}
+
+/// One immutable routing state.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub hosts: HostTable<Arc<VirtualHost>>,
+    /// The `defaultBackend` of an Ingress without rules: where unmatched hosts go.
+    pub default_backend: Option<Arc<Route>>,
+    /// Sorted and deduplicated.
+    pub diagnostics: Vec<Diagnostic>,
+    /// The Ingresses this controller owns, oldest first.
+    pub ingresses: Vec<ObjectKey>,
+}
+
+/// Everything served under one host pattern.
+#[derive(Debug)]
+pub struct VirtualHost {
+    pub pattern: HostPattern,
+    pub paths: PathMatcher<Arc<Route>>,
+    /// The `defaultBackend` of the oldest Ingress with rules for this host: where its unmatched
+    /// paths go.
+    pub default_backend: Option<Arc<Route>>,
+}
+
+/// A backend as one Ingress uses it.
+#[derive(Debug)]
+pub struct Route {
+    pub ingress: ObjectKey,
+    pub backend: Arc<Backend>,
+    pub options: Arc<Options>,
+    pub labels: RouteLabels,
+}
+
+/// Metric labels, allocated once per snapshot rather than once per request.
+#[derive(Clone, Debug)]
+pub struct RouteLabels {
+    pub namespace: Arc<str>,
+    pub ingress: Arc<str>,
+    pub service: Arc<str>,
+}
+
+impl Snapshot {
+    /// The route for a request, or `None` for a 404.
+    pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+        let vhost = match host {
+            Some(h) => self.hosts.lookup(h),
+            None => self.hosts.any(),
+        };
+        if let Some(vhost) = vhost {
+            if let Some(rule) = vhost.paths.find(path) {
+                return Some(&rule.target);
+            }
+            if let Some(default) = &vhost.default_backend {
+                return Some(default);
+            }
+        }
+        self.default_backend.as_ref()
+    }
+
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+    }
+
+    /// Diagnostic counts by kind, for the `ingress_config_errors` gauge.
+    pub fn diagnostic_counts(&self) -> BTreeMap<DiagnosticKind, usize> {
+        let mut counts = BTreeMap::new();
+        for d in &self.diagnostics {
+            *counts.entry(d.kind).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Builds a snapshot. Pure: the same store and settings give the same routing.
+    pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
+        let mut builder = Builder {
+            diagnostics: store.source_diagnostics.clone(),
+            resolver: Resolver::new(store),
+            hosts: BTreeMap::new(),
+            default_backend: None,
+        };
+        let owned = owned_ingresses(store, &settings.class);
+        for (key, ingress) in &owned {
+            builder.add_ingress(key, ingress);
+        }
+        let mut diagnostics = builder.diagnostics;
+        diagnostics.sort();
+        diagnostics.dedup();
+        let mut hosts = HostTable::default();
+        for (pattern, host) in builder.hosts {
+            let vhost = VirtualHost {
+                pattern: pattern.clone(),
+                paths: PathMatcher::new(host.rules),
+                default_backend: host.default_backend,
+            };
+            hosts.insert(pattern, Arc::new(vhost));
+        }
+        Snapshot {
+            generation,
+            hosts,
+            default_backend: builder.default_backend,
+            diagnostics,
+            ingresses: owned.into_iter().map(|(k, _)| k.clone()).collect(),
+        }
+    }
+}
+
+/// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
+fn owned_ingresses<'s>(store: &'s Store, class: &ClassSelector) -> Vec<(&'s ObjectKey, &'s Ingress)> {
+    let mut owned: Vec<(&ObjectKey, &Ingress)> = store
+        .ingresses
+        .iter()
+        .filter(|(_, ing)| class.owns(ing, &store.ingress_classes))
+        .map(|(k, ing)| (k, ing.as_ref()))
+        .collect();
+    owned.sort_by_key(|(key, ing)| (ing.metadata.creation_timestamp.as_ref().map(|t| t.0), *key));
+    owned
+}
+
+struct Builder<'s> {
+    diagnostics: Vec<Diagnostic>,
+    resolver: Resolver<'s>,
+    hosts: BTreeMap<HostPattern, HostBuilder>,
+    default_backend: Option<Arc<Route>>,
+}
+
+#[derive(Default)]
+struct HostBuilder {
+    rules: Vec<PathRule<Arc<Route>>>,
+    /// (path, type) to the Ingress that defined it first.
+    seen: HashMap<(String, &'static str), ObjectKey>,
+    default_backend: Option<Arc<Route>>,
+}
+
+impl Builder<'_> {
+    fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
+        let subject = Subject::object(Kind::Ingress, key);
+        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
+        for message in errors {
+            self.diagnostics.push(Diagnostic::error(DiagnosticKind::InvalidAnnotation, subject.clone(), message));
+        }
+        let options = Arc::new(options);
+        let Some(spec) = &ingress.spec else { return };
+        let rules = spec.rules.as_deref().unwrap_or_default();
+        let default_route =
+            spec.default_backend.as_ref().and_then(|b| self.route(key, b, &options));
+
+        if rules.is_empty() {
+            match (&default_route, &self.default_backend) {
+                (Some(route), None) => self.default_backend = Some(route.clone()),
+                (Some(_), Some(existing)) => self.diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::ConflictingRule,
+                    subject.clone(),
+                    format!("the default backend is already set by Ingress {}; this one is ignored", existing.ingress),
+                )),
+                (None, _) => {}
+            }
+        }
+
+        for rule in rules {
+            let pattern = match host::parse_pattern(rule.host.as_deref()) {
+                Ok(p) => p,
+                Err(err) => {
+                    self.diagnostics.push(Diagnostic::error(DiagnosticKind::InvalidHost, subject.clone(), err.to_string()));
+                    continue;
+                }
+            };
+            let host = self.hosts.entry(pattern.clone()).or_default();
+            if host.default_backend.is_none() {
+                host.default_backend = default_route.clone();
+            }
+            let paths = rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default();
+            for http_path in paths {
+                // ingress-nginx reads a missing path as "/"; the API server requires one for
+                // Exact and Prefix, so only hand-written manifests lack it.
+                let path = http_path.path.clone().unwrap_or_else(|| "/".into());
+                let kind = match path::compile(&path, &http_path.path_type) {
+                    Ok(kind) => kind,
+                    Err(err) => {
+                        let diag_kind = match err {
+                            path::PathError::Regex { .. } => DiagnosticKind::InvalidRegex,
+                            _ => DiagnosticKind::InvalidPath,
+                        };
+                        self.diagnostics.push(Diagnostic::error(
+                            diag_kind,
+                            subject.clone(),
+                            format!("host {pattern}: {err}; this path is not served"),
+                        ));
+                        continue;
+                    }
+                };
+                let seen_key = (path.clone(), kind.as_str());
+                let host = self.hosts.entry(pattern.clone()).or_default();
+                if let Some(first) = host.seen.get(&seen_key) {
+                    if first != key {
+                        let message = format!(
+                            "host {pattern} path {path} ({}) is already defined by Ingress {first}; this rule is ignored",
+                            kind.as_str()
+                        );
+                        self.diagnostics.push(Diagnostic::error(DiagnosticKind::ConflictingRule, subject.clone(), message));
+                    }
+                    continue;
+                }
+                host.seen.insert(seen_key, key.clone());
+                let Some(route) = self.route(key, &http_path.backend, &options) else {
+                    continue;
+                };
+                if let Some(host) = self.hosts.get_mut(&pattern) {
+                    host.rules.push(PathRule { path, kind, target: route });
+                }
+            }
+        }
+    }
+
+    /// A route to `backend` for `ingress`, recording any problem on the Ingress. `None` only if
+    /// the backend reference itself is unusable; a missing Service still routes (to a 503).
+    fn route(&mut self, ingress: &ObjectKey, backend: &IngressBackend, options: &Arc<Options>) -> Option<Arc<Route>> {
+        let subject = Subject::object(Kind::Ingress, ingress);
+        let Some(service) = &backend.service else {
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::UnsupportedBackend,
+                subject,
+                "resource backends are not supported; use a Service backend",
+            ));
+            return None;
+        };
+        let port = match service.port.as_ref() {
+            Some(p) if p.name.as_deref().is_some_and(|n| !n.is_empty()) => PortRef::Name(p.name.clone().unwrap_or_default()),
+            Some(p) if p.number.is_some() => PortRef::Number(p.number.unwrap_or_default()),
+            _ => {
+                self.diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::ServicePortNotFound,
+                    subject,
+                    format!("backend service {} names no port", service.name),
+                ));
+                return None;
+            }
+        };
+        let service_key = ObjectKey::new(ingress.namespace.clone(), service.name.clone());
+        let (backend, problem) = self.resolver.resolve(service_key, port);
+        if let Some(problem) = problem {
+            let severity = match problem.kind {
+                DiagnosticKind::NoReadyEndpoints => Severity::Warning,
+                _ => Severity::Error,
+            };
+            self.diagnostics.push(Diagnostic { severity, kind: problem.kind, subject, message: problem.message.clone() });
+        }
+        let labels = RouteLabels {
+            namespace: ingress.namespace.as_str().into(),
+            ingress: ingress.name.as_str().into(),
+            service: backend.service.name.as_str().into(),
+        };
+        Some(Arc::new(Route { ingress: ingress.clone(), backend, options: options.clone(), labels }))
+    }
+}
+
+#[cfg(test)]
+mod tests;

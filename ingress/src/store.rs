@@ -1,0 +1,210 @@
+//! Every object the sources have seen, typed and keyed by namespace/name.
+//!
+//! ```text
+//!   manifests dir ──┐
+//!                   ├──> Store ──> Snapshot::build (pure) ──> consumers
+//!   kube watches ───┘
+//! ```
+//!
+//! The store knows nothing about routing. Sources only `apply` and `delete`; the snapshot
+//! builder only reads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::Metadata;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+
+use crate::diagnostics::Diagnostic;
+
+/// Where an object lives. Cluster-scoped kinds (IngressClass) have an empty namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// The kinds the controller reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Ingress,
+    IngressClass,
+    Service,
+    EndpointSlice,
+    Secret,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Ingress => "Ingress",
+            Kind::IngressClass => "IngressClass",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Secret => "Secret",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One typed object, as a source hands it over.
+#[derive(Clone, Debug)]
+pub enum Object {
+    Ingress(Arc<Ingress>),
+    IngressClass(Arc<IngressClass>),
+    Service(Arc<Service>),
+    EndpointSlice(Arc<EndpointSlice>),
+    Secret(Arc<Secret>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Ingress(_) => Kind::Ingress,
+            Object::IngressClass(_) => Kind::IngressClass,
+            Object::Service(_) => Kind::Service,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::Secret(_) => Kind::Secret,
+        }
+    }
+
+    pub fn key(&self) -> ObjectKey {
+        match self {
+            Object::Ingress(o) => key_of(o.as_ref(), true),
+            Object::IngressClass(o) => key_of(o.as_ref(), false),
+            Object::Service(o) => key_of(o.as_ref(), true),
+            Object::EndpointSlice(o) => key_of(o.as_ref(), true),
+            Object::Secret(o) => key_of(o.as_ref(), true),
+        }
+    }
+}
+
+/// Namespaced objects without a namespace land in "default", as `kubectl apply` would put them.
+fn key_of<T>(obj: &T, namespaced: bool) -> ObjectKey
+where
+    T: Metadata<Ty = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+{
+    let meta = obj.metadata();
+    let namespace = if namespaced {
+        meta.namespace.clone().filter(|ns| !ns.is_empty()).unwrap_or_else(|| "default".into())
+    } else {
+        String::new()
+    };
+    ObjectKey { namespace, name: meta.name.clone().unwrap_or_default() }
+}
+
+/// The controller's view of the world. Cheap to clone: objects are shared.
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    pub ingresses: BTreeMap<ObjectKey, Arc<Ingress>>,
+    pub ingress_classes: BTreeMap<ObjectKey, Arc<IngressClass>>,
+    pub services: BTreeMap<ObjectKey, Arc<Service>>,
+    pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    /// Problems a source met before an object could reach the store (an unparseable file).
+    pub source_diagnostics: Vec<Diagnostic>,
+}
+
+impl Store {
+    /// Inserts or replaces an object. Returns the object it replaced, if any.
+    pub fn apply(&mut self, object: Object) -> Option<Object> {
+        let key = object.key();
+        match object {
+            Object::Ingress(o) => self.ingresses.insert(key, o).map(Object::Ingress),
+            Object::IngressClass(o) => {
+                self.ingress_classes.insert(key, o).map(Object::IngressClass)
+            }
+            Object::Service(o) => self.services.insert(key, o).map(Object::Service),
+            Object::EndpointSlice(o) => {
+                self.endpoint_slices.insert(key, o).map(Object::EndpointSlice)
+            }
+            Object::Secret(o) => self.secrets.insert(key, o).map(Object::Secret),
+        }
+    }
+
+    pub fn delete(&mut self, kind: Kind, key: &ObjectKey) -> bool {
+        match kind {
+            Kind::Ingress => self.ingresses.remove(key).is_some(),
+            Kind::IngressClass => self.ingress_classes.remove(key).is_some(),
+            Kind::Service => self.services.remove(key).is_some(),
+            Kind::EndpointSlice => self.endpoint_slices.remove(key).is_some(),
+            Kind::Secret => self.secrets.remove(key).is_some(),
+        }
+    }
+
+    pub fn contains(&self, kind: Kind, key: &ObjectKey) -> bool {
+        match kind {
+            Kind::Ingress => self.ingresses.contains_key(key),
+            Kind::IngressClass => self.ingress_classes.contains_key(key),
+            Kind::Service => self.services.contains_key(key),
+            Kind::EndpointSlice => self.endpoint_slices.contains_key(key),
+            Kind::Secret => self.secrets.contains_key(key),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ingresses.len()
+            + self.ingress_classes.len()
+            + self.services.len()
+            + self.endpoint_slices.len()
+            + self.secrets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn service(ns: Option<&str>, name: &str) -> Object {
+        Object::Service(Arc::new(Service {
+            metadata: ObjectMeta {
+                namespace: ns.map(Into::into),
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn apply_replace_delete() {
+        let mut store = Store::default();
+        assert!(store.apply(service(Some("a"), "web")).is_none());
+        assert!(store.apply(service(Some("a"), "web")).is_some(), "same key replaces");
+        assert!(store.apply(service(None, "web")).is_none(), "no namespace is default");
+        assert!(store.contains(Kind::Service, &ObjectKey::new("default", "web")));
+        assert_eq!(store.len(), 2);
+        assert!(store.delete(Kind::Service, &ObjectKey::new("a", "web")));
+        assert!(!store.delete(Kind::Service, &ObjectKey::new("a", "web")));
+        assert_eq!(store.len(), 1);
+    }
+}
