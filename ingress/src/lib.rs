@@ -3,6 +3,7 @@
 //! Data flows one way: sources → [`store::Store`] → [`snapshot::Snapshot`] (pure) → the proxy,
 //! the kernel map sync and the reporter, which all read the same published `Arc<Snapshot>`.
 
+pub mod client_hello;
 pub mod diagnostics;
 pub mod snapshot;
 pub mod source;

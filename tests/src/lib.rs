@@ -1,1 +1,3 @@
+//! Helpers shared by the integration tests in `tests/tests/`.
 
+pub mod apiserver;

@@ -1,0 +1,1 @@
+//! A pure, fuzzable TLS ClientHello parser.

@@ -1,0 +1,1 @@
+//! A test Kubernetes API server (see issue: Kubernetes controller).
