@@ -5,6 +5,7 @@
 
 pub mod client_hello;
 pub mod diagnostics;
+pub mod gate;
 pub mod snapshot;
 pub mod source;
 pub mod store;
