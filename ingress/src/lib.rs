@@ -3,9 +3,17 @@
 //! Data flows one way: sources → [`store::Store`] → [`snapshot::Snapshot`] (pure) → the proxy,
 //! the kernel map sync and the reporter, which all read the same published `Arc<Snapshot>`.
 
+pub mod admin;
+pub mod check;
+pub mod cli;
 pub mod client_hello;
 pub mod diagnostics;
 pub mod gate;
+pub mod metrics;
+pub mod proxy;
+pub mod publish;
+pub mod run;
 pub mod snapshot;
 pub mod source;
 pub mod store;
+pub mod telemetry;

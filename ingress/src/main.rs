@@ -1,1 +1,67 @@
-fn main() {}
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+use ingress::check;
+use ingress::cli::{CheckArgs, CheckOutput, Cli, Command};
+use ingress::snapshot::class::ClassSelector;
+use ingress::snapshot::{BuildSettings, Snapshot};
+use ingress::source::manifests;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Version) => {
+            println!("{}", version());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Check(args)) => check(&args),
+        None => run(cli.run),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn version() -> String {
+    let ebpf = if ingress::run::ebpf_object_embedded() {
+        "eBPF object embedded"
+    } else {
+        "userspace-only build: no eBPF object embedded"
+    };
+    format!("ingress {} ({ebpf})", env!("CARGO_PKG_VERSION"))
+}
+
+fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
+    let _log_guard = ingress::telemetry::init(&args.log)?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if args.proxy.worker_threads > 0 {
+        runtime.worker_threads(args.proxy.worker_threads);
+    }
+    let runtime = runtime.enable_all().build().context("cannot start the tokio runtime")?;
+    runtime.block_on(ingress::run::run(args))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.source.manifests.as_deref().context("ingress check needs --manifests DIR")?;
+    let store = manifests::load_dir(dir);
+    let settings = BuildSettings {
+        class: ClassSelector {
+            ingress_class: args.source.ingress_class.clone(),
+            controller_class: args.source.controller_class.clone(),
+        },
+    };
+    let snapshot = Snapshot::build(&store, &settings, 1);
+    let report = check::report(&snapshot);
+    match args.output {
+        CheckOutput::Text => print!("{}", check::render_text(&report)),
+        CheckOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+    }
+    Ok(if snapshot.has_errors() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}

@@ -17,8 +17,6 @@ pub struct Options {
     pub force_ssl_redirect: bool,
     /// `ssl-passthrough`: the hosts are routed by SNI and TLS is left to the backend.
     pub ssl_passthrough: bool,
-    /// `proxy-connect-timeout`, in seconds.
-    pub connect_timeout: Option<Duration>,
     /// `proxy-read-timeout`, in seconds: how long to wait for the upstream's response headers.
     pub read_timeout: Option<Duration>,
 }
@@ -56,7 +54,6 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             }
         }
     };
-    options.connect_timeout = seconds_of("proxy-connect-timeout");
     options.read_timeout = seconds_of("proxy-read-timeout");
     (options, errors)
 }
@@ -88,8 +85,8 @@ mod tests {
             (vec![(o("ssl-passthrough"), "true")], Options { ssl_passthrough: true, ..Default::default() }, 0),
             (vec![(n("ssl-passthrough"), "yes")], Options::default(), 1),
             (vec![(n("proxy-read-timeout"), "120")], Options { read_timeout: Some(Duration::from_secs(120)), ..Default::default() }, 0),
-            (vec![(n("proxy-connect-timeout"), "5s")], Options::default(), 1),
-            (vec![(n("proxy-connect-timeout"), "0")], Options::default(), 1),
+            (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
+            (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
             (vec![("example.com/other".to_string(), "x")], Options::default(), 0),
         ];
         for (pairs, want, errors) in cases {

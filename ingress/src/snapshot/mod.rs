@@ -60,6 +60,8 @@ pub struct VirtualHost {
 #[derive(Debug)]
 pub struct Route {
     pub ingress: ObjectKey,
+    /// Whether the Ingress lists this route's host under `spec.tls`.
+    pub tls: bool,
     pub backend: Arc<Backend>,
     pub options: Arc<Options>,
     pub labels: RouteLabels,
@@ -95,11 +97,11 @@ impl Snapshot {
         self.diagnostics.iter().any(|d| d.severity == Severity::Error)
     }
 
-    /// Diagnostic counts by kind, for the `ingress_config_errors` gauge.
-    pub fn diagnostic_counts(&self) -> BTreeMap<DiagnosticKind, usize> {
+    /// Diagnostic counts by kind and severity, for the `ingress_config_errors` gauge.
+    pub fn diagnostic_counts_by_severity(&self) -> BTreeMap<(DiagnosticKind, Severity), usize> {
         let mut counts = BTreeMap::new();
         for d in &self.diagnostics {
-            *counts.entry(d.kind).or_default() += 1;
+            *counts.entry((d.kind, d.severity)).or_default() += 1;
         }
         counts
     }
@@ -175,8 +177,15 @@ impl Builder<'_> {
         let options = Arc::new(options);
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
+        let tls_hosts: Vec<HostPattern> = spec
+            .tls
+            .iter()
+            .flatten()
+            .flat_map(|t| t.hosts.iter().flatten())
+            .filter_map(|h| host::parse_pattern(Some(h)).ok())
+            .collect();
         let default_route =
-            spec.default_backend.as_ref().and_then(|b| self.route(key, b, &options));
+            spec.default_backend.as_ref().and_then(|b| self.route(key, b, &options, false));
 
         if rules.is_empty() {
             match (&default_route, &self.default_backend) {
@@ -198,6 +207,7 @@ impl Builder<'_> {
                     continue;
                 }
             };
+            let tls = tls_hosts.contains(&pattern);
             let host = self.hosts.entry(pattern.clone()).or_default();
             if host.default_backend.is_none() {
                 host.default_backend = default_route.clone();
@@ -235,7 +245,7 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
-                let Some(route) = self.route(key, &http_path.backend, &options) else {
+                let Some(route) = self.route(key, &http_path.backend, &options, tls) else {
                     continue;
                 };
                 if let Some(host) = self.hosts.get_mut(&pattern) {
@@ -247,7 +257,7 @@ impl Builder<'_> {
 
     /// A route to `backend` for `ingress`, recording any problem on the Ingress. `None` only if
     /// the backend reference itself is unusable; a missing Service still routes (to a 503).
-    fn route(&mut self, ingress: &ObjectKey, backend: &IngressBackend, options: &Arc<Options>) -> Option<Arc<Route>> {
+    fn route(&mut self, ingress: &ObjectKey, backend: &IngressBackend, options: &Arc<Options>, tls: bool) -> Option<Arc<Route>> {
         let subject = Subject::object(Kind::Ingress, ingress);
         let Some(service) = &backend.service else {
             self.diagnostics.push(Diagnostic::error(
@@ -283,7 +293,7 @@ impl Builder<'_> {
             ingress: ingress.name.as_str().into(),
             service: backend.service.name.as_str().into(),
         };
-        Some(Arc::new(Route { ingress: ingress.clone(), backend, options: options.clone(), labels }))
+        Some(Arc::new(Route { ingress: ingress.clone(), tls, backend, options: options.clone(), labels }))
     }
 }
 

@@ -1,3 +1,4 @@
-//! Sources fill the store: a directory of manifests, or (later) the Kubernetes API.
+//! Sources fill the store: a directory of manifests, or the Kubernetes API.
 
 pub mod manifests;
+pub mod watch;

@@ -1,0 +1,169 @@
+//! Every flag, in one place. Each has an environment twin so a DaemonSet can configure the
+//! controller without rewriting its command line.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ingress",
+    version,
+    about = "Kubernetes ingress controller with an eBPF SNI gate",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the resolved routing table and every diagnostic; exit 1 if any is an error.
+    Check(CheckArgs),
+    /// Print the version and whether this binary carries its eBPF programs.
+    Version,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Output format.
+    #[arg(long, env = "INGRESS_CHECK_OUTPUT", value_enum, default_value_t = CheckOutput::Text)]
+    pub output: CheckOutput,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckOutput {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Source")]
+pub struct SourceArgs {
+    /// Read Ingress, IngressClass, Service, EndpointSlice and Secret manifests (*.yaml, *.yml,
+    /// *.json, multi-document) from this directory and follow its changes.
+    #[arg(long, env = "INGRESS_MANIFESTS", value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+    /// The IngressClass name this controller serves (also matched against the legacy
+    /// `kubernetes.io/ingress.class` annotation).
+    #[arg(long, env = "INGRESS_CLASS", default_value = "ingress", value_name = "NAME")]
+    pub ingress_class: String,
+    /// The `spec.controller` value of the IngressClasses this controller serves.
+    #[arg(long, env = "INGRESS_CONTROLLER_CLASS", default_value = "ingress.rs/controller", value_name = "NAME")]
+    pub controller_class: String,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Listeners")]
+pub struct ListenArgs {
+    /// Plain HTTP port.
+    #[arg(long, env = "INGRESS_HTTP_PORT", default_value_t = 80, value_name = "N")]
+    pub http_port: u16,
+    /// HTTPS port.
+    #[arg(long, env = "INGRESS_HTTPS_PORT", default_value_t = 443, value_name = "N")]
+    pub https_port: u16,
+    /// Address the HTTP, HTTPS and admin listeners bind to.
+    #[arg(long, env = "INGRESS_BIND", default_value = "0.0.0.0", value_name = "ADDR")]
+    pub bind: IpAddr,
+    /// Admin port: /healthz, /readyz, /metrics, /routes.
+    #[arg(long, env = "INGRESS_ADMIN_PORT", default_value_t = 10254, value_name = "N")]
+    pub admin_port: u16,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Proxy")]
+pub struct ProxyArgs {
+    /// Time allowed to open a connection to an upstream endpoint (then 504).
+    #[arg(long, env = "INGRESS_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub upstream_connect_timeout: Duration,
+    /// Time allowed for an upstream to send response headers (then 504). The
+    /// `proxy-read-timeout` annotation overrides it per Ingress.
+    #[arg(long, env = "INGRESS_UPSTREAM_RESPONSE_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub upstream_response_timeout: Duration,
+    /// Time allowed for a client to send a request's headers.
+    #[arg(long, env = "INGRESS_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted, in bytes (then 431). At least 8192.
+    #[arg(long, env = "INGRESS_MAX_HEADER_SIZE", default_value_t = 32 * 1024, value_name = "BYTES")]
+    pub max_header_size: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    #[arg(long, env = "INGRESS_DRAIN_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub drain_timeout: Duration,
+    /// How long configuration changes must pause before a snapshot is built; bursts coalesce
+    /// into one build, which happens at most 5 debounce periods after the burst began.
+    #[arg(long, env = "INGRESS_DEBOUNCE", default_value = "10ms", value_parser = duration)]
+    pub debounce: Duration,
+    /// Worker threads for the proxy runtime (0: one per CPU).
+    #[arg(long, env = "INGRESS_WORKER_THREADS", default_value_t = 0, value_name = "N")]
+    pub worker_threads: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Logging")]
+pub struct LogArgs {
+    /// Log line format.
+    #[arg(long, env = "INGRESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,ingress::proxy=debug`).
+    #[arg(long, env = "INGRESS_LOG", default_value = "info", value_name = "FILTER")]
+    pub log_level: String,
+    /// One access-log line per request (target `access`).
+    #[arg(long, env = "INGRESS_ACCESS_LOG", default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    pub access_log: bool,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fit_a_daemonset() {
+        let cli = Cli::try_parse_from(["ingress"]).unwrap();
+        assert!(cli.command.is_none());
+        let l = &cli.run.listen;
+        assert_eq!((l.http_port, l.https_port, l.admin_port), (80, 443, 10254));
+        assert_eq!(l.bind.to_string(), "0.0.0.0");
+    }
+
+    #[test]
+    fn subcommands_and_flags() {
+        let cli = Cli::try_parse_from(["ingress", "check", "--manifests", "/tmp/x"]).unwrap();
+        let Some(Command::Check(check)) = cli.command else { panic!("check") };
+        assert_eq!(check.source.manifests.as_deref(), Some(std::path::Path::new("/tmp/x")));
+        let cli = Cli::try_parse_from(["ingress", "--http-port", "8080", "--upstream-connect-timeout", "250ms", "--access-log", "false"]).unwrap();
+        assert_eq!(cli.run.listen.http_port, 8080);
+        assert_eq!(cli.run.proxy.upstream_connect_timeout, Duration::from_millis(250));
+        assert!(!cli.run.log.access_log);
+        assert!(Cli::try_parse_from(["ingress", "--http-port", "x"]).is_err());
+        assert!(matches!(Cli::try_parse_from(["ingress", "version"]).unwrap().command, Some(Command::Version)));
+    }
+}

@@ -1,1 +1,0 @@
-//! A pure, fuzzable TLS ClientHello parser.

@@ -1,0 +1,171 @@
+//! Prometheus metrics, served on the admin port at `/metrics`.
+//!
+//! Every metric is registered here, once, so the README's metric reference can be checked
+//! against one file. Names follow the `ingress_` prefix; units are in the name.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::diagnostics::{DiagnosticKind, Severity};
+use crate::snapshot::{RouteLabels, Snapshot};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub namespace: Arc<str>,
+    pub ingress: Arc<str>,
+    pub service: Arc<str>,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteOnlyLabels {
+    pub namespace: Arc<str>,
+    pub ingress: Arc<str>,
+    pub service: Arc<str>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+    pub severity: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+    pub ebpf_object: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<RouteOnlyLabels, Histogram>,
+    pub snapshot_generation: Gauge,
+    pub snapshot_build_seconds: Histogram,
+    pub snapshot_hosts: Gauge,
+    pub config_errors: Family<KindLabels, Gauge>,
+    pub connections: Family<ListenerLabels, Counter>,
+    pub connections_active: Family<ListenerLabels, Gauge>,
+    pub ebpf_enabled: Gauge,
+    pub ready: Gauge,
+}
+
+/// Latency buckets from 1 ms to 60 s: proxies serve both cache hits and slow reports.
+const LATENCY_BUCKETS: [f64; 14] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0];
+
+impl Metrics {
+    pub fn new(ebpf_object: bool) -> Self {
+        let mut registry = Registry::with_prefix("ingress");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register("requests", "HTTP requests by Ingress, Service and response status", requests.clone());
+        let request_duration = Family::<RouteOnlyLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(LATENCY_BUCKETS)) as fn() -> Histogram,
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time from request to response headers, by Ingress and Service",
+            request_duration.clone(),
+        );
+        let snapshot_generation = Gauge::default();
+        registry.register("snapshot_generation", "Generation of the routing snapshot being served", snapshot_generation.clone());
+        let snapshot_build_seconds = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]);
+        registry.register("snapshot_build_seconds", "Time to build a routing snapshot from the store", snapshot_build_seconds.clone());
+        let snapshot_hosts = Gauge::default();
+        registry.register("snapshot_hosts", "Host patterns in the routing snapshot being served", snapshot_hosts.clone());
+        let config_errors = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "config_errors",
+            "Configuration problems in the snapshot being served, by kind and severity",
+            config_errors.clone(),
+        );
+        let connections = Family::<ListenerLabels, Counter>::default();
+        registry.register("connections", "Accepted client connections by listener", connections.clone());
+        let connections_active = Family::<ListenerLabels, Gauge>::default();
+        registry.register("connections_active", "Open client connections by listener", connections_active.clone());
+        let ebpf_enabled = Gauge::default();
+        registry.register("ebpf_enabled", "1 when the kernel SNI gate is loaded, 0 in userspace mode", ebpf_enabled.clone());
+        let ready = Gauge::default();
+        registry.register("ready", "1 when /readyz answers 200", ready.clone());
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                ebpf_object: if ebpf_object { "embedded" } else { "absent" },
+            })
+            .set(1);
+        registry.register("build_info", "Version, and whether the eBPF object is embedded", build_info);
+        for kind in DiagnosticKind::ALL {
+            for severity in [Severity::Error, Severity::Warning] {
+                config_errors.get_or_create(&KindLabels { kind: kind.as_str(), severity: severity.as_str() }).set(0);
+            }
+        }
+        Self {
+            registry,
+            requests,
+            request_duration,
+            snapshot_generation,
+            snapshot_build_seconds,
+            snapshot_hosts,
+            config_errors,
+            connections,
+            connections_active,
+            ebpf_enabled,
+            ready,
+        }
+    }
+
+    /// Access to the registry for subsystems that register their own metrics at startup.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn observe_request(&self, route: Option<&RouteLabels>, status: u16, elapsed: Duration) {
+        let (namespace, ingress, service) = match route {
+            Some(r) => (r.namespace.clone(), r.ingress.clone(), r.service.clone()),
+            None => (empty(), empty(), empty()),
+        };
+        self.request_duration
+            .get_or_create(&RouteOnlyLabels { namespace: namespace.clone(), ingress: ingress.clone(), service: service.clone() })
+            .observe(elapsed.as_secs_f64());
+        self.requests.get_or_create(&RequestLabels { namespace, ingress, service, status }).inc();
+    }
+
+    pub fn observe_snapshot(&self, snapshot: &Snapshot, build_time: Duration) {
+        self.snapshot_generation.set(i64::try_from(snapshot.generation).unwrap_or(i64::MAX));
+        self.snapshot_build_seconds.observe(build_time.as_secs_f64());
+        self.snapshot_hosts.set(i64::try_from(snapshot.hosts.len()).unwrap_or(i64::MAX));
+        let counts = snapshot.diagnostic_counts_by_severity();
+        for kind in DiagnosticKind::ALL {
+            for severity in [Severity::Error, Severity::Warning] {
+                let n = counts.get(&(*kind, severity)).copied().unwrap_or(0);
+                self.config_errors
+                    .get_or_create(&KindLabels { kind: kind.as_str(), severity: severity.as_str() })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
+fn empty() -> Arc<str> {
+    Arc::from("")
+}

@@ -1,0 +1,234 @@
+//! The HTTP proxy, as a sequence of phases, each with one place to live:
+//!
+//! ```text
+//!   accept (listener.rs) → [TLS] → request: route (snapshot) → redirect? → pick endpoint
+//!        → rewrite headers (forward.rs) → upstream (upstream.rs) → response → log + metrics
+//! ```
+//!
+//! A request takes the snapshot current when it arrives and keeps its route until it is done, so
+//! a configuration change never disturbs a request in flight.
+
+pub mod forward;
+pub mod listener;
+pub mod respond;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use crate::metrics::Metrics;
+use crate::publish::Published;
+use crate::snapshot::Route;
+use crate::snapshot::backend::Target;
+use crate::snapshot::host::request_host;
+use crate::snapshot::path::normalize;
+use forward::ClientSide;
+use upstream::{UpstreamClient, UpstreamError};
+
+pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+
+#[derive(Clone, Debug)]
+pub struct ProxySettings {
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    pub access_log: bool,
+    /// The HTTPS port clients use, for redirect locations.
+    pub https_port: u16,
+}
+
+/// What the proxy knows about one client connection.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub local_port: u16,
+    pub https: bool,
+}
+
+pub struct Proxy {
+    published: Arc<Published>,
+    client: UpstreamClient,
+    metrics: Arc<Metrics>,
+    settings: ProxySettings,
+}
+
+static SERVER: HeaderValue = HeaderValue::from_static("ingress");
+
+/// How a request ended, for the access log.
+struct Outcome {
+    upstream: Option<String>,
+    error: Option<UpstreamError>,
+}
+
+impl Proxy {
+    pub fn new(published: Arc<Published>, metrics: Arc<Metrics>, settings: ProxySettings) -> Self {
+        let client = upstream::client(settings.connect_timeout);
+        Self { published, client, metrics, settings }
+    }
+
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Result<Response<ProxyBody>, Infallible> {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let client_version = req.version();
+        let uri = req.uri().clone();
+        let authority = request_authority(&req);
+        let host = authority.as_deref().and_then(request_host);
+        let route = {
+            let snapshot = self.published.load();
+            snapshot.route(host.as_deref(), &normalize(uri.path())).cloned()
+        };
+        let (mut response, outcome) = match &route {
+            None => (respond::status(StatusCode::NOT_FOUND), Outcome { upstream: None, error: None }),
+            Some(route) => match self.redirect(route, &conn, host.as_deref(), &uri) {
+                Some(redirect) => (redirect, Outcome { upstream: None, error: None }),
+                None => self.forward(req, route, authority, &conn).await,
+            },
+        };
+        response.headers_mut().insert(header::SERVER, SERVER.clone());
+        // The upstream may speak HTTP/1.0; the client gets the version it asked with.
+        *response.version_mut() = client_version;
+        let elapsed = started.elapsed();
+        let status = response.status();
+        self.metrics.observe_request(route.as_ref().map(|r| &r.labels), status.as_u16(), elapsed);
+        if self.settings.access_log {
+            tracing::info!(
+                target: "access",
+                client = %conn.peer.ip(),
+                method = %method,
+                host = host.as_deref().unwrap_or("-"),
+                uri = %uri,
+                version = ?client_version,
+                status = status.as_u16(),
+                duration_ms = %format_args!("{:.3}", elapsed.as_secs_f64() * 1000.0),
+                upstream = outcome.upstream.as_deref().unwrap_or("-"),
+                ingress = route.as_ref().map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
+                service = route.as_ref().map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
+                error = outcome.error.as_ref().map(ToString::to_string).as_deref().unwrap_or("-"),
+            );
+        }
+        Ok(response)
+    }
+
+    /// HTTP to HTTPS redirects (`ssl-redirect`, `force-ssl-redirect`).
+    fn redirect(&self, route: &Route, conn: &ConnInfo, host: Option<&str>, uri: &Uri) -> Option<Response<ProxyBody>> {
+        if conn.https || !route.redirects_to_https() {
+            return None;
+        }
+        let host = host?;
+        let port = match self.settings.https_port {
+            443 => String::new(),
+            p => format!(":{p}"),
+        };
+        let path = uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        Some(respond::redirect(&format!("https://{host}{port}{path}")))
+    }
+
+    async fn forward(
+        &self,
+        mut req: Request<Incoming>,
+        route: &Arc<Route>,
+        authority: Option<String>,
+        conn: &ConnInfo,
+    ) -> (Response<ProxyBody>, Outcome) {
+        let fail = |error: UpstreamError, upstream: Option<String>| {
+            (respond::status(error.status()), Outcome { upstream, error: Some(error) })
+        };
+        let (upstream_authority, in_flight) = match &route.backend.target {
+            Target::Endpoints(_) => match route.backend.pick() {
+                Some(endpoint) => (endpoint.authority.clone(), Some(endpoint.start())),
+                None => return fail(UpstreamError::NoEndpoints, None),
+            },
+            Target::ExternalName { host, port } => match Authority::try_from(format!("{host}:{port}").as_str()) {
+                Ok(a) => (a, None),
+                Err(e) => return fail(UpstreamError::Connect(e.to_string()), None),
+            },
+            Target::Unavailable => return fail(UpstreamError::NoEndpoints, None),
+        };
+        let upstream_name = upstream_authority.to_string();
+
+        let upgrade = req.version() == Version::HTTP_11 && forward::is_upgrade(req.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let (mut parts, body) = req.into_parts();
+        let host = authority.as_deref().and_then(request_host);
+        forward::strip_hop_by_hop(&mut parts.headers, upgrade);
+        forward::add_forwarding(
+            &mut parts.headers,
+            ClientSide { client_ip: conn.peer.ip(), host: host.as_deref(), https: conn.https, port: conn.local_port },
+        );
+        forward::ensure_request_id(&mut parts.headers);
+        if !parts.headers.contains_key(header::HOST) {
+            // HTTP/2 carries the host in :authority; an HTTP/1.1 upstream needs a Host header.
+            if let Some(value) = authority.as_deref().and_then(|a| HeaderValue::from_str(a).ok()) {
+                parts.headers.insert(header::HOST, value);
+            }
+        }
+        let mut uri_parts = http::uri::Parts::default();
+        uri_parts.scheme = Some(Scheme::HTTP);
+        uri_parts.authority = Some(upstream_authority);
+        uri_parts.path_and_query = Some(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
+        parts.uri = match Uri::from_parts(uri_parts) {
+            Ok(uri) => uri,
+            Err(e) => return fail(UpstreamError::Protocol(e.to_string()), Some(upstream_name)),
+        };
+        parts.version = Version::HTTP_11;
+        let upstream_req = Request::from_parts(parts, body);
+
+        let timeout = route.options.read_timeout.unwrap_or(self.settings.response_timeout);
+        let mut response = match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => return fail(UpstreamError::from_client(err), Some(upstream_name)),
+            Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(upstream_name)),
+        };
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(tunnel(client_upgrade, upstream_upgrade, in_flight));
+        } else {
+            // The body streams after this returns; the endpoint's load counts until headers.
+            drop(in_flight);
+        }
+        forward::strip_hop_by_hop(response.headers_mut(), switching);
+        (response.map(Either::Left), Outcome { upstream: Some(upstream_name), error: None })
+    }
+}
+
+impl Route {
+    fn redirects_to_https(&self) -> bool {
+        self.options.force_ssl_redirect || (self.tls && self.options.ssl_redirect.unwrap_or(true))
+    }
+}
+
+/// The host the client asked for: the URI's authority (HTTP/2, absolute-form HTTP/1.1) or the
+/// Host header.
+fn request_authority(req: &Request<Incoming>) -> Option<String> {
+    if let Some(authority) = req.uri().authority() {
+        return Some(authority.as_str().to_owned());
+    }
+    req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned)
+}
+
+/// Copies bytes both ways once client and upstream have both switched protocols.
+async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade, in_flight: Option<crate::snapshot::backend::InFlight>) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(pair) => pair,
+        Err(err) => {
+            tracing::debug!(%err, "upgrade failed");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut upstream = TokioIo::new(upstream);
+    if let Err(err) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(%err, "upgraded connection ended");
+    }
+    drop(in_flight);
+}

@@ -1,0 +1,32 @@
+//! Responses the proxy makes itself. Short plain-text bodies: a person with curl should see
+//! what happened, and a browser should not get an HTML page that looks like an application's.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{Either, Full};
+
+use super::ProxyBody;
+
+pub fn status(code: StatusCode) -> Response<ProxyBody> {
+    let reason = code.canonical_reason().unwrap_or("");
+    let body = Bytes::from(format!("{} {reason}\n", code.as_u16()));
+    let mut response = Response::new(Either::Right(Full::new(body)));
+    *response.status_mut() = code;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+/// A permanent redirect that keeps the method and body (308), as ingress-nginx sends for
+/// `ssl-redirect`.
+pub fn redirect(location: &str) -> Response<ProxyBody> {
+    let mut response = status(StatusCode::PERMANENT_REDIRECT);
+    match HeaderValue::from_str(location) {
+        Ok(v) => {
+            response.headers_mut().insert(header::LOCATION, v);
+            response
+        }
+        Err(_) => status(StatusCode::BAD_REQUEST),
+    }
+}

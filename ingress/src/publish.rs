@@ -1,0 +1,189 @@
+//! Publishing: sources' events → store → one snapshot build → one atomic swap.
+//!
+//! ```text
+//!   SourceEvent ──> Pipeline (coalesces a burst, builds once) ──> Published
+//!                                                                  ├─ hooks.before(new, old)   kernel: add names
+//!                                                                  ├─ ArcSwap::store(new)      proxy sees it
+//!                                                                  ├─ hooks.after(new, old)    kernel: remove names
+//!                                                                  └─ watch channel            reporter, metrics
+//! ```
+//!
+//! The hook order is what keeps the kernel and the proxy from disagreeing about a name that is
+//! valid before and after a change: the kernel learns new names before the proxy serves them and
+//! forgets old names only after the proxy stopped serving them.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tokio::sync::{mpsc, watch};
+
+use crate::diagnostics::{Diagnostic, Severity};
+use crate::metrics::Metrics;
+use crate::snapshot::{BuildSettings, Snapshot};
+use crate::store::{Kind, Object, ObjectKey, Store};
+
+/// Something that must see each snapshot change in step with the swap.
+pub trait PublishHook: Send + Sync {
+    /// Runs before `new` becomes visible to the proxy.
+    fn before(&self, new: &Snapshot, old: &Snapshot);
+    /// Runs after `new` is visible to the proxy.
+    fn after(&self, new: &Snapshot, old: &Snapshot);
+}
+
+/// The current snapshot, readable from any task without locks.
+pub struct Published {
+    current: ArcSwap<Snapshot>,
+    changes: watch::Sender<Arc<Snapshot>>,
+    synced: AtomicBool,
+    hooks: std::sync::Mutex<Vec<Arc<dyn PublishHook>>>,
+}
+
+impl Published {
+    pub fn new() -> Arc<Self> {
+        let empty = Arc::new(Snapshot::default());
+        let (changes, _) = watch::channel(empty.clone());
+        Arc::new(Self {
+            current: ArcSwap::new(empty),
+            changes,
+            synced: AtomicBool::new(false),
+            hooks: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn load(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
+    }
+
+    pub fn load_full(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.changes.subscribe()
+    }
+
+    /// True once a snapshot built from fully synced sources has been published.
+    pub fn has_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    pub fn add_hook(&self, hook: Arc<dyn PublishHook>) {
+        // A poisoned lock means a hook panicked while registering; keep serving regardless.
+        let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        hooks.push(hook.clone());
+        hook.before(&self.load(), &Snapshot::default());
+        hook.after(&self.load(), &Snapshot::default());
+    }
+
+    /// Makes `new` the current snapshot, running the hooks around the swap.
+    pub fn publish(&self, new: Arc<Snapshot>) {
+        let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());
+        let old = self.current.load_full();
+        for hook in hooks.iter() {
+            hook.before(&new, &old);
+        }
+        self.current.store(new.clone());
+        for hook in hooks.iter() {
+            hook.after(&new, &old);
+        }
+        self.synced.store(true, Ordering::Release);
+        self.changes.send_replace(new);
+    }
+}
+
+/// What a source tells the pipeline.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// The whole store, as a manifests directory reads.
+    Replace(Store),
+    Apply(Object),
+    Delete(Kind, ObjectKey),
+    /// Every cache has its initial list; snapshots may be built from now on.
+    Synced,
+}
+
+pub struct Pipeline {
+    pub settings: BuildSettings,
+    pub published: Arc<Published>,
+    pub metrics: Arc<Metrics>,
+    /// How long the stream must be quiet before a build.
+    pub debounce: Duration,
+    /// A build happens at most this long after the first event of a burst, however busy.
+    pub max_delay: Duration,
+}
+
+impl Pipeline {
+    pub async fn run(self, mut events: mpsc::UnboundedReceiver<SourceEvent>) {
+        let mut store = Store::default();
+        let mut synced = false;
+        let mut generation = 0;
+        while let Some(first) = events.recv().await {
+            synced |= apply(&mut store, first);
+            let deadline = tokio::time::Instant::now() + self.max_delay;
+            loop {
+                let quiet = tokio::time::sleep(self.debounce);
+                tokio::select! {
+                    event = events.recv() => match event {
+                        Some(event) => synced |= apply(&mut store, event),
+                        None => break,
+                    },
+                    () = quiet => break,
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+            }
+            if !synced {
+                continue;
+            }
+            generation += 1;
+            let started = Instant::now();
+            let snapshot = tokio::task::block_in_place(|| Snapshot::build(&store, &self.settings, generation));
+            let build_time = started.elapsed();
+            let old = self.published.load_full();
+            log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);
+            self.metrics.observe_snapshot(&snapshot, build_time);
+            tracing::info!(
+                generation,
+                hosts = snapshot.hosts.len(),
+                ingresses = snapshot.ingresses.len(),
+                diagnostics = snapshot.diagnostics.len(),
+                build_ms = %format_args!("{:.3}", build_time.as_secs_f64() * 1000.0),
+                "snapshot published"
+            );
+            self.published.publish(Arc::new(snapshot));
+        }
+    }
+}
+
+/// Applies one event; returns whether it was the sync marker.
+fn apply(store: &mut Store, event: SourceEvent) -> bool {
+    match event {
+        SourceEvent::Replace(new) => *store = new,
+        SourceEvent::Apply(object) => {
+            store.apply(object);
+        }
+        SourceEvent::Delete(kind, key) => {
+            store.delete(kind, &key);
+        }
+        SourceEvent::Synced => return true,
+    }
+    false
+}
+
+/// Logs each diagnostic once when it appears and once when it is resolved, instead of the whole
+/// list on every rebuild.
+fn log_diagnostic_changes(old: &[Diagnostic], new: &[Diagnostic]) {
+    let old: BTreeSet<&Diagnostic> = old.iter().collect();
+    let new_set: BTreeSet<&Diagnostic> = new.iter().collect();
+    for d in new_set.difference(&old) {
+        match d.severity {
+            Severity::Error => tracing::error!(kind = %d.kind, subject = %d.subject, "{}", d.message),
+            Severity::Warning => tracing::warn!(kind = %d.kind, subject = %d.subject, "{}", d.message),
+        }
+    }
+    for d in old.difference(&new_set) {
+        tracing::info!(kind = %d.kind, subject = %d.subject, "resolved: {}", d.message);
+    }
+}
