@@ -102,6 +102,7 @@ impl Admin {
             }
             "/metrics" => {
                 self.metrics.ready.set(i64::from(self.health.not_ready(&self.published).is_none()));
+                self.metrics.refresh_certificates(&self.published.load(), crate::clock::unix_now());
                 let mut response = text(StatusCode::OK, self.metrics.encode());
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use crate::snapshot::sni::{Admit, UnnamedPolicy};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ingress",
@@ -38,13 +40,65 @@ pub struct RunArgs {
     #[command(flatten)]
     pub proxy: ProxyArgs,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub log: LogArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "TLS")]
+pub struct TlsArgs {
+    /// The Secret (NAMESPACE/NAME, type kubernetes.io/tls) served when no Ingress certificate
+    /// matches the SNI. Without it a self-signed certificate is generated at startup.
+    #[arg(long, env = "INGRESS_DEFAULT_CERTIFICATE", value_name = "NAMESPACE/NAME")]
+    pub default_certificate: Option<String>,
+    /// Add `Strict-Transport-Security` to HTTPS responses that lack it.
+    #[arg(long, env = "INGRESS_HSTS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub hsts: bool,
+    /// HSTS max-age, in seconds.
+    #[arg(long, env = "INGRESS_HSTS_MAX_AGE", default_value_t = 31_536_000, value_name = "SECONDS")]
+    pub hsts_max_age: u64,
+    /// Add `includeSubDomains` to the HSTS header.
+    #[arg(long, env = "INGRESS_HSTS_INCLUDE_SUBDOMAINS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub hsts_include_subdomains: bool,
+    /// Time a client has to send its ClientHello, and again to finish the handshake.
+    #[arg(long, env = "INGRESS_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub tls_handshake_timeout: Duration,
+    /// A ClientHello without SNI (clients connecting by IP): accept (default certificate) or
+    /// reject (reset).
+    #[arg(long, env = "INGRESS_NO_SNI", value_enum, default_value_t = Admit::Accept)]
+    pub no_sni: Admit,
+    /// A first TLS record that is not a ClientHello that parses: accept (let the TLS stack
+    /// answer) or reject (reset).
+    #[arg(long, env = "INGRESS_MALFORMED_TLS", value_enum, default_value_t = Admit::Reject)]
+    pub malformed_tls: Admit,
+    /// Bytes that are not TLS at all (such as plain HTTP) on the HTTPS port: accept or reject.
+    #[arg(long, env = "INGRESS_NOT_TLS", value_enum, default_value_t = Admit::Reject)]
+    pub not_tls: Admit,
+}
+
+impl TlsArgs {
+    pub fn unnamed_policy(&self) -> UnnamedPolicy {
+        UnnamedPolicy { no_sni: self.no_sni, malformed: self.malformed_tls, not_tls: self.not_tls }
+    }
+
+    pub fn hsts_value(&self) -> Option<String> {
+        self.hsts.then(|| {
+            let mut value = format!("max-age={}", self.hsts_max_age);
+            if self.hsts_include_subdomains {
+                value.push_str("; includeSubDomains");
+            }
+            value
+        })
+    }
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct CheckArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Output format.
     #[arg(long, env = "INGRESS_CHECK_OUTPUT", value_enum, default_value_t = CheckOutput::Text)]
     pub output: CheckOutput,

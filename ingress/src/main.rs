@@ -5,8 +5,7 @@ use clap::Parser;
 
 use ingress::check;
 use ingress::cli::{CheckArgs, CheckOutput, Cli, Command};
-use ingress::snapshot::class::ClassSelector;
-use ingress::snapshot::{BuildSettings, Snapshot};
+use ingress::snapshot::Snapshot;
 use ingress::source::manifests;
 
 fn main() -> ExitCode {
@@ -51,12 +50,7 @@ fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let dir = args.source.manifests.as_deref().context("ingress check needs --manifests DIR")?;
     let store = manifests::load_dir(dir);
-    let settings = BuildSettings {
-        class: ClassSelector {
-            ingress_class: args.source.ingress_class.clone(),
-            controller_class: args.source.controller_class.clone(),
-        },
-    };
+    let settings = ingress::run::build_settings(&args.source, &args.tls)?;
     let snapshot = Snapshot::build(&store, &settings, 1);
     let report = check::report(&snapshot);
     match args.output {

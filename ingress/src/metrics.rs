@@ -14,7 +14,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::diagnostics::{DiagnosticKind, Severity};
+use crate::snapshot::sni::GateReason;
 use crate::snapshot::{RouteLabels, Snapshot};
+use crate::tls::certs::CertSource;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -43,6 +45,22 @@ pub struct ListenerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabels {
+    pub namespace: String,
+    pub secret: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
     pub ebpf_object: &'static str,
@@ -60,6 +78,10 @@ pub struct Metrics {
     pub connections_active: Family<ListenerLabels, Gauge>,
     pub ebpf_enabled: Gauge,
     pub ready: Gauge,
+    pub tls_handshakes: Family<ResultLabels, Counter>,
+    pub sni_gate: Family<ReasonLabels, Counter>,
+    pub certificate_expiry: Family<CertLabels, Gauge>,
+    pub certificate_expires_in: Family<CertLabels, Gauge>,
 }
 
 /// Latency buckets from 1 ms to 60 s: proxies serve both cache hits and slow reports.
@@ -99,6 +121,33 @@ impl Metrics {
         registry.register("ebpf_enabled", "1 when the kernel SNI gate is loaded, 0 in userspace mode", ebpf_enabled.clone());
         let ready = Gauge::default();
         registry.register("ready", "1 when /readyz answers 200", ready.clone());
+        let tls_handshakes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes attempted after the SNI gate admitted the connection, by result (ok, failed, timeout)",
+            tls_handshakes.clone(),
+        );
+        let sni_gate = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "sni_gate",
+            "HTTPS connections decided by the userspace SNI gate, by reason (pass, unknown, no_sni, malformed, not_tls, passthrough)",
+            sni_gate.clone(),
+        );
+        for reason in GateReason::ALL {
+            let _ = sni_gate.get_or_create(&ReasonLabels { reason: reason.as_str() });
+        }
+        let certificate_expiry = Family::<CertLabels, Gauge>::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of each certificate served from a Secret, as Unix time",
+            certificate_expiry.clone(),
+        );
+        let certificate_expires_in = Family::<CertLabels, Gauge>::default();
+        registry.register(
+            "certificate_expires_in_seconds",
+            "Seconds until each certificate served from a Secret expires (negative once expired)",
+            certificate_expires_in.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -124,6 +173,28 @@ impl Metrics {
             connections_active,
             ebpf_enabled,
             ready,
+            tls_handshakes,
+            sni_gate,
+            certificate_expiry,
+            certificate_expires_in,
+        }
+    }
+
+    pub fn count_gate(&self, reason: GateReason) {
+        self.sni_gate.get_or_create(&ReasonLabels { reason: reason.as_str() }).inc();
+    }
+
+    /// Recomputes the seconds-to-expiry gauges; called at scrape time so they move with the
+    /// clock, not only when the configuration changes.
+    pub fn refresh_certificates(&self, snapshot: &Snapshot, now: i64) {
+        self.certificate_expiry.clear();
+        self.certificate_expires_in.clear();
+        for cert in &snapshot.tls.loaded {
+            if let CertSource::Secret(key) = &cert.source {
+                let labels = CertLabels { namespace: key.namespace.clone(), secret: key.name.clone() };
+                self.certificate_expiry.get_or_create(&labels).set(cert.not_after);
+                self.certificate_expires_in.get_or_create(&labels).set(cert.not_after - now);
+            }
         }
     }
 

@@ -113,6 +113,8 @@ pub struct Pipeline {
     pub debounce: Duration,
     /// A build happens at most this long after the first event of a burst, however busy.
     pub max_delay: Duration,
+    /// Rebuild at least this often even without changes, so certificate expiry is re-judged.
+    pub refresh: Duration,
 }
 
 impl Pipeline {
@@ -120,8 +122,20 @@ impl Pipeline {
         let mut store = Store::default();
         let mut synced = false;
         let mut generation = 0;
-        while let Some(first) = events.recv().await {
-            synced |= apply(&mut store, first);
+        let mut refresh = tokio::time::interval(self.refresh);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        refresh.tick().await;
+        loop {
+            let first = tokio::select! {
+                event = events.recv() => match event {
+                    Some(event) => Some(event),
+                    None => return,
+                },
+                _ = refresh.tick() => None,
+            };
+            if let Some(first) = first {
+                synced |= apply(&mut store, first);
+            }
             let deadline = tokio::time::Instant::now() + self.max_delay;
             loop {
                 let quiet = tokio::time::sleep(self.debounce);
@@ -139,7 +153,9 @@ impl Pipeline {
             }
             generation += 1;
             let started = Instant::now();
-            let snapshot = tokio::task::block_in_place(|| Snapshot::build(&store, &self.settings, generation));
+            let mut settings = self.settings.clone();
+            settings.tls.now = crate::clock::unix_now();
+            let snapshot = tokio::task::block_in_place(|| Snapshot::build(&store, &settings, generation));
             let build_time = started.elapsed();
             let old = self.published.load_full();
             log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);

@@ -9,14 +9,18 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Health};
-use crate::cli::RunArgs;
+use crate::cli::{RunArgs, SourceArgs, TlsArgs};
 use crate::metrics::Metrics;
 use crate::proxy::listener::{self, HttpSettings, Listener, Plain};
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::snapshot::BuildSettings;
 use crate::snapshot::class::ClassSelector;
+use crate::snapshot::tls::TlsSettings;
 use crate::source::watch;
+use crate::store::ObjectKey;
+use crate::tls::accept::TlsHandshake;
+use crate::tls::{certs, resolver};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -28,6 +32,12 @@ pub enum RunError {
     NoSource,
     #[error("cannot install signal handler: {0}")]
     Signal(std::io::Error),
+    #[error("--default-certificate {0:?}: expected NAMESPACE/NAME")]
+    DefaultCertificate(String),
+    #[error(transparent)]
+    Certificate(#[from] crate::tls::certs::CertError),
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
 }
 
 /// Whether this binary carries its kernel programs (set by build.rs).
@@ -56,16 +66,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let pipeline = Pipeline {
-        settings: BuildSettings {
-            class: ClassSelector {
-                ingress_class: args.source.ingress_class.clone(),
-                controller_class: args.source.controller_class.clone(),
-            },
-        },
+        settings: build_settings(&args.source, &args.tls)?,
         published: published.clone(),
         metrics: metrics.clone(),
         debounce: args.proxy.debounce,
         max_delay: args.proxy.debounce * 5,
+        refresh: CERTIFICATE_REFRESH,
     };
     tokio::spawn(pipeline.run(events_rx));
     let _dir_watch = match &args.source.manifests {
@@ -81,6 +87,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             response_timeout: args.proxy.upstream_response_timeout,
             access_log: args.log.access_log,
             https_port: args.listen.https_port,
+            hsts: args.tls.hsts_value().and_then(|v| http::HeaderValue::from_str(&v).ok()),
         },
     ));
     let server = Arc::new(listener::http_server(&HttpSettings {
@@ -89,10 +96,24 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     }));
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
     let http = Listener { name: "http", listener: bind("http", http_addr).await?, handshake: Arc::new(Plain), https: false };
+    let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
+    let https = Listener {
+        name: "https",
+        listener: bind("https", https_addr).await?,
+        handshake: Arc::new(TlsHandshake {
+            acceptor: tokio_rustls::TlsAcceptor::from(resolver::server_config(published.clone())?),
+            published: published.clone(),
+            unnamed: args.tls.unnamed_policy(),
+            handshake_timeout: args.tls.tls_handshake_timeout,
+            metrics: metrics.clone(),
+        }),
+        https: true,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(proxy.clone(), server.clone(), metrics.clone(), stop.clone(), args.proxy.drain_timeout));
+    tasks.spawn(https.run(proxy.clone(), server.clone(), metrics.clone(), stop.clone(), args.proxy.drain_timeout));
     health.set_listening();
-    tracing::info!(http = %http_addr, admin = %admin_addr, "listening");
+    tracing::info!(http = %http_addr, https = %https_addr, admin = %admin_addr, "listening");
 
     wait_for_shutdown_signal().await?;
     tracing::info!(drain_timeout = ?args.proxy.drain_timeout, "shutting down: readiness off, draining");
@@ -101,6 +122,24 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     while tasks.join_next().await.is_some() {}
     tracing::info!("drained; exiting");
     Ok(())
+}
+
+/// Certificates are re-judged for expiry at least this often.
+const CERTIFICATE_REFRESH: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The snapshot builder's settings from flags. Shared by `run` and `check`.
+pub fn build_settings(source: &SourceArgs, tls: &TlsArgs) -> Result<BuildSettings, RunError> {
+    let default_certificate = match &tls.default_certificate {
+        None => None,
+        Some(value) => match value.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => Some(ObjectKey::new(ns, name)),
+            _ => return Err(RunError::DefaultCertificate(value.clone())),
+        },
+    };
+    Ok(BuildSettings {
+        class: ClassSelector { ingress_class: source.ingress_class.clone(), controller_class: source.controller_class.clone() },
+        tls: TlsSettings { default_certificate, self_signed: Arc::new(certs::self_signed()?), now: crate::clock::unix_now() },
+    })
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, RunError> {

@@ -44,6 +44,8 @@ pub struct ProxySettings {
     pub access_log: bool,
     /// The HTTPS port clients use, for redirect locations.
     pub https_port: u16,
+    /// The `Strict-Transport-Security` value added to HTTPS responses, if enabled.
+    pub hsts: Option<HeaderValue>,
 }
 
 /// What the proxy knows about one client connection.
@@ -52,6 +54,8 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     pub local_port: u16,
     pub https: bool,
+    /// The TLS server name the client sent, if any.
+    pub sni: Option<String>,
 }
 
 pub struct Proxy {
@@ -94,6 +98,9 @@ impl Proxy {
             },
         };
         response.headers_mut().insert(header::SERVER, SERVER.clone());
+        if let (true, Some(hsts)) = (conn.https, &self.settings.hsts) {
+            response.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
+        }
         // The upstream may speak HTTP/1.0; the client gets the version it asked with.
         *response.version_mut() = client_version;
         let elapsed = started.elapsed();

@@ -13,6 +13,8 @@ pub mod backend;
 pub mod class;
 pub mod host;
 pub mod path;
+pub mod sni;
+pub mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use path::{PathMatcher, PathRule};
 #[derive(Clone, Debug)]
 pub struct BuildSettings {
     pub class: ClassSelector,
+    pub tls: tls::TlsSettings,
 }
 
 /// One immutable routing state.
@@ -44,6 +47,10 @@ pub struct Snapshot {
     pub diagnostics: Vec<Diagnostic>,
     /// The Ingresses this controller owns, oldest first.
     pub ingresses: Vec<ObjectKey>,
+    /// SNI → certificate.
+    pub tls: tls::TlsTable,
+    /// The names the HTTPS port admits, for the kernel gate and userspace mode alike.
+    pub sni: sni::SniPolicy,
 }
 
 /// Everything served under one host pattern.
@@ -111,6 +118,7 @@ impl Snapshot {
         let mut builder = Builder {
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store),
+            tls: tls::TlsBuilder::new(store, &settings.tls),
             hosts: BTreeMap::new(),
             default_backend: None,
         };
@@ -118,11 +126,22 @@ impl Snapshot {
         for (key, ingress) in &owned {
             builder.add_ingress(key, ingress);
         }
+        let tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
         diagnostics.sort();
         diagnostics.dedup();
         let mut hosts = HostTable::default();
+        let mut sni = sni::SniPolicy { catch_all: builder.default_backend.is_some(), ..Default::default() };
         for (pattern, host) in builder.hosts {
+            match &pattern {
+                HostPattern::Exact(name) => {
+                    sni.names.insert(name.clone(), sni::HostAction::Terminate);
+                }
+                HostPattern::Wildcard(parent) => {
+                    sni.names.insert(format!("*.{parent}"), sni::HostAction::Terminate);
+                }
+                HostPattern::Any => sni.catch_all = true,
+            }
             let vhost = VirtualHost {
                 pattern: pattern.clone(),
                 paths: PathMatcher::new(host.rules),
@@ -136,6 +155,8 @@ impl Snapshot {
             default_backend: builder.default_backend,
             diagnostics,
             ingresses: owned.into_iter().map(|(k, _)| k.clone()).collect(),
+            tls,
+            sni,
         }
     }
 }
@@ -155,6 +176,7 @@ fn owned_ingresses<'s>(store: &'s Store, class: &ClassSelector) -> Vec<(&'s Obje
 struct Builder<'s> {
     diagnostics: Vec<Diagnostic>,
     resolver: Resolver<'s>,
+    tls: tls::TlsBuilder<'s>,
     hosts: BTreeMap<HostPattern, HostBuilder>,
     default_backend: Option<Arc<Route>>,
 }
@@ -177,13 +199,7 @@ impl Builder<'_> {
         let options = Arc::new(options);
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
-        let tls_hosts: Vec<HostPattern> = spec
-            .tls
-            .iter()
-            .flatten()
-            .flat_map(|t| t.hosts.iter().flatten())
-            .filter_map(|h| host::parse_pattern(Some(h)).ok())
-            .collect();
+        let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
         let default_route =
             spec.default_backend.as_ref().and_then(|b| self.route(key, b, &options, false));
 

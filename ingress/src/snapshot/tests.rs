@@ -7,8 +7,11 @@ use super::*;
 use crate::source::manifests;
 
 fn settings() -> BuildSettings {
+    static SELF_SIGNED: std::sync::LazyLock<Arc<crate::tls::certs::Certificate>> =
+        std::sync::LazyLock::new(|| Arc::new(crate::tls::certs::self_signed().expect("self-signed")));
     BuildSettings {
         class: ClassSelector { ingress_class: "ingress".into(), controller_class: "ingress.rs/controller".into() },
+        tls: tls::TlsSettings { default_certificate: None, self_signed: SELF_SIGNED.clone(), now: 1_900_000_000 },
     }
 }
 
@@ -334,4 +337,138 @@ fn build_is_deterministic() {
     assert_eq!(format!("{:?}", a.diagnostics), format!("{:?}", b.diagnostics));
     let hosts = |s: &Snapshot| s.hosts.iter().map(|(p, v)| format!("{p} {:?}", v.paths.rules().iter().map(|r| &r.path).collect::<Vec<_>>())).collect::<Vec<_>>();
     assert_eq!(hosts(&a), hosts(&b));
+}
+
+mod tls_table {
+    use super::*;
+    use crate::tls::certs::CertSource;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn pem(names: &[&str], expired: bool) -> (String, String) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = if expired { rcgen::date_time_ymd(2021, 1, 1) } else { rcgen::date_time_ymd(2099, 1, 1) };
+        (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+    }
+
+    fn secret(store: &mut Store, name: &str, crt: &str, key: &str) {
+        let data = [("tls.crt".to_string(), ByteString(crt.as_bytes().to_vec())), ("tls.key".to_string(), ByteString(key.as_bytes().to_vec()))].into();
+        store.apply(crate::store::Object::Secret(Arc::new(Secret {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some("shop".into()), ..Default::default() },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(data),
+            ..Default::default()
+        })));
+    }
+
+    fn served(snap: &Snapshot, sni: &str) -> String {
+        match &snap.tls.resolve(Some(sni)).expect("a certificate").source {
+            CertSource::Secret(key) => key.to_string(),
+            CertSource::SelfSigned => "default".into(),
+        }
+    }
+
+    #[test]
+    fn certificates_by_sni_with_broken_ones_isolated() {
+        let yaml = format!(
+            "{SERVICES}{}",
+            r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: tls, namespace: shop, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  ingressClassName: ingress
+  tls:
+  - {hosts: [good.example.com], secretName: good}
+  - {hosts: ["*.wild.example.com"], secretName: wild}
+  - {hosts: [missing.example.com], secretName: nope}
+  - {hosts: [mismatch.example.com], secretName: mismatch}
+  - {hosts: [expired.example.com], secretName: expired}
+  - {hosts: [wrongname.example.com], secretName: good}
+  - {hosts: [nosecret.example.com]}
+  rules:
+  - host: good.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+  - host: plain.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+  - host: "*.wild.example.com"
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+"#
+        );
+        let mut store = store_of(&yaml);
+        let (good_crt, good_key) = pem(&["good.example.com"], false);
+        secret(&mut store, "good", &good_crt, &good_key);
+        let (wild_crt, wild_key) = pem(&["*.wild.example.com"], false);
+        secret(&mut store, "wild", &wild_crt, &wild_key);
+        let (_, other_key) = pem(&["x"], false);
+        secret(&mut store, "mismatch", &good_crt, &other_key);
+        let (old_crt, old_key) = pem(&["expired.example.com"], true);
+        secret(&mut store, "expired", &old_crt, &old_key);
+        let snap = Snapshot::build(&store, &settings(), 1);
+
+        let mut got = kinds(&snap);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                DiagnosticKind::SecretNotFound,
+                DiagnosticKind::CertificateKeyMismatch,
+                DiagnosticKind::CertificateExpired,
+                DiagnosticKind::CertificateHostMismatch,
+            ],
+            "{:#?}",
+            snap.diagnostics
+        );
+        let cases = [
+            ("good.example.com", "shop/good"),
+            ("a.wild.example.com", "shop/wild"),
+            ("b.a.wild.example.com", "default"),
+            ("missing.example.com", "default"),
+            ("mismatch.example.com", "default"),
+            ("expired.example.com", "default"),
+            ("wrongname.example.com", "default"),
+            ("unknown.example.com", "default"),
+        ];
+        for (sni, want) in cases {
+            assert_eq!(served(&snap, sni), want, "{sni}");
+        }
+        assert_eq!(snap.tls.loaded.len(), 2, "good and wild are the loaded certificates in use");
+        // Hosts listed under spec.tls redirect to HTTPS; others do not.
+        assert!(snap.route(Some("good.example.com"), "/").unwrap().tls);
+        assert!(snap.route(Some("a.wild.example.com"), "/").unwrap().tls);
+        assert!(!snap.route(Some("plain.example.com"), "/").unwrap().tls);
+    }
+
+    #[test]
+    fn default_certificate_from_a_secret() {
+        let mut store = store_of(SERVICES);
+        let (crt, key) = pem(&["fallback.example.com"], false);
+        secret(&mut store, "fallback", &crt, &key);
+        let mut s = settings();
+        s.tls.default_certificate = Some(ObjectKey::new("shop", "fallback"));
+        let snap = Snapshot::build(&store, &s, 1);
+        assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+        assert_eq!(served(&snap, "anything.example.com"), "shop/fallback");
+        s.tls.default_certificate = Some(ObjectKey::new("shop", "absent"));
+        let snap = Snapshot::build(&store, &s, 1);
+        assert_eq!(kinds(&snap), vec![DiagnosticKind::SecretNotFound]);
+        assert_eq!(served(&snap, "anything.example.com"), "default");
+    }
+
+    #[test]
+    fn sni_policy_lists_named_hosts_and_catch_all() {
+        let snap = build(&format!("{SERVICES}{SHOP}"));
+        let names: Vec<&str> = snap.sni.names.keys().map(String::as_str).collect();
+        assert_eq!(names, ["*.shop.example.com", "shop.example.com"]);
+        assert!(!snap.sni.catch_all);
+        let with_any = build(&format!(
+            "{SERVICES}{SHOP}{}",
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: any, namespace: shop}\nspec:\n  ingressClassName: ingress\n  rules:\n  - http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}\n"
+        ));
+        assert!(with_any.sni.catch_all);
+    }
 }

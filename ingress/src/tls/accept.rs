@@ -1,0 +1,188 @@
+//! The HTTPS accept path in userspace mode:
+//!
+//! ```text
+//!   accept → read the first TLS record (bounded, with a deadline) → parse the ClientHello
+//!          → SNI gate decision ─ drop: RST at once, nothing answered
+//!                              └ pass: rustls handshake over (recorded bytes + socket) → HTTP
+//! ```
+//!
+//! Rejected connections are reset (SO_LINGER 0) rather than answered with a TLS alert, so a
+//! client sees the same thing whether the kernel gate or this code rejected it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use crate::client_hello::{self, Peek};
+use crate::metrics::Metrics;
+use crate::proxy::ConnInfo;
+use crate::proxy::listener::Handshake;
+use crate::publish::Published;
+use crate::snapshot::sni::{self, GateReason, UnnamedPolicy, Verdict};
+
+pub struct TlsHandshake {
+    pub acceptor: TlsAcceptor,
+    pub published: Arc<Published>,
+    pub unnamed: UnnamedPolicy,
+    /// How long a client may take to send its ClientHello and finish the handshake.
+    pub handshake_timeout: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+/// How reading the first record ended.
+enum FirstRecord {
+    Decided { bytes: Vec<u8>, verdict: Verdict, reason: GateReason, sni: Option<String> },
+    /// The client went away or sent nothing in time.
+    Closed,
+}
+
+impl Handshake for TlsHandshake {
+    type Io = TokioIo<TlsStream<Recorded<TcpStream>>>;
+
+    async fn handshake(&self, mut stream: TcpStream, mut conn: ConnInfo) -> Option<(Self::Io, ConnInfo)> {
+        let first = tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
+            .await
+            .unwrap_or(FirstRecord::Closed);
+        let (bytes, sni) = match first {
+            FirstRecord::Closed => return None,
+            FirstRecord::Decided { bytes, verdict, reason, sni } => {
+                self.metrics.count_gate(reason);
+                match verdict {
+                    Verdict::Pass => (bytes, sni),
+                    // Passthrough routing arrives with its own listener support; until then an
+                    // unroutable connection is refused like an unknown name.
+                    Verdict::Drop | Verdict::Passthrough => {
+                        tracing::debug!(peer = %conn.peer, %reason, sni = sni.as_deref().unwrap_or("-"), "connection rejected");
+                        reset(stream);
+                        return None;
+                    }
+                }
+            }
+        };
+        conn.sni = sni;
+        let recorded = Recorded { prefix: bytes, read: 0, inner: stream };
+        match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(recorded)).await {
+            Ok(Ok(tls)) => {
+                self.metrics.tls_handshakes.get_or_create(&crate::metrics::ResultLabels { result: "ok" }).inc();
+                Some((TokioIo::new(tls), conn))
+            }
+            Ok(Err(err)) => {
+                self.metrics.tls_handshakes.get_or_create(&crate::metrics::ResultLabels { result: "failed" }).inc();
+                tracing::debug!(peer = %conn.peer, %err, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.metrics.tls_handshakes.get_or_create(&crate::metrics::ResultLabels { result: "timeout" }).inc();
+                None
+            }
+        }
+    }
+}
+
+impl TlsHandshake {
+    /// Reads until the first record is whole (or decidable from its header), then decides.
+    async fn read_first_record(&self, stream: &mut TcpStream) -> FirstRecord {
+        let mut bytes = Vec::with_capacity(2048);
+        loop {
+            let decision = match client_hello::peek(&bytes) {
+                Peek::NeedMore(_) => None,
+                Peek::Done(hello) => {
+                    let snapshot = self.published.load();
+                    let (verdict, reason) = sni::decide(&snapshot.sni, &self.unnamed, &hello);
+                    let name = hello.as_ref().ok().and_then(|h| h.server_name.as_ref()).map(|n| n.as_str().to_owned());
+                    Some((verdict, reason, name))
+                }
+            };
+            if let Some((verdict, reason, sni)) = decision {
+                return FirstRecord::Decided { bytes, verdict, reason, sni };
+            }
+            // `peek` never asks for more than one maximal record, so this read is bounded.
+            match stream.read_buf(&mut bytes).await {
+                Ok(0) | Err(_) => return FirstRecord::Closed,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// Closes with an RST: SO_LINGER 0 makes close(2) abort the connection instead of a FIN.
+pub fn reset(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+}
+
+/// A socket whose first bytes were already read: they are replayed before the socket's own.
+pub struct Recorded<S> {
+    prefix: Vec<u8>,
+    read: usize,
+    inner: S,
+}
+
+impl<S> Recorded<S> {
+    pub fn new(prefix: Vec<u8>, inner: S) -> Self {
+        Self { prefix, read: 0, inner }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Recorded<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(rest) = this.prefix.get(this.read..).filter(|r| !r.is_empty()) {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.read += n;
+            if this.read == this.prefix.len() {
+                this.prefix = Vec::new();
+                this.read = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Recorded<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn recorded_bytes_come_first() {
+        let (client, mut server) = tokio::io::duplex(64);
+        let mut recorded = Recorded::new(b"hello ".to_vec(), client);
+        tokio::io::AsyncWriteExt::write_all(&mut server, b"world").await.unwrap();
+        drop(server);
+        let mut out = String::new();
+        recorded.read_to_string(&mut out).await.unwrap();
+        assert_eq!(out, "hello world");
+    }
+}
