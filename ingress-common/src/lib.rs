@@ -1,2 +1,374 @@
 //! Types shared by the kernel programs and userspace. `no_std`, `#[repr(C)]`, no padding.
+//!
+//! ```text
+//!   sock_ops ──insert──► SOCKS (cookie → socket) ──► stream parser / verdict
+//!                                                      │  reads CONFIG, HOSTS
+//!                                                      ├─► VERDICTS (cookie → VerdictRecord)
+//!                                                      ├─► EVENTS   (GateEvent, ring buffer)
+//!                                                      └─► COUNTERS (per-CPU, by `counter::*`)
+//! ```
+//!
+//! Every type here is read or written through a BPF map by both sides, so each is `#[repr(C)]`,
+//! `Copy`, and free of padding (asserted in the tests below): a padding byte would be
+//! uninitialised memory in a map key, and two equal keys could hash differently.
 #![no_std]
+
+/// The longest `server_name` either side accepts (a DNS name's maximum text length). The
+/// userspace parser (`ingress::client_hello::MAX_NAME_LEN`) uses the same bound, and both call a
+/// longer name malformed, so no name is ever too long for the kernel but fine for userspace.
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Bytes in a [`HostKey`]: room for a wildcard pattern (`*.` + 253) and a terminating NUL, which
+/// `bpftool` needs to print the key as a string.
+pub const HOST_KEY_LEN: usize = 256;
+
+/// The largest TLS record body (RFC 8446 §5.1); a first record claiming more is malformed.
+pub const MAX_FRAGMENT_LEN: u32 = 16384;
+/// Bytes in a TLS record header.
+pub const RECORD_HEADER_LEN: u32 = 5;
+/// The most extensions a ClientHello may carry before it is called malformed; the kernel walk is
+/// bounded by it, and the userspace parser shares the bound.
+pub const MAX_EXTENSIONS: u32 = 32;
+/// How many listener ports one gate can watch.
+pub const MAX_PORTS: usize = 8;
+
+/// What happens to a connection. Stored in [`HostValue::action`], the per-case fields of
+/// [`GateConfig`] and [`VerdictRecord::action`].
+pub mod action {
+    /// Never written by userspace; the kernel treats it as [`PASS`] so a half-written config
+    /// hands decisions to userspace instead of dropping traffic.
+    pub const UNSET: u32 = 0;
+    pub const PASS: u32 = 1;
+    pub const PASSTHROUGH: u32 = 2;
+    pub const DROP: u32 = 3;
+}
+
+/// Why the verdict program decided as it did. Names match the userspace parser's
+/// (`ingress::client_hello::Reason::as_str` for the last three).
+pub mod reason {
+    /// The name is in HOSTS (exactly or through its parent's wildcard) with action pass.
+    pub const PASS: u32 = 1;
+    /// The name is in HOSTS with action passthrough.
+    pub const PASSTHROUGH: u32 = 2;
+    /// A valid ClientHello whose name is not in HOSTS (admitted only under a catch-all).
+    pub const UNKNOWN: u32 = 3;
+    pub const NO_SNI: u32 = 4;
+    pub const MALFORMED: u32 = 5;
+    pub const NOT_TLS: u32 = 6;
+
+    /// A stable label for logs and metrics.
+    pub const fn as_str(reason: u32) -> &'static str {
+        match reason {
+            PASS => "pass",
+            PASSTHROUGH => "passthrough",
+            UNKNOWN => "unknown",
+            NO_SNI => "no_sni",
+            MALFORMED => "malformed",
+            NOT_TLS => "not_tls",
+            _ => "invalid",
+        }
+    }
+}
+
+/// Indices into the per-CPU COUNTERS array.
+pub mod counter {
+    /// Verdicts, one per connection, by reason (`reason::X` counts at index `reason::X - 1`).
+    pub const PASS: u32 = 0;
+    pub const PASSTHROUGH: u32 = 1;
+    pub const UNKNOWN: u32 = 2;
+    pub const NO_SNI: u32 = 3;
+    pub const MALFORMED: u32 = 4;
+    pub const NOT_TLS: u32 = 5;
+    /// Verdicts whose action was drop, whatever the reason.
+    pub const DROPPED: u32 = 6;
+    /// Sockets sock_ops put into SOCKS.
+    pub const SOCK_ADDED: u32 = 7;
+    /// Sockets sock_ops could not put into SOCKS (map full): they reach userspace ungated.
+    pub const SOCK_ADD_FAILED: u32 = 8;
+    /// Verdicts whose ring-buffer event was lost (buffer full); userspace still finds the
+    /// verdict in VERDICTS.
+    pub const EVENT_LOST: u32 = 9;
+    /// Verdicts that could not be recorded in VERDICTS.
+    pub const RECORD_FAILED: u32 = 10;
+    /// VERDICTS entries removed by sock_ops when their socket closed.
+    pub const RECORD_REAPED: u32 = 11;
+    /// Slots in the array.
+    pub const LEN: u32 = 12;
+
+    /// The counter for a verdict's reason.
+    pub const fn for_reason(reason: u32) -> u32 {
+        reason.wrapping_sub(1)
+    }
+
+    /// A stable label for each index, for `/metrics`.
+    pub const fn as_str(index: u32) -> &'static str {
+        match index {
+            PASS => "pass",
+            PASSTHROUGH => "passthrough",
+            UNKNOWN => "unknown",
+            NO_SNI => "no_sni",
+            MALFORMED => "malformed",
+            NOT_TLS => "not_tls",
+            DROPPED => "dropped",
+            SOCK_ADDED => "sock_added",
+            SOCK_ADD_FAILED => "sock_add_failed",
+            EVENT_LOST => "event_lost",
+            RECORD_FAILED => "record_failed",
+            RECORD_REAPED => "record_reaped",
+            _ => "invalid",
+        }
+    }
+}
+
+/// The HOSTS key: a lowercased host name or `*.`-wildcard pattern, zero-padded.
+///
+/// The field is named `name` and the type `HostKey` on purpose: the xtask rewrites this array's
+/// BTF element type to a `char` so `bpftool map dump` prints it as a string.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostKey {
+    pub name: [u8; HOST_KEY_LEN],
+}
+
+/// The HOSTS value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostValue {
+    /// [`action::PASS`] or [`action::PASSTHROUGH`].
+    pub action: u32,
+    /// Opaque to the kernel: copied into the verdict so userspace can find the route (e.g. a
+    /// passthrough target) without parsing the ClientHello again.
+    pub route_id: u32,
+}
+
+/// The single CONFIG entry (index 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GateConfig {
+    /// Only sockets in this network namespace are gated (0: every namespace). A cgroup-attached
+    /// program also sees every pod's sockets on the node; this keeps it to the proxy's own.
+    pub netns_cookie: u64,
+    /// The snapshot generation (low 32 bits) this config and HOSTS were written from.
+    pub generation: u32,
+    /// Non-zero: a name not in HOSTS is admitted (a default backend with a certificate exists).
+    pub catch_all: u32,
+    /// `action::*` for a valid ClientHello without `server_name`.
+    pub no_sni: u32,
+    /// `action::*` for TLS that is not a readable ClientHello.
+    pub malformed: u32,
+    /// `action::*` for bytes that are not TLS at all (plain HTTP to the HTTPS port).
+    pub not_tls: u32,
+    /// How many entries of `ports` are used.
+    pub port_count: u32,
+    /// Local ports whose passively established sockets are gated, host byte order.
+    pub ports: [u16; MAX_PORTS],
+}
+
+/// The per-socket VERDICTS value, keyed by socket cookie.
+///
+/// Its presence is also the stream parser's state: once a socket has one, every later byte is
+/// passed through unframed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VerdictRecord {
+    /// `action::PASS`, `PASSTHROUGH` or `DROP`.
+    pub action: u32,
+    /// `reason::*`.
+    pub reason: u32,
+    /// From the matching [`HostValue`], else 0.
+    pub route_id: u32,
+    /// [`GateConfig::generation`] at the time of the verdict.
+    pub generation: u32,
+    /// Bytes the verdict covered: the first TLS record (header included), or for bytes that were
+    /// not a framable record, what had arrived. Userspace reads exactly this many.
+    pub record_len: u32,
+}
+
+/// A ring-buffer event, one per verdict.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GateEvent {
+    pub cookie: u64,
+    pub action: u32,
+    pub reason: u32,
+    pub route_id: u32,
+    pub generation: u32,
+    pub record_len: u32,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u32,
+    /// Host byte order.
+    pub local_port: u32,
+    /// Host byte order.
+    pub remote_port: u32,
+    /// IPv4 in the first word, as the kernel's `__sk_buff` holds it (network byte order).
+    pub local_ip: [u32; 4],
+    pub remote_ip: [u32; 4],
+    /// Bytes of `name` used; 0 when there was no readable name.
+    pub name_len: u32,
+    pub _reserved: u32,
+    /// The lowercased `server_name`, zero-padded.
+    pub name: [u8; HOST_KEY_LEN],
+}
+
+impl HostKey {
+    pub const EMPTY: HostKey = HostKey {
+        name: [0; HOST_KEY_LEN],
+    };
+
+    /// The key for a host name or `*.`-pattern, lowercased; `None` if it is empty, does not fit
+    /// (leaving a NUL), or holds a NUL itself. Content is not validated further: a name the
+    /// kernel can never produce is harmless in the map.
+    pub fn new(name: &[u8]) -> Option<HostKey> {
+        if name.is_empty() || name.len() >= HOST_KEY_LEN || name.contains(&0) {
+            return None;
+        }
+        let mut key = HostKey::EMPTY;
+        for (slot, b) in key.name.iter_mut().zip(name) {
+            *slot = b.to_ascii_lowercase();
+        }
+        Some(key)
+    }
+
+    /// The name without its zero padding.
+    pub fn as_bytes(&self) -> &[u8] {
+        let len = self
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(HOST_KEY_LEN);
+        self.name.split_at(len).0
+    }
+}
+
+impl core::fmt::Debug for HostKey {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match core::str::from_utf8(self.as_bytes()) {
+            Ok(s) => write!(f, "HostKey({s:?})"),
+            Err(_) => write!(f, "HostKey({:?})", self.as_bytes()),
+        }
+    }
+}
+
+impl GateEvent {
+    /// The name without its zero padding.
+    pub fn name(&self) -> &[u8] {
+        let len = usize::try_from(self.name_len)
+            .unwrap_or(0)
+            .min(HOST_KEY_LEN);
+        self.name.split_at(len).0
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+
+    // SAFETY: every type is #[repr(C)], Copy, built only of integers and integer arrays, and has
+    // no padding (see the size tests below), so any bit pattern is a valid value.
+    unsafe impl aya::Pod for HostKey {}
+    unsafe impl aya::Pod for HostValue {}
+    unsafe impl aya::Pod for GateConfig {}
+    unsafe impl aya::Pod for VerdictRecord {}
+    unsafe impl aya::Pod for GateEvent {}
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::{align_of, size_of};
+
+    use super::*;
+
+    /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
+    #[test]
+    fn types_have_no_padding() {
+        let cases: [(&str, usize, usize, usize); 5] = [
+            ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
+            ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
+            (
+                "GateConfig",
+                size_of::<GateConfig>(),
+                8 + 4 * 6 + 2 * MAX_PORTS,
+                8,
+            ),
+            ("VerdictRecord", size_of::<VerdictRecord>(), 4 * 5, 4),
+            (
+                "GateEvent",
+                size_of::<GateEvent>(),
+                8 + 4 * 8 + 16 * 2 + 4 * 2 + HOST_KEY_LEN,
+                8,
+            ),
+        ];
+        let aligns = [
+            align_of::<HostKey>(),
+            align_of::<HostValue>(),
+            align_of::<GateConfig>(),
+            align_of::<VerdictRecord>(),
+            align_of::<GateEvent>(),
+        ];
+        for ((name, size, fields, align), actual_align) in cases.into_iter().zip(aligns) {
+            assert_eq!(size, fields, "{name} has padding");
+            assert_eq!(actual_align, align, "{name} alignment");
+            assert_eq!(size % align, 0, "{name} tail padding");
+        }
+    }
+
+    #[test]
+    fn ring_buffer_event_fits_its_8_byte_slots() {
+        assert!(align_of::<GateEvent>() <= 8);
+        assert_eq!(size_of::<GateEvent>() % 8, 0);
+    }
+
+    #[test]
+    fn host_key_lowercases_and_rejects_what_cannot_fit() {
+        let cases: [(&[u8], Option<&[u8]>); 6] = [
+            (b"Example.COM", Some(b"example.com")),
+            (b"*.example.com", Some(b"*.example.com")),
+            (b"", None),
+            (b"a\0b", None),
+            (&[b'a'; HOST_KEY_LEN - 1], Some(&[b'a'; HOST_KEY_LEN - 1])),
+            (&[b'a'; HOST_KEY_LEN], None),
+        ];
+        for (input, want) in cases {
+            let got = HostKey::new(input);
+            assert_eq!(got.as_ref().map(HostKey::as_bytes), want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn a_key_is_zero_padded_so_equal_names_are_equal_keys() {
+        let a = HostKey::new(b"a.example").map(|k| k.name);
+        let b = HostKey::new(b"A.EXAMPLE").map(|k| k.name);
+        assert_eq!(a, b);
+        assert!(a.is_some_and(|name| name[9..].iter().all(|&b| b == 0)));
+    }
+
+    #[test]
+    fn every_reason_has_its_own_counter_and_label() {
+        let reasons = [
+            reason::PASS,
+            reason::PASSTHROUGH,
+            reason::UNKNOWN,
+            reason::NO_SNI,
+            reason::MALFORMED,
+            reason::NOT_TLS,
+        ];
+        let mut seen = [false; counter::LEN as usize];
+        for r in reasons {
+            let index = counter::for_reason(r);
+            assert!(
+                index < counter::DROPPED,
+                "reason {r} maps past the reason counters"
+            );
+            assert!(!seen[index as usize], "two reasons share counter {index}");
+            seen[index as usize] = true;
+            assert_eq!(reason::as_str(r), counter::as_str(index));
+        }
+        for index in 0..counter::LEN {
+            assert_ne!(
+                counter::as_str(index),
+                "invalid",
+                "counter {index} has no label"
+            );
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! The kernel half of the SNI gate.
+//!
+//! ```text
+//!  sock_ops (cgroup)      PASSIVE_ESTABLISHED on a gated port, in the proxy's netns
+//!     │                       → SOCKS[cookie] = socket, ask for STATE_CB
+//!     │                   STATE_CB to TCP_CLOSE → delete VERDICTS[cookie]
+//!     ▼
+//!  stream parser (SOCKS)  no verdict yet → frame the first TLS record (0 = need more)
+//!     │                   verdict exists → pass everything through unframed
+//!     ▼
+//!  stream verdict         classify the ClientHello → HOSTS (exact, then *.parent) → policy
+//!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
+//!  gate_probe (socket filter, never attached): the same decision on a raw buffer through
+//!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
+//! ```
+//!
+//! Map names are part of the userspace contract (`ingress::gate`), and `HostKey` / `GateEvent`
+//! names are part of the xtask's BTF rewrite.
+#![no_std]
+#![no_main]
+
+mod hello;
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{
+        __sk_buff, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE, sk_action,
+    },
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    macros::{btf_map, sock_ops, socket_filter, stream_parser, stream_verdict},
+    programs::{SkBuffContext, SockOpsContext},
+};
+use aya_log_ebpf::debug;
+use core::ptr::read_volatile;
+use hello::{Frame, Outcome, Workspace};
+use ingress_common::{
+    GateConfig, GateEvent, HostKey, HostValue, VerdictRecord, action, counter, reason,
+};
+
+const AF_INET: u32 = 2;
+
+#[btf_map]
+static HOSTS: HashMap<HostKey, HostValue, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+#[btf_map]
+static CONFIG: Array<GateConfig, 1> = Array::new();
+#[btf_map]
+static SOCKS: SockHash<u64, 65536> = SockHash::new();
+#[btf_map]
+static VERDICTS: LruHashMap<u64, VerdictRecord, 32768> = LruHashMap::new();
+#[btf_map]
+static EVENTS: RingBuf<GateEvent, { 1 << 19 }> = RingBuf::new();
+#[btf_map]
+static COUNTERS: PerCpuArray<u64, { counter::LEN as usize }> = PerCpuArray::new();
+#[btf_map]
+static SCRATCH: PerCpuArray<Workspace, 1> = PerCpuArray::new();
+#[btf_map]
+static PROBE: Array<GateEvent, 1> = Array::new();
+
+#[sock_ops]
+pub fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
+    match ctx.op() {
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => gate_socket(&ctx),
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(1) == BPF_TCP_CLOSE => {
+            // SAFETY: the context pointer the kernel handed the program.
+            let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+            if VERDICTS.remove(cookie).is_ok() {
+                count(counter::RECORD_REAPED);
+            }
+        }
+        _ => {}
+    }
+    1
+}
+
+fn gate_socket(ctx: &SockOpsContext) {
+    let Some(config) = CONFIG.get(0) else { return };
+    // SAFETY: the context pointer the kernel handed the program.
+    if config.netns_cookie != 0
+        && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != config.netns_cookie
+    {
+        return;
+    }
+    if !port_gated(config, ctx.local_port()) {
+        return;
+    }
+    // SAFETY: as above.
+    let mut cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // SAFETY: `ops` is the kernel's bpf_sock_ops for this callback.
+    let ops = unsafe { &mut *ctx.ops };
+    match SOCKS.update(&mut cookie, ops, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            count(counter::SOCK_ADDED);
+            // Ask for the close callback so the verdict record never outlives the socket.
+            let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+            debug!(ctx, "gated socket {} on port {}", cookie, ctx.local_port());
+        }
+        Err(_) => count(counter::SOCK_ADD_FAILED),
+    }
+}
+
+#[inline(always)]
+fn port_gated(config: &GateConfig, port: u32) -> bool {
+    let used = config.port_count as usize;
+    let mut gated = false;
+    for (i, &p) in config.ports.iter().enumerate() {
+        if i < used && u32::from(p) == port {
+            gated = true;
+        }
+    }
+    gated
+}
+
+#[stream_parser]
+pub fn gate_parser(ctx: SkBuffContext) -> u32 {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer the kernel handed the program.
+    let len = unsafe { (*skb).len };
+    // SAFETY: as above.
+    let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
+    // After the verdict the parser is handed whole packets, not message offsets, so framing
+    // later records would mis-split them: pass everything through.
+    if VERDICTS.get_ptr(cookie).is_some() {
+        return len;
+    }
+    match hello::frame(skb, len) {
+        Frame::NeedMore => 0,
+        Frame::Now => len,
+        Frame::Record(total) => total,
+    }
+}
+
+#[stream_verdict]
+pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer the kernel handed the program.
+    let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
+    if let Some(record) = VERDICTS.get_ptr(cookie) {
+        // SAFETY: a live map value; only its action is read.
+        return sk_result(unsafe { (*record).action });
+    }
+    let Some(decision) = decide(skb) else {
+        return sk_action::SK_PASS;
+    };
+    let record = VerdictRecord {
+        action: decision.action,
+        reason: decision.reason,
+        route_id: decision.route_id,
+        generation: decision.generation,
+        record_len: decision.record_len,
+    };
+    if VERDICTS.insert(cookie, record, u64::from(BPF_ANY)).is_err() {
+        count(counter::RECORD_FAILED);
+    }
+    match EVENTS.reserve(0) {
+        Some(mut entry) => {
+            fill_event(entry.as_mut_ptr(), cookie, &decision);
+            fill_addresses(entry.as_mut_ptr(), skb);
+            entry.submit(0);
+        }
+        None => count(counter::EVENT_LOST),
+    }
+    count(counter::for_reason(decision.reason));
+    if decision.action == action::DROP {
+        count(counter::DROPPED);
+    }
+    debug!(
+        &ctx,
+        "verdict socket {} reason {} action {} bytes {}",
+        cookie,
+        decision.reason,
+        decision.action,
+        decision.record_len
+    );
+    sk_result(decision.action)
+}
+
+/// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`), writing it to PROBE.
+/// Nothing attaches it; it exists so one corpus can hold the kernel and userspace parsers to the
+/// same answers without a socket per case.
+#[socket_filter]
+pub fn gate_probe(ctx: SkBuffContext) -> i64 {
+    let skb = ctx.skb.skb;
+    let Some(decision) = decide(skb) else {
+        return 0;
+    };
+    if let Some(slot) = PROBE.get_ptr_mut(0) {
+        fill_event(slot, 0, &decision);
+    }
+    i64::from(decision.reason)
+}
+
+struct Decision {
+    action: u32,
+    reason: u32,
+    route_id: u32,
+    generation: u32,
+    record_len: u32,
+    name_len: u32,
+    /// The name, in SCRATCH, for the event.
+    key: *const HostKey,
+}
+
+#[inline(always)]
+#[expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "by value, each 256-byte key would be copied onto the 512-byte stack"
+)]
+fn decide(skb: *mut __sk_buff) -> Option<Decision> {
+    let config = CONFIG.get(0)?;
+    // SAFETY: per-CPU scratch, used only for the length of this program run.
+    let work = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
+    let classified = hello::classify(skb, work);
+    let mut decision = Decision {
+        action: action::PASS,
+        reason: reason::UNKNOWN,
+        route_id: 0,
+        generation: config.generation,
+        record_len: classified.record_len,
+        name_len: 0,
+        key: &raw const work.key,
+    };
+    let name_len = match classified.outcome {
+        Outcome::Name(len) => len,
+        Outcome::NoSni => return Some(by_policy(decision, reason::NO_SNI, config.no_sni)),
+        Outcome::Malformed => {
+            return Some(by_policy(decision, reason::MALFORMED, config.malformed));
+        }
+        Outcome::NotTls => return Some(by_policy(decision, reason::NOT_TLS, config.not_tls)),
+    };
+    decision.name_len = name_len;
+    let host = match HOSTS.get_ptr(&work.key) {
+        Some(host) => Some(host),
+        None if hello::wildcard(work, name_len) => HOSTS.get_ptr(&work.wild),
+        None => None,
+    };
+    match host {
+        Some(host) => {
+            // SAFETY: a live map value, copied out at once.
+            let host = unsafe { *host };
+            decision.route_id = host.route_id;
+            if host.action == action::PASSTHROUGH {
+                decision.action = action::PASSTHROUGH;
+                decision.reason = reason::PASSTHROUGH;
+            } else {
+                decision.reason = reason::PASS;
+            }
+        }
+        None => {
+            decision.action = if config.catch_all != 0 {
+                action::PASS
+            } else {
+                action::DROP
+            };
+        }
+    }
+    Some(decision)
+}
+
+/// The configured action for a case without a name: only an explicit drop drops.
+#[inline(always)]
+fn by_policy(mut decision: Decision, why: u32, configured: u32) -> Decision {
+    decision.reason = why;
+    decision.action = if configured == action::DROP {
+        action::DROP
+    } else {
+        action::PASS
+    };
+    decision
+}
+
+#[inline(always)]
+fn sk_result(action: u32) -> u32 {
+    if action == action::DROP {
+        sk_action::SK_DROP
+    } else {
+        sk_action::SK_PASS
+    }
+}
+
+#[inline(always)]
+fn fill_event(event: *mut GateEvent, cookie: u64, decision: &Decision) {
+    // SAFETY: `event` points at a GateEvent-sized reservation or map value, and `decision.key`
+    // into this CPU's SCRATCH.
+    unsafe {
+        let e = &mut *event;
+        e.cookie = cookie;
+        e.action = decision.action;
+        e.reason = decision.reason;
+        e.route_id = decision.route_id;
+        e.generation = decision.generation;
+        e.record_len = decision.record_len;
+        e.family = 0;
+        e.local_port = 0;
+        e.remote_port = 0;
+        e.local_ip = [0; 4];
+        e.remote_ip = [0; 4];
+        e.name_len = decision.name_len;
+        e._reserved = 0;
+        if decision.name_len != 0 {
+            hello::copy_key(&raw mut e.name, &*decision.key);
+        } else {
+            hello::zero_key(&mut *(&raw mut e.name).cast::<HostKey>());
+        }
+    }
+}
+
+/// The connection's addresses. Each context field is read on its own: the verifier only allows
+/// fixed-offset loads from the context, never a copy through a derived pointer.
+#[inline(always)]
+fn fill_addresses(event: *mut GateEvent, skb: *mut __sk_buff) {
+    // SAFETY: as in `fill_event`; `skb` is the program's context.
+    unsafe {
+        let e = &mut *event;
+        let family = read_volatile(&raw const (*skb).family);
+        e.family = family;
+        e.local_port = read_volatile(&raw const (*skb).local_port);
+        // The kernel keeps the remote port in network order in the upper 16 bits.
+        let remote = read_volatile(&raw const (*skb).remote_port);
+        e.remote_port = u32::from(u16::from_be((remote >> 16) as u16));
+        if family == AF_INET {
+            e.local_ip[0] = read_volatile(&raw const (*skb).local_ip4);
+            e.remote_ip[0] = read_volatile(&raw const (*skb).remote_ip4);
+        } else {
+            e.local_ip[0] = read_volatile(&raw const (*skb).local_ip6[0]);
+            e.local_ip[1] = read_volatile(&raw const (*skb).local_ip6[1]);
+            e.local_ip[2] = read_volatile(&raw const (*skb).local_ip6[2]);
+            e.local_ip[3] = read_volatile(&raw const (*skb).local_ip6[3]);
+            e.remote_ip[0] = read_volatile(&raw const (*skb).remote_ip6[0]);
+            e.remote_ip[1] = read_volatile(&raw const (*skb).remote_ip6[1]);
+            e.remote_ip[2] = read_volatile(&raw const (*skb).remote_ip6[2]);
+            e.remote_ip[3] = read_volatile(&raw const (*skb).remote_ip6[3]);
+        }
+    }
+}
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot; nothing else on this CPU runs concurrently with this program.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // Unreachable in a verified program: the verifier rejects any path into this loop.
+    loop {}
+}
