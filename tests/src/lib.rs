@@ -1,3 +1,9 @@
 //! Helpers shared by the integration tests in `tests/tests/`.
 
 pub mod apiserver;
+pub mod client;
+pub mod manifests;
+pub mod ports;
+pub mod process;
+pub mod scratch;
+pub mod upstream;

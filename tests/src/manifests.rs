@@ -1,0 +1,44 @@
+//! YAML for test configurations: a Service with an EndpointSlice pointing at test backends, and
+//! Ingresses written inline by each test.
+
+use std::fmt::Write as _;
+
+use crate::upstream::Backend;
+
+/// A Service (port 80, named `http`) and one EndpointSlice listing `backends` as ready
+/// endpoints. All backends must share a port number only if they share an address, so each
+/// backend gets its own slice.
+pub fn service(namespace: &str, name: &str, backends: &[&Backend]) -> String {
+    let mut out = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n"
+    );
+    for (i, backend) in backends.iter().enumerate() {
+        let _ = write!(
+            out,
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-{i}, namespace: {namespace}, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"], conditions: {{ready: true}}}}]\n",
+            port = backend.addr.port(),
+            ip = backend.addr.ip(),
+        );
+    }
+    out
+}
+
+/// An Ingress of class `ingress` with one rule per `(host, path, pathType, service)`; an empty
+/// host makes a host-less rule.
+pub fn ingress(namespace: &str, name: &str, rules: &[(&str, &str, &str, &str)]) -> String {
+    let mut out = format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  ingressClassName: ingress\n  rules:\n"
+    );
+    for (host, path, path_type, service) in rules {
+        if host.is_empty() {
+            out.push_str("  - http:\n");
+        } else {
+            let _ = writeln!(out, "  - host: \"{host}\"\n    http:");
+        }
+        let _ = writeln!(
+            out,
+            "      paths:\n      - {{path: \"{path}\", pathType: {path_type}, backend: {{service: {{name: {service}, port: {{number: 80}}}}}}}}"
+        );
+    }
+    out
+}
