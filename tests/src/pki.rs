@@ -1,0 +1,110 @@
+//! Test certificates: a CA and leaf certificates it issues, in the PEM formats operators really
+//! have (PKCS#8, PKCS#1 RSA, SEC1 EC), plus a rustls client that trusts the CA.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    pub pem: String,
+}
+
+/// A leaf certificate and its key.
+pub struct Leaf {
+    /// Leaf first, then the CA: a chain as a Secret holds it.
+    pub chain: String,
+    pub key: String,
+    pub common_name: String,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum KeyKind {
+    EcdsaP256,
+    Rsa2048,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum KeyFormat {
+    Pkcs8,
+    /// `BEGIN RSA PRIVATE KEY` or `BEGIN EC PRIVATE KEY`.
+    Traditional,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Ca {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("CA cert");
+        Ca { pem: cert.pem(), issuer: Issuer::new(params, key) }
+    }
+
+    /// A leaf for `names`, valid now (or expired in 2021).
+    pub fn leaf(&self, common_name: &str, names: &[&str], kind: KeyKind, format: KeyFormat, expired: bool) -> Leaf {
+        let alg = match kind {
+            KeyKind::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            KeyKind::Rsa2048 => &rcgen::PKCS_RSA_SHA256,
+        };
+        let key = KeyPair::generate_for(alg).expect("leaf key");
+        let mut params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("leaf params");
+        params.distinguished_name.push(DnType::CommonName, common_name);
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = if expired { rcgen::date_time_ymd(2021, 1, 1) } else { rcgen::date_time_ymd(2099, 1, 1) };
+        let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
+        let key_pem = match format {
+            KeyFormat::Pkcs8 => key.serialize_pem(),
+            KeyFormat::Traditional => openssl_traditional(&key.serialize_pem()),
+        };
+        Leaf { chain: format!("{}{}", cert.pem(), self.pem), key: key_pem, common_name: common_name.into() }
+    }
+
+    /// A rustls client config trusting only this CA, offering `alpn`.
+    pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pki_types_certs(&self.pem) {
+            roots.add(cert).expect("add CA");
+        }
+        // Both crypto providers are linked into the tests (kube brings ring), so name one.
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+fn rustls_pki_types_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<_, _>>().expect("CA pem")
+}
+
+/// Converts a PKCS#8 key to the traditional format with the real `openssl`, as many operators'
+/// Secrets were made.
+fn openssl_traditional(pkcs8: &str) -> String {
+    let mut child = Command::new("openssl")
+        .args(["pkey", "-traditional"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("openssl runs");
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), pkcs8.as_bytes()).expect("write key");
+    let out = child.wait_with_output().expect("openssl finishes");
+    assert!(out.status.success(), "openssl pkey -traditional failed");
+    String::from_utf8(out.stdout).expect("pem is text")
+}
+
+/// A `kubernetes.io/tls` Secret manifest using `stringData`.
+pub fn secret_yaml(namespace: &str, name: &str, chain: &str, key: &str) -> String {
+    let indent = |s: &str| s.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {namespace}}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}",
+        indent(chain),
+        indent(key)
+    )
+}
