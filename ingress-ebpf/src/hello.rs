@@ -15,8 +15,9 @@
 //! however long the input is. Duplicate extension types are found in a 65536-bit per-CPU bitmap
 //! (one bit test per extension) rather than by comparing with every earlier type, which the
 //! verifier would have to explore per pair; the bits set are cleared again before returning.
-//! Offsets are plain integers handed to `bpf_skb_load_bytes`, which bounds-checks them at run
-//! time, so a hostile length can only ever make a load fail.
+//! Offsets are plain integers handed to a load helper that bounds-checks them at run time, so a
+//! hostile length can only ever make a load fail. The reader is generic over [`Packet`] so the
+//! same code runs on the stream verdict's socket buffer and on the probe's test buffer.
 
 use core::{
     ffi::c_void,
@@ -24,8 +25,8 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::__sk_buff,
-    helpers::generated::{bpf_loop, bpf_skb_load_bytes},
+    bindings::{__sk_buff, xdp_md},
+    helpers::generated::{bpf_loop, bpf_skb_load_bytes, bpf_xdp_get_buff_len, bpf_xdp_load_bytes},
 };
 use ingress_common::{
     HOST_KEY_LEN, HostKey, MAX_EXTENSIONS, MAX_FRAGMENT_LEN, MAX_NAME_LEN, RECORD_HEADER_LEN,
@@ -93,23 +94,23 @@ const _: () = assert!(MAX_NAME as usize == MAX_NAME_LEN);
 
 /// Mirrors `client_hello::record_len`.
 #[inline(always)]
-pub fn frame(skb: *mut __sk_buff, len: u32) -> Frame {
-    let Some(content_type) = load_u8(skb, 0) else {
+pub fn frame<P: Packet>(pkt: P) -> Frame {
+    let Some(content_type) = pkt.load_u8(0) else {
         return Frame::NeedMore;
     };
     if !(CONTENT_FIRST..=CONTENT_LAST).contains(&content_type) {
         return Frame::Now;
     }
-    let Some(major) = load_u8(skb, 1) else {
+    let Some(major) = pkt.load_u8(1) else {
         return Frame::NeedMore;
     };
     if major != 3 || content_type != CONTENT_HANDSHAKE {
         return Frame::Now;
     }
-    if len < RECORD_HEADER_LEN {
+    if pkt.len() < RECORD_HEADER_LEN {
         return Frame::NeedMore;
     }
-    let Some(body) = load_u16(skb, 3) else {
+    let Some(body) = pkt.load_u16(3) else {
         return Frame::NeedMore;
     };
     let body = u32::from(body);
@@ -119,18 +120,17 @@ pub fn frame(skb: *mut __sk_buff, len: u32) -> Frame {
     Frame::Record(RECORD_HEADER_LEN + body)
 }
 
-/// Classifies the first record of `skb`. On `Outcome::Name`, `work.key` holds the lowercased,
+/// Classifies the first record in `pkt`. On `Outcome::Name`, `work.key` holds the lowercased,
 /// zero-padded name.
 #[inline(always)]
-pub fn classify(skb: *mut __sk_buff, work: &mut Workspace) -> Classified {
-    // SAFETY: the context pointer the kernel handed the program.
-    let len = unsafe { (*skb).len };
-    let (outcome, record_len) = match frame(skb, len) {
+pub fn classify<P: Packet>(pkt: P, work: &mut Workspace) -> Classified {
+    let len = pkt.len();
+    let (outcome, record_len) = match frame(pkt) {
         // A message shorter than its header: what `client_hello::parse` calls truncated.
         Frame::NeedMore => (Outcome::Malformed, len),
-        Frame::Now => (header_outcome(skb), len),
+        Frame::Now => (header_outcome(pkt), len),
         // Bytes past the record belong to later messages; only the first record is read.
-        Frame::Record(total) if total <= len => (client_hello(skb, total, work), total),
+        Frame::Record(total) if total <= len => (client_hello(pkt, total, work), total),
         Frame::Record(_) => (Outcome::Malformed, len),
     };
     Classified {
@@ -141,8 +141,8 @@ pub fn classify(skb: *mut __sk_buff, work: &mut Workspace) -> Classified {
 
 /// Why a header was decidable on its own.
 #[inline(always)]
-fn header_outcome(skb: *mut __sk_buff) -> Outcome {
-    match (load_u8(skb, 0), load_u8(skb, 1)) {
+fn header_outcome<P: Packet>(pkt: P) -> Outcome {
+    match (pkt.load_u8(0), pkt.load_u8(1)) {
         (Some(t), Some(3)) if (CONTENT_FIRST..=CONTENT_LAST).contains(&t) => Outcome::Malformed,
         _ => Outcome::NotTls,
     }
@@ -150,41 +150,41 @@ fn header_outcome(skb: *mut __sk_buff) -> Outcome {
 
 /// Parses the handshake message filling the record `[5, end)`.
 #[inline(always)]
-fn client_hello(skb: *mut __sk_buff, end: u32, work: &mut Workspace) -> Outcome {
-    match fixed_fields(skb, end) {
+fn client_hello<P: Packet>(pkt: P, end: u32, work: &mut Workspace) -> Outcome {
+    match fixed_fields(pkt, end) {
         None => Outcome::Malformed,
         Some(None) => Outcome::NoSni,
-        Some(Some(ext_start)) => extensions(skb, ext_start, end, work),
+        Some(Some(ext_start)) => extensions(pkt, ext_start, end, work),
     }
 }
 
 /// The handshake header and the ClientHello fields before the extensions. `None`: malformed;
 /// `Some(None)`: valid with no extension block; `Some(Some(p))`: extensions fill `[p, end)`.
 #[inline(always)]
-fn fixed_fields(skb: *mut __sk_buff, end: u32) -> Option<Option<u32>> {
+fn fixed_fields<P: Packet>(pkt: P, end: u32) -> Option<Option<u32>> {
     let mut p = RECORD_HEADER_LEN;
     // Every read is checked against `end` first: bytes past the record may be in the buffer.
-    if p + 1 > end || load_u8(skb, p)? != HANDSHAKE_CLIENT_HELLO {
+    if p + 1 > end || pkt.load_u8(p)? != HANDSHAKE_CLIENT_HELLO {
         return None;
     }
     if p + 4 > end {
         return None;
     }
-    let hello_len = load_u24(skb, p + 1)?;
+    let hello_len = pkt.load_u24(p + 1)?;
     p += 4;
     // The message must fill the record exactly: longer is fragmented, shorter leaves trailing
     // bytes; both malformed.
     if p + hello_len != end {
         return None;
     }
-    if p + 2 > end || load_u8(skb, p)? != 3 {
+    if p + 2 > end || pkt.load_u8(p)? != 3 {
         return None;
     }
     p += 2 + RANDOM_LEN;
     if p + 1 > end {
         return None;
     }
-    let session_id = load_u8(skb, p)?;
+    let session_id = pkt.load_u8(p)?;
     if session_id > MAX_SESSION_ID_LEN {
         return None;
     }
@@ -192,7 +192,7 @@ fn fixed_fields(skb: *mut __sk_buff, end: u32) -> Option<Option<u32>> {
     if p + 2 > end {
         return None;
     }
-    let suites = u32::from(load_u16(skb, p)?);
+    let suites = u32::from(pkt.load_u16(p)?);
     if suites == 0 || suites % 2 != 0 {
         return None;
     }
@@ -200,7 +200,7 @@ fn fixed_fields(skb: *mut __sk_buff, end: u32) -> Option<Option<u32>> {
     if p + 1 > end {
         return None;
     }
-    let compression = load_u8(skb, p)?;
+    let compression = pkt.load_u8(p)?;
     if compression == 0 {
         return None;
     }
@@ -214,7 +214,7 @@ fn fixed_fields(skb: *mut __sk_buff, end: u32) -> Option<Option<u32>> {
     if p + 2 > end {
         return None;
     }
-    let block = u32::from(load_u16(skb, p)?);
+    let block = u32::from(pkt.load_u16(p)?);
     p += 2;
     if p + block != end {
         return None;
@@ -224,8 +224,8 @@ fn fixed_fields(skb: *mut __sk_buff, end: u32) -> Option<Option<u32>> {
 
 /// State shared with the extension-walk callback.
 #[repr(C)]
-struct ExtWalk {
-    skb: *mut __sk_buff,
+struct ExtWalk<P> {
+    pkt: P,
     work: *mut Workspace,
     pos: u32,
     end: u32,
@@ -239,9 +239,9 @@ struct ExtWalk {
 }
 
 #[inline(always)]
-fn extensions(skb: *mut __sk_buff, start: u32, end: u32, work: &mut Workspace) -> Outcome {
+fn extensions<P: Packet>(pkt: P, start: u32, end: u32, work: &mut Workspace) -> Outcome {
     let mut walk = ExtWalk {
-        skb,
+        pkt,
         work,
         pos: start,
         end,
@@ -257,7 +257,7 @@ fn extensions(skb: *mut __sk_buff, start: u32, end: u32, work: &mut Workspace) -
     unsafe {
         bpf_loop(
             EXT_STEPS,
-            ext_step as *mut c_void,
+            ext_step::<P> as *mut c_void,
             (&raw mut walk).cast(),
             0,
         );
@@ -281,14 +281,14 @@ fn extensions(skb: *mut __sk_buff, start: u32, end: u32, work: &mut Workspace) -
     if walk.sni_found == 0 {
         return Outcome::NoSni;
     }
-    name(skb, walk.sni_off, walk.sni_len, work)
+    name(pkt, walk.sni_off, walk.sni_len, work)
 }
 
 /// One extension: `[type u16][len u16][data]`, the `index`-th. Returns 1 to stop the loop.
 #[inline(never)]
-extern "C" fn ext_step(index: u64, ctx: *mut c_void) -> i64 {
+extern "C" fn ext_step<P: Packet>(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the `ExtWalk` pointer given to it.
-    let walk = unsafe { &mut *ctx.cast::<ExtWalk>() };
+    let walk = unsafe { &mut *ctx.cast::<ExtWalk<P>>() };
     if walk.pos >= walk.end {
         return 1;
     }
@@ -303,15 +303,15 @@ extern "C" fn ext_step(index: u64, ctx: *mut c_void) -> i64 {
 
 /// Reads and checks one extension at `walk.pos`; `None` if it is malformed.
 #[inline(always)]
-fn ext_one(walk: &mut ExtWalk, index: u64) -> Option<()> {
+fn ext_one<P: Packet>(walk: &mut ExtWalk<P>, index: u64) -> Option<()> {
     // A 33rd extension: too many.
     let slot = slot(index, MAX_EXTENSIONS)?;
     let head = walk.pos;
     if head + 4 > walk.end {
         return None;
     }
-    let ext_type = load_u16(walk.skb, head)?;
-    let data_len = u32::from(load_u16(walk.skb, head + 2)?);
+    let ext_type = walk.pkt.load_u16(head)?;
+    let data_len = u32::from(walk.pkt.load_u16(head + 2)?);
     let data = head + 4;
     if data + data_len > walk.end {
         return None;
@@ -328,13 +328,13 @@ fn ext_one(walk: &mut ExtWalk, index: u64) -> Option<()> {
     walk.recorded = slot + 1;
     match ext_type {
         EXT_SERVER_NAME => {
-            let (off, len) = server_name(walk.skb, data, data_len)?;
+            let (off, len) = server_name(walk.pkt, data, data_len)?;
             walk.sni_found = 1;
             walk.sni_off = off;
             walk.sni_len = len;
         }
-        EXT_ALPN => alpn(walk.skb, data, data_len)?,
-        EXT_SUPPORTED_VERSIONS => supported_versions(walk.skb, data, data_len)?,
+        EXT_ALPN => alpn(walk.pkt, data, data_len)?,
+        EXT_SUPPORTED_VERSIONS => supported_versions(walk.pkt, data, data_len)?,
         _ => {}
     }
     walk.pos = data + data_len;
@@ -369,18 +369,18 @@ extern "C" fn clear_step(index: u64, ctx: *mut c_void) -> i64 {
 /// A `server_name` list of exactly one `host_name` entry filling the extension; returns the
 /// name's offset and length, unvalidated.
 #[inline(always)]
-fn server_name(skb: *mut __sk_buff, data: u32, len: u32) -> Option<(u32, u32)> {
+fn server_name<P: Packet>(pkt: P, data: u32, len: u32) -> Option<(u32, u32)> {
     if len < 2 {
         return None;
     }
-    let list = u32::from(load_u16(skb, data)?);
+    let list = u32::from(pkt.load_u16(data)?);
     if list + 2 != len || list < 3 {
         return None;
     }
-    if load_u8(skb, data + 2)? != NAME_TYPE_HOST_NAME {
+    if pkt.load_u8(data + 2)? != NAME_TYPE_HOST_NAME {
         return None;
     }
-    let name_len = u32::from(load_u16(skb, data + 3)?);
+    let name_len = u32::from(pkt.load_u16(data + 3)?);
     if name_len + 3 != list {
         return None;
     }
@@ -389,16 +389,16 @@ fn server_name(skb: *mut __sk_buff, data: u32, len: u32) -> Option<(u32, u32)> {
 
 /// A non-empty list of non-empty protocol names, exactly filling the extension.
 #[inline(always)]
-fn alpn(skb: *mut __sk_buff, data: u32, len: u32) -> Option<()> {
+fn alpn<P: Packet>(pkt: P, data: u32, len: u32) -> Option<()> {
     if len < 2 {
         return None;
     }
-    let list = u32::from(load_u16(skb, data)?);
+    let list = u32::from(pkt.load_u16(data)?);
     if list + 2 != len || list == 0 {
         return None;
     }
     let mut walk = AlpnWalk {
-        skb,
+        pkt,
         pos: data + 2,
         end: data + len,
         malformed: 0,
@@ -407,7 +407,7 @@ fn alpn(skb: *mut __sk_buff, data: u32, len: u32) -> Option<()> {
     unsafe {
         bpf_loop(
             ALPN_STEPS,
-            alpn_step as *mut c_void,
+            alpn_step::<P> as *mut c_void,
             (&raw mut walk).cast(),
             0,
         );
@@ -416,21 +416,21 @@ fn alpn(skb: *mut __sk_buff, data: u32, len: u32) -> Option<()> {
 }
 
 #[repr(C)]
-struct AlpnWalk {
-    skb: *mut __sk_buff,
+struct AlpnWalk<P> {
+    pkt: P,
     pos: u32,
     end: u32,
     malformed: u32,
 }
 
 #[inline(never)]
-extern "C" fn alpn_step(_index: u64, ctx: *mut c_void) -> i64 {
+extern "C" fn alpn_step<P: Packet>(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop passes back the `AlpnWalk` pointer given to it.
-    let walk = unsafe { &mut *ctx.cast::<AlpnWalk>() };
+    let walk = unsafe { &mut *ctx.cast::<AlpnWalk<P>>() };
     if walk.pos >= walk.end {
         return 1;
     }
-    let next = match load_u8(walk.skb, walk.pos) {
+    let next = match walk.pkt.load_u8(walk.pos) {
         Some(n) if n > 0 => walk.pos + 1 + u32::from(n),
         _ => u32::MAX,
     };
@@ -444,18 +444,18 @@ extern "C" fn alpn_step(_index: u64, ctx: *mut c_void) -> i64 {
 
 /// A non-empty, even-length list exactly filling the extension.
 #[inline(always)]
-fn supported_versions(skb: *mut __sk_buff, data: u32, len: u32) -> Option<()> {
+fn supported_versions<P: Packet>(pkt: P, data: u32, len: u32) -> Option<()> {
     if len < 1 {
         return None;
     }
-    let list = u32::from(load_u8(skb, data)?);
+    let list = u32::from(pkt.load_u8(data)?);
     (list + 1 == len && list != 0 && list % 2 == 0).then_some(())
 }
 
 /// Copies the name into `work.key`, then validates and lowercases it as `ServerName::parse`
 /// does: 1..=253 bytes of letters, digits, `-`, `_` and `.`, no empty label.
 #[inline(always)]
-fn name(skb: *mut __sk_buff, off: u32, len: u32, work: &mut Workspace) -> Outcome {
+fn name<P: Packet>(pkt: P, off: u32, len: u32, work: &mut Workspace) -> Outcome {
     if len == 0 || len > MAX_NAME {
         return Outcome::Malformed;
     }
@@ -463,9 +463,8 @@ fn name(skb: *mut __sk_buff, off: u32, len: u32, work: &mut Workspace) -> Outcom
     let key = &mut work.key.name;
     // The mask restates the bound in a form the verifier tracks through the helper call.
     let len = len & 0xff;
-    // SAFETY: `key` has HOST_KEY_LEN > len bytes.
-    let loaded = unsafe { bpf_skb_load_bytes(skb.cast(), off, key.as_mut_ptr().cast(), len) };
-    if loaded != 0 {
+    // `key` has HOST_KEY_LEN > len bytes.
+    if !pkt.load(off, key.as_mut_ptr(), len) {
         return Outcome::Malformed;
     }
     let mut walk = NameWalk {
@@ -601,26 +600,95 @@ pub fn copy_key(to: *mut [u8; HOST_KEY_LEN], from: &HostKey) {
     }
 }
 
-#[inline(always)]
-fn load_u8(skb: *mut __sk_buff, off: u32) -> Option<u8> {
-    let mut b = 0u8;
-    // SAFETY: one byte into a local; the helper bounds-checks `off` against the skb.
-    let ret = unsafe { bpf_skb_load_bytes(skb.cast(), off, (&raw mut b).cast(), 1) };
-    (ret == 0).then_some(b)
+/// Where the bytes come from: the verdict's socket buffer, or the probe's test buffer.
+pub trait Packet: Copy {
+    /// Bytes available.
+    fn len(self) -> u32;
+    /// Copies `len` bytes at `off` to `to`; `false` if they are not all there.
+    fn load(self, off: u32, to: *mut u8, len: u32) -> bool;
+
+    #[inline(always)]
+    fn load_u8(self, off: u32) -> Option<u8> {
+        let mut b = 0u8;
+        self.load(off, &raw mut b, 1).then_some(b)
+    }
+
+    #[inline(always)]
+    fn load_u16(self, off: u32) -> Option<u16> {
+        let mut b = [0u8; 2];
+        self.load(off, b.as_mut_ptr(), 2)
+            .then_some(u16::from_be_bytes(b))
+    }
+
+    #[inline(always)]
+    fn load_u24(self, off: u32) -> Option<u32> {
+        let mut b = [0u8; 4];
+        // SAFETY: three bytes into the last three of a four-byte local.
+        let to = unsafe { b.as_mut_ptr().add(1) };
+        self.load(off, to, 3).then_some(u32::from_be_bytes(b))
+    }
 }
 
-#[inline(always)]
-fn load_u16(skb: *mut __sk_buff, off: u32) -> Option<u16> {
-    let mut b = [0u8; 2];
-    // SAFETY: as in `load_u8`.
-    let ret = unsafe { bpf_skb_load_bytes(skb.cast(), off, b.as_mut_ptr().cast(), 2) };
-    (ret == 0).then_some(u16::from_be_bytes(b))
+/// A stream message: `bpf_skb_load_bytes` bounds-checks against the message at run time.
+#[derive(Clone, Copy)]
+pub struct Skb(pub *mut __sk_buff);
+
+impl Packet for Skb {
+    #[inline(always)]
+    fn len(self) -> u32 {
+        // SAFETY: the context pointer the kernel handed the program.
+        unsafe { (*self.0).len }
+    }
+
+    #[inline(always)]
+    fn load(self, off: u32, to: *mut u8, len: u32) -> bool {
+        // SAFETY: callers pass a destination of at least `len` bytes.
+        unsafe { bpf_skb_load_bytes(self.0.cast(), off, to.cast(), len) == 0 }
+    }
 }
 
-#[inline(always)]
-fn load_u24(skb: *mut __sk_buff, off: u32) -> Option<u32> {
-    let mut b = [0u8; 4];
-    // SAFETY: three bytes into a four-byte local.
-    let ret = unsafe { bpf_skb_load_bytes(skb.cast(), off, b.as_mut_ptr().add(1).cast(), 3) };
-    (ret == 0).then_some(u32::from_be_bytes(b))
+/// A `BPF_PROG_TEST_RUN` buffer for the XDP probe: `[len: u32 LE][12 bytes][len bytes][pad]`.
+/// XDP because its test runs take up to 64 KiB in fragments (a full 16 KiB record), where a
+/// socket filter's stop at one page; the prefix because a test frame must be at least 14 bytes,
+/// and padding must not count as data.
+#[derive(Clone, Copy)]
+pub struct ProbeBuffer {
+    pub ctx: *mut xdp_md,
+    pub len: u32,
+}
+
+/// Bytes before the data in a probe buffer.
+pub const PROBE_PREFIX: u32 = 16;
+
+impl ProbeBuffer {
+    /// `None` if the buffer is shorter than its prefix says.
+    #[inline(always)]
+    pub fn new(ctx: *mut xdp_md) -> Option<ProbeBuffer> {
+        let mut prefix = [0u8; 4];
+        // SAFETY: the context pointer of the probe program; four bytes into a local.
+        let ret = unsafe { bpf_xdp_load_bytes(ctx, 0, prefix.as_mut_ptr().cast(), 4) };
+        if ret != 0 {
+            return None;
+        }
+        let len = u32::from_le_bytes(prefix);
+        // SAFETY: as above.
+        let total = unsafe { bpf_xdp_get_buff_len(ctx) };
+        (u64::from(len) + u64::from(PROBE_PREFIX) <= total).then_some(ProbeBuffer { ctx, len })
+    }
+}
+
+impl Packet for ProbeBuffer {
+    #[inline(always)]
+    fn len(self) -> u32 {
+        self.len
+    }
+
+    #[inline(always)]
+    fn load(self, off: u32, to: *mut u8, len: u32) -> bool {
+        if u64::from(off) + u64::from(len) > u64::from(self.len) {
+            return false;
+        }
+        // SAFETY: as in `Skb::load`.
+        unsafe { bpf_xdp_load_bytes(self.ctx, PROBE_PREFIX + off, to.cast(), len) == 0 }
+    }
 }

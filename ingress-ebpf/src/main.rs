@@ -10,7 +10,7 @@
 //!     ▼
 //!  stream verdict         classify the ClientHello → HOSTS (exact, then *.parent) → policy
 //!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
-//!  gate_probe (socket filter, never attached): the same decision on a raw buffer through
+//!  gate_probe (XDP, never attached): the same decision on a raw buffer through
 //!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
 //! ```
 //!
@@ -25,16 +25,16 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         __sk_buff, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE, sk_action,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE, sk_action, xdp_action,
     },
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash},
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    macros::{btf_map, sock_ops, socket_filter, stream_parser, stream_verdict},
-    programs::{SkBuffContext, SockOpsContext},
+    macros::{btf_map, sock_ops, stream_parser, stream_verdict, xdp},
+    programs::{SkBuffContext, SockOpsContext, XdpContext},
 };
 use aya_log_ebpf::debug;
 use core::ptr::read_volatile;
-use hello::{Frame, Outcome, Workspace};
+use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
     GateConfig, GateEvent, HostKey, HostValue, VerdictRecord, action, counter, reason,
 };
@@ -124,7 +124,7 @@ pub fn gate_parser(ctx: SkBuffContext) -> u32 {
     if VERDICTS.get_ptr(cookie).is_some() {
         return len;
     }
-    match hello::frame(skb, len) {
+    match hello::frame(Skb(skb)) {
         Frame::NeedMore => 0,
         Frame::Now => len,
         Frame::Record(total) => total,
@@ -140,7 +140,7 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
         // SAFETY: a live map value; only its action is read.
         return sk_result(unsafe { (*record).action });
     }
-    let Some(decision) = decide(skb) else {
+    let Some(decision) = decide(Skb(skb)) else {
         return sk_action::SK_PASS;
     };
     let record = VerdictRecord {
@@ -176,19 +176,17 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
     sk_result(decision.action)
 }
 
-/// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`), writing it to PROBE.
-/// Nothing attaches it; it exists so one corpus can hold the kernel and userspace parsers to the
-/// same answers without a socket per case.
-#[socket_filter]
-pub fn gate_probe(ctx: SkBuffContext) -> i64 {
-    let skb = ctx.skb.skb;
-    let Some(decision) = decide(skb) else {
-        return 0;
-    };
-    if let Some(slot) = PROBE.get_ptr_mut(0) {
+/// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`, layout in
+/// [`hello::ProbeBuffer`]) and writes it to PROBE. Nothing attaches it; it exists so one corpus
+/// can hold the kernel and userspace parsers to the same answers without a socket per case.
+#[xdp(frags)]
+pub fn gate_probe(ctx: XdpContext) -> u32 {
+    if let Some(decision) = ProbeBuffer::new(ctx.ctx).and_then(decide)
+        && let Some(slot) = PROBE.get_ptr_mut(0)
+    {
         fill_event(slot, 0, &decision);
     }
-    i64::from(decision.reason)
+    xdp_action::XDP_PASS
 }
 
 struct Decision {
@@ -207,11 +205,11 @@ struct Decision {
     clippy::needless_borrows_for_generic_args,
     reason = "by value, each 256-byte key would be copied onto the 512-byte stack"
 )]
-fn decide(skb: *mut __sk_buff) -> Option<Decision> {
+fn decide<P: Packet>(pkt: P) -> Option<Decision> {
     let config = CONFIG.get(0)?;
     // SAFETY: per-CPU scratch, used only for the length of this program run.
     let work = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
-    let classified = hello::classify(skb, work);
+    let classified = hello::classify(pkt, work);
     let mut decision = Decision {
         action: action::PASS,
         reason: reason::UNKNOWN,

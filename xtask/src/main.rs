@@ -1,1 +1,49 @@
-fn main() {}
+//! `cargo xtask <task>`: what plain cargo cannot do on its own.
+//!
+//! ```text
+//!   setup        Debian packages and bpf-linker the Debian eBPF route needs (idempotent)
+//!   build-ebpf   ingress-ebpf for bpfel-unknown-none → <target>/ebpf-object/ingress-ebpf.o
+//!   build        build-ebpf, then `cargo build -p ingress` with that object embedded
+//!   clippy-ebpf  clippy -D warnings for ingress-ebpf, on its own target
+//! ```
+//!
+//! One module per task; `toolchain` finds how to compile for BPF on this machine and
+//! `workspace` knows where things live.
+
+mod btf;
+mod build;
+mod build_ebpf;
+mod clippy_ebpf;
+mod setup;
+mod toolchain;
+mod workspace;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Project tasks beyond plain cargo")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the Debian eBPF route and the tests need, if anything is missing.
+    Setup,
+    /// Build the eBPF object that the ingress binary embeds.
+    BuildEbpf(build_ebpf::Args),
+    /// Build the eBPF object, then the ingress binary with it embedded.
+    Build(build::Args),
+    /// Run clippy with -D warnings on the eBPF crate, for its own target.
+    ClippyEbpf(toolchain::RouteArg),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::BuildEbpf(args) => build_ebpf::run(&args).map(|_| ()),
+        Task::Build(args) => build::run(&args),
+        Task::ClippyEbpf(args) => clippy_ebpf::run(&args),
+    }
+}

@@ -1,0 +1,117 @@
+//! `cargo xtask setup`: install what the Debian eBPF route and the tests need. Idempotent and
+//! silent when nothing is missing; otherwise it says what it runs, and runs `apt-get update` at
+//! most once.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use crate::toolchain::bpf_linker;
+
+/// Debian packages: the compiler route (rustc, cargo, core sources, clippy, the LLVM that
+/// bpf-linker links against), then the tools the tests and benchmarks drive.
+pub const PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "rust-web-clippy",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "nginx",
+    "haproxy",
+    "wrk",
+    "nghttp2-client",
+    "curl",
+    "openssl",
+    "kubectl",
+    "bpftool",
+    "chromium",
+    "iproute2",
+];
+
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+pub fn run() -> Result<()> {
+    if !Path::new("/usr/bin/dpkg-query").exists() {
+        bail!(
+            "setup only knows Debian; elsewhere install a nightly toolchain with rust-src and \
+             bpf-linker (`cargo install bpf-linker`), then use `--route rustup`"
+        );
+    }
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if !missing.is_empty() {
+        run_root(Command::new("apt-get").arg("update").arg("-q"))?;
+        run_root(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    if bpf_linker().is_none() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        run_shown(
+            Command::new(cargo)
+                .args([
+                    "install",
+                    "bpf-linker",
+                    "--no-default-features",
+                    "--features",
+                    "llvm-22",
+                ])
+                .env("LLVM_PREFIX", LLVM_PREFIX),
+        )?;
+    }
+    Ok(())
+}
+
+/// Asks dpkg's database rather than apt, which would take its lock and print.
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${db:Status-Status}", package])
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout == b"installed")
+}
+
+fn run_root(cmd: &mut Command) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return run_shown(cmd);
+    }
+    // sudo resets the environment, so variables travel as `env K=V` arguments.
+    let mut sudo = Command::new("sudo");
+    sudo.arg("env");
+    for (key, value) in cmd.get_envs() {
+        if let Some(value) = value {
+            let mut pair = key.to_os_string();
+            pair.push("=");
+            pair.push(value);
+            sudo.arg(pair);
+        }
+    }
+    sudo.arg(cmd.get_program()).args(cmd.get_args());
+    run_shown(&mut sudo)
+}
+
+fn run_shown(cmd: &mut Command) -> Result<()> {
+    eprintln!("setup: {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", describe(cmd));
+    }
+    Ok(())
+}
+
+fn describe(cmd: &Command) -> String {
+    let env = cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}={} ", k.to_string_lossy(), v?.to_string_lossy())));
+    let args = cmd.get_args().map(|a| a.to_string_lossy().into_owned());
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    env.chain(std::iter::once(program))
+        .chain(args.map(|a| format!(" {a}")))
+        .collect()
+}
