@@ -118,6 +118,17 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// Runs the pipeline on a thread of its own: a snapshot build is CPU work that must not
+    /// occupy a proxy worker, and it must not depend on how many workers there are.
+    pub fn spawn(self, events: mpsc::UnboundedReceiver<SourceEvent>) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new().name("snapshot-builder".into()).spawn(move || {
+            match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+                Ok(runtime) => runtime.block_on(self.run(events)),
+                Err(err) => tracing::error!(%err, "cannot start the snapshot builder"),
+            }
+        })
+    }
+
     pub async fn run(self, mut events: mpsc::UnboundedReceiver<SourceEvent>) {
         let mut store = Store::default();
         let mut synced = false;
@@ -155,7 +166,8 @@ impl Pipeline {
             let started = Instant::now();
             let mut settings = self.settings.clone();
             settings.tls.now = crate::clock::unix_now();
-            let snapshot = tokio::task::block_in_place(|| Snapshot::build(&store, &settings, generation));
+            // This runs on the pipeline's own thread (see `spawn`), so building blocks no proxy task.
+            let snapshot = Snapshot::build(&store, &settings, generation);
             let build_time = started.elapsed();
             let old = self.published.load_full();
             log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);

@@ -30,6 +30,8 @@ pub enum RunError {
     Watch(#[from] watch::WatchError),
     #[error("no configuration source: pass --manifests DIR")]
     NoSource,
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
     Signal(std::io::Error),
     #[error("--default-certificate {0:?}: expected NAMESPACE/NAME")]
@@ -73,7 +75,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         max_delay: args.proxy.debounce * 5,
         refresh: CERTIFICATE_REFRESH,
     };
-    tokio::spawn(pipeline.run(events_rx));
+    pipeline.spawn(events_rx).map_err(RunError::Thread)?;
     let _dir_watch = match &args.source.manifests {
         Some(dir) => watch::start(dir, events_tx)?,
         None => return Err(RunError::NoSource),
