@@ -42,7 +42,36 @@ pub struct RunArgs {
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
     pub log: LogArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Kubernetes")]
+pub struct KubeArgs {
+    /// Watch only this namespace (IngressClasses are cluster-scoped and always watched).
+    #[arg(long, env = "INGRESS_WATCH_NAMESPACE", value_name = "NS")]
+    pub watch_namespace: Option<String>,
+    /// The address written into Ingress status. Default: the ExternalIP, else InternalIP, of
+    /// the node named by --node-name.
+    #[arg(long, env = "INGRESS_PUBLISH_ADDRESS", value_name = "ADDR")]
+    pub publish_address: Option<String>,
+    /// This pod's node (from the downward API), for the status address.
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// This instance's name in the Lease and in Events. Default: the host name.
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub pod_name: Option<String>,
+    /// The Lease whose holder writes Ingress status and Events.
+    #[arg(long, env = "INGRESS_LEASE_NAME", default_value = "ingress-controller-leader", value_name = "NAME")]
+    pub lease_name: String,
+    /// The namespace of that Lease (the pod's own, from the downward API).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default", value_name = "NS")]
+    pub lease_namespace: String,
+    /// How long a Lease claim lasts without renewal.
+    #[arg(long, env = "INGRESS_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    pub lease_duration: Duration,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -99,6 +128,9 @@ pub struct CheckArgs {
     pub source: SourceArgs,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Without --manifests: read only this namespace from the cluster.
+    #[arg(long, env = "INGRESS_WATCH_NAMESPACE", value_name = "NS")]
+    pub watch_namespace: Option<String>,
     /// Output format.
     #[arg(long, env = "INGRESS_CHECK_OUTPUT", value_enum, default_value_t = CheckOutput::Text)]
     pub output: CheckOutput,
@@ -114,9 +146,14 @@ pub enum CheckOutput {
 #[command(next_help_heading = "Source")]
 pub struct SourceArgs {
     /// Read Ingress, IngressClass, Service, EndpointSlice and Secret manifests (*.yaml, *.yml,
-    /// *.json, multi-document) from this directory and follow its changes.
+    /// *.json, multi-document) from this directory and follow its changes. Without it, the
+    /// Kubernetes API is watched.
     #[arg(long, env = "INGRESS_MANIFESTS", value_name = "DIR")]
     pub manifests: Option<PathBuf>,
+    /// The kubeconfig to use when watching the Kubernetes API. Default: KUBECONFIG, then
+    /// ~/.kube/config, then the in-cluster service account.
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
     /// The IngressClass name this controller serves (also matched against the legacy
     /// `kubernetes.io/ingress.class` annotation).
     #[arg(long, env = "INGRESS_CLASS", default_value = "ingress", value_name = "NAME")]

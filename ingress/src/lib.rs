@@ -13,6 +13,7 @@ pub mod gate;
 pub mod metrics;
 pub mod proxy;
 pub mod publish;
+pub mod report;
 pub mod run;
 pub mod snapshot;
 pub mod source;

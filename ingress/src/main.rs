@@ -20,7 +20,10 @@ fn main() -> ExitCode {
             println!("{}", version());
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Check(args)) => check(&args),
+        Some(Command::Check(args)) => {
+            install_crypto_provider();
+            check(&args)
+        }
         None => run(cli.run),
     };
     match result {
@@ -43,6 +46,7 @@ fn version() -> String {
 
 fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
     let _log_guard = ingress::telemetry::init(&args.log)?;
+    install_crypto_provider();
     // One worker: a current-thread runtime, like one nginx worker, without work-stealing's
     // cross-thread bookkeeping. More: the multi-threaded scheduler.
     let mut runtime = match args.proxy.worker_threads {
@@ -60,9 +64,20 @@ fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Both rustls crypto providers are linked (kube-lease-manager's kube pulls in ring); name the
+/// process default so every TLS client agrees on one.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
 fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
-    let dir = args.source.manifests.as_deref().context("ingress check needs --manifests DIR")?;
-    let store = manifests::load_dir(dir);
+    let store = match args.source.manifests.as_deref() {
+        Some(dir) => manifests::load_dir(dir),
+        None => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(ingress::source::kube::list_once(args.source.kubeconfig.as_deref(), args.watch_namespace.as_deref()))?
+        }
+    };
     let settings = ingress::run::build_settings(&args.source, &args.tls)?;
     let snapshot = Snapshot::build(&store, &settings, 1);
     let report = check::report(&snapshot);

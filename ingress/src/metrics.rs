@@ -61,6 +61,11 @@ pub struct CertLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindOnlyLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: &'static str,
     pub ebpf_object: &'static str,
@@ -82,6 +87,11 @@ pub struct Metrics {
     pub sni_gate: Family<ReasonLabels, Counter>,
     pub certificate_expiry: Family<CertLabels, Gauge>,
     pub certificate_expires_in: Family<CertLabels, Gauge>,
+    pub kube_watch_errors: Family<KindOnlyLabels, Counter>,
+    pub kube_last_sync: Family<KindOnlyLabels, Gauge>,
+    pub leader: Gauge,
+    pub status_updates: Family<ResultLabels, Counter>,
+    pub events_published: Family<ResultLabels, Counter>,
 }
 
 /// Latency buckets from 1 ms to 60 s: proxies serve both cache hits and slow reports.
@@ -148,6 +158,24 @@ impl Metrics {
             "Seconds until each certificate served from a Secret expires (negative once expired)",
             certificate_expires_in.clone(),
         );
+        let kube_watch_errors = Family::<KindOnlyLabels, Counter>::default();
+        registry.register(
+            "kube_watch_errors",
+            "Kubernetes watch failures by kind; each is retried with backoff (a relist follows)",
+            kube_watch_errors.clone(),
+        );
+        let kube_last_sync = Family::<KindOnlyLabels, Gauge>::default();
+        registry.register(
+            "kube_last_sync_timestamp_seconds",
+            "Unix time of the last list or watch event received, by kind",
+            kube_last_sync.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register("leader", "1 while this instance holds the status-writer Lease", leader.clone());
+        let status_updates = Family::<ResultLabels, Counter>::default();
+        registry.register("status_updates", "Ingress status writes by result (ok, error)", status_updates.clone());
+        let events_published = Family::<ResultLabels, Counter>::default();
+        registry.register("events_published", "Kubernetes Events published for diagnostics, by result (ok, error)", events_published.clone());
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -177,6 +205,11 @@ impl Metrics {
             sni_gate,
             certificate_expiry,
             certificate_expires_in,
+            kube_watch_errors,
+            kube_last_sync,
+            leader,
+            status_updates,
+            events_published,
         }
     }
 

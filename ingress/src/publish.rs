@@ -99,6 +99,8 @@ impl Published {
 pub enum SourceEvent {
     /// The whole store, as a manifests directory reads.
     Replace(Store),
+    /// Every object of one kind, after a (re)list: replaces that kind wholesale.
+    ReplaceKind(Kind, Vec<Object>),
     Apply(Object),
     Delete(Kind, ObjectKey),
     /// Every cache has its initial list; snapshots may be built from now on.
@@ -189,6 +191,7 @@ impl Pipeline {
 fn apply(store: &mut Store, event: SourceEvent) -> bool {
     match event {
         SourceEvent::Replace(new) => *store = new,
+        SourceEvent::ReplaceKind(kind, objects) => store.replace_kind(kind, objects),
         SourceEvent::Apply(object) => {
             store.apply(object);
         }

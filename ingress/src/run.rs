@@ -14,6 +14,7 @@ use crate::metrics::Metrics;
 use crate::proxy::listener::{self, HttpSettings, Listener, Plain};
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
+use crate::report;
 use crate::snapshot::BuildSettings;
 use crate::snapshot::class::ClassSelector;
 use crate::snapshot::tls::TlsSettings;
@@ -28,8 +29,8 @@ pub enum RunError {
     Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Watch(#[from] watch::WatchError),
-    #[error("no configuration source: pass --manifests DIR")]
-    NoSource,
+    #[error(transparent)]
+    Kube(#[from] crate::source::kube::KubeError),
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
@@ -77,8 +78,11 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     };
     pipeline.spawn(events_rx).map_err(RunError::Thread)?;
     let _dir_watch = match &args.source.manifests {
-        Some(dir) => watch::start(dir, events_tx)?,
-        None => return Err(RunError::NoSource),
+        Some(dir) => Some(watch::start(dir, events_tx)?),
+        None => {
+            start_kube(&args, events_tx, published.clone(), metrics.clone()).await?;
+            None
+        }
     };
 
     let proxy = Arc::new(Proxy::new(
@@ -124,6 +128,43 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     while tasks.join_next().await.is_some() {}
     tracing::info!("drained; exiting");
     Ok(())
+}
+
+/// Watches the Kubernetes API and reports back to it (status, Events) while holding the Lease.
+async fn start_kube(
+    args: &RunArgs,
+    events: mpsc::UnboundedSender<crate::publish::SourceEvent>,
+    published: Arc<Published>,
+    metrics: Arc<Metrics>,
+) -> Result<(), RunError> {
+    let client = crate::source::kube::client(args.source.kubeconfig.as_deref()).await?;
+    tracing::info!(namespace = args.kube.watch_namespace.as_deref().unwrap_or("(all)"), "watching the Kubernetes API");
+    crate::source::kube::KubeSource { client: client.clone(), namespace: args.kube.watch_namespace.clone(), metrics: metrics.clone() }
+        .start(events);
+    let identity = args.kube.pod_name.clone().unwrap_or_else(hostname);
+    let kube_args = args.kube.clone();
+    let lease = report::leader::LeaseSettings {
+        name: kube_args.lease_name.clone(),
+        namespace: kube_args.lease_namespace.clone(),
+        duration: kube_args.lease_duration.as_secs().max(2),
+        grace: (kube_args.lease_duration.as_secs() / 3).max(1),
+    };
+    tokio::spawn(async move {
+        let address = match (&kube_args.publish_address, &kube_args.node_name) {
+            (Some(address), _) => Some(report::address::PublishAddress::parse(address)),
+            (None, Some(node)) => report::address::from_node(client.clone(), node).await,
+            (None, None) => {
+                tracing::warn!("neither --publish-address nor NODE_NAME is set; Ingress status will not be written");
+                None
+            }
+        };
+        report::Reporter { client, published, metrics, lease, address, identity }.run().await;
+    });
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "ingress".into())
 }
 
 /// Certificates are re-judged for expiry at least this often.

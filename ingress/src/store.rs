@@ -156,6 +156,20 @@ impl Store {
         }
     }
 
+    /// Replaces every object of `kind` at once (a relist), keeping the other kinds.
+    pub fn replace_kind(&mut self, kind: Kind, objects: Vec<Object>) {
+        match kind {
+            Kind::Ingress => self.ingresses.clear(),
+            Kind::IngressClass => self.ingress_classes.clear(),
+            Kind::Service => self.services.clear(),
+            Kind::EndpointSlice => self.endpoint_slices.clear(),
+            Kind::Secret => self.secrets.clear(),
+        }
+        for object in objects.into_iter().filter(|o| o.kind() == kind) {
+            self.apply(object);
+        }
+    }
+
     pub fn contains(&self, kind: Kind, key: &ObjectKey) -> bool {
         match kind {
             Kind::Ingress => self.ingresses.contains_key(key),

@@ -45,12 +45,33 @@ pub struct Snapshot {
     pub default_backend: Option<Arc<Route>>,
     /// Sorted and deduplicated.
     pub diagnostics: Vec<Diagnostic>,
-    /// The Ingresses this controller owns, oldest first.
-    pub ingresses: Vec<ObjectKey>,
+    /// The Ingresses this controller owns, with what the reporter needs of each.
+    pub ingresses: BTreeMap<ObjectKey, IngressMeta>,
     /// SNI → certificate.
     pub tls: tls::TlsTable,
     /// The names the HTTPS port admits, for the kernel gate and userspace mode alike.
     pub sni: sni::SniPolicy,
+}
+
+/// What status and Event writing need of an owned Ingress.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngressMeta {
+    pub uid: Option<String>,
+    /// `status.loadBalancer.ingress` as it is now: IPs and hostnames.
+    pub addresses: Vec<String>,
+}
+
+impl IngressMeta {
+    fn of(ingress: &Ingress) -> Self {
+        let addresses = ingress
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|entries| entries.iter().filter_map(|e| e.ip.clone().or_else(|| e.hostname.clone())).collect())
+            .unwrap_or_default();
+        Self { uid: ingress.metadata.uid.clone(), addresses }
+    }
 }
 
 /// Everything served under one host pattern.
@@ -154,7 +175,7 @@ impl Snapshot {
             hosts,
             default_backend: builder.default_backend,
             diagnostics,
-            ingresses: owned.into_iter().map(|(k, _)| k.clone()).collect(),
+            ingresses: owned.into_iter().map(|(k, ing)| (k.clone(), IngressMeta::of(ing))).collect(),
             tls,
             sni,
         }

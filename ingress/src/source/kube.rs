@@ -1,0 +1,225 @@
+//! The Kubernetes source: one watch per kind, fed into the same store as the manifests source.
+//!
+//! ```text
+//!   watcher(Ingress)        ─┐
+//!   watcher(IngressClass)    │   Init … InitApply* … InitDone ─> SourceEvent::ReplaceKind (atomic)
+//!   watcher(Service)         ├─> Apply / Delete              ─> SourceEvent::Apply / Delete
+//!   watcher(EndpointSlice)   │   all five kinds listed once  ─> SourceEvent::Synced
+//!   watcher(Secret, type=tls)┘
+//! ```
+//!
+//! A relist (after a 410 Gone, a dropped watch, or an API server restart) is buffered and handed
+//! over whole, so the store never passes through a state where a route is missing. While the API
+//! server is unreachable the watchers back off and retry; the last snapshot keeps serving.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use crate::metrics::{KindOnlyLabels, Metrics};
+use crate::publish::SourceEvent;
+use crate::store::{Kind, Object};
+
+/// Only TLS Secrets are watched: least privilege in spirit, and far less memory than every
+/// Secret in the cluster.
+pub const SECRET_FIELD_SELECTOR: &str = "type=kubernetes.io/tls";
+
+const ALL_KINDS: [Kind; 5] = [Kind::Ingress, Kind::IngressClass, Kind::Service, Kind::EndpointSlice, Kind::Secret];
+
+pub struct KubeSource {
+    pub client: Client,
+    /// Limit namespaced kinds to one namespace (`--watch-namespace`).
+    pub namespace: Option<String>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl KubeSource {
+    /// Starts the five watches. They run until the sender's receiver is gone.
+    pub fn start(self, events: mpsc::UnboundedSender<SourceEvent>) {
+        let synced = Arc::new(SyncTracker::default());
+        let namespaced = |client: &Client| -> (Api<Ingress>, Api<Service>, Api<EndpointSlice>, Api<Secret>) {
+            match &self.namespace {
+                Some(ns) => (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                ),
+                None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client.clone()), Api::all(client.clone())),
+            }
+        };
+        let (ingresses, services, slices, secrets) = namespaced(&self.client);
+        let classes: Api<IngressClass> = Api::all(self.client.clone());
+        let ctx = |kind| Watch { kind, events: events.clone(), synced: synced.clone(), metrics: self.metrics.clone() };
+        tokio::spawn(ctx(Kind::Ingress).run(ingresses, watcher::Config::default(), |o| Object::Ingress(Arc::new(o))));
+        tokio::spawn(ctx(Kind::IngressClass).run(classes, watcher::Config::default(), |o| Object::IngressClass(Arc::new(o))));
+        tokio::spawn(ctx(Kind::Service).run(services, watcher::Config::default(), |o| Object::Service(Arc::new(o))));
+        tokio::spawn(ctx(Kind::EndpointSlice).run(slices, watcher::Config::default(), |o| Object::EndpointSlice(Arc::new(o))));
+        tokio::spawn(ctx(Kind::Secret).run(
+            secrets,
+            watcher::Config::default().fields(SECRET_FIELD_SELECTOR),
+            |o| Object::Secret(Arc::new(o)),
+        ));
+    }
+}
+
+/// Remembers which kinds have completed their first list, and says `Synced` once.
+#[derive(Default)]
+struct SyncTracker {
+    listed: AtomicU8,
+}
+
+impl SyncTracker {
+    /// Marks `kind` listed; true exactly once, when the last kind completes.
+    fn mark(&self, kind: Kind) -> bool {
+        let bit = 1u8 << (kind as u8);
+        let all: u8 = ALL_KINDS.iter().fold(0, |acc, k| acc | (1 << (*k as u8)));
+        let before = self.listed.fetch_or(bit, Ordering::AcqRel);
+        before != all && (before | bit) == all
+    }
+}
+
+struct Watch {
+    kind: Kind,
+    events: mpsc::UnboundedSender<SourceEvent>,
+    synced: Arc<SyncTracker>,
+    metrics: Arc<Metrics>,
+}
+
+impl Watch {
+    async fn run<K>(self, api: Api<K>, config: watcher::Config, wrap: fn(K) -> Object)
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    {
+        let labels = KindOnlyLabels { kind: self.kind.as_str() };
+        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let mut relist: Option<Vec<Object>> = None;
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(event) => event,
+                Err(err) => {
+                    self.metrics.kube_watch_errors.get_or_create(&labels).inc();
+                    tracing::warn!(kind = %self.kind, %err, "watch failed; retrying with backoff, the last snapshot keeps serving");
+                    continue;
+                }
+            };
+            let sent = match event {
+                Event::Init => {
+                    relist = Some(Vec::new());
+                    true
+                }
+                Event::InitApply(object) => {
+                    relist.get_or_insert_with(Vec::new).push(wrap(object));
+                    true
+                }
+                Event::InitDone => {
+                    let objects = relist.take().unwrap_or_default();
+                    tracing::info!(kind = %self.kind, objects = objects.len(), "listed");
+                    let ok = self.events.send(SourceEvent::ReplaceKind(self.kind, objects)).is_ok();
+                    self.metrics.kube_last_sync.get_or_create(&labels).set(crate::clock::unix_now());
+                    if self.synced.mark(self.kind) {
+                        tracing::info!("all watches listed; building the first snapshot");
+                        let _ = self.events.send(SourceEvent::Synced);
+                    }
+                    ok
+                }
+                Event::Apply(object) => {
+                    self.metrics.kube_last_sync.get_or_create(&labels).set(crate::clock::unix_now());
+                    self.events.send(SourceEvent::Apply(wrap(object))).is_ok()
+                }
+                Event::Delete(object) => {
+                    self.metrics.kube_last_sync.get_or_create(&labels).set(crate::clock::unix_now());
+                    let key = wrap(object).key();
+                    self.events.send(SourceEvent::Delete(self.kind, key)).is_ok()
+                }
+            };
+            if !sent {
+                return;
+            }
+        }
+    }
+}
+
+/// Builds a client from `--kubeconfig`, else `KUBECONFIG` or `~/.kube/config`, else the
+/// in-cluster service account.
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, KubeError> {
+    let config = match kubeconfig {
+        // A KUBECONFIG list (a:b) is merged the way kubectl merges it.
+        Some(path) if path.to_string_lossy().contains(':') => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| KubeError::Config(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| KubeError::Config(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
+    };
+    Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
+}
+
+/// Lists every kind once into a store: what `ingress check` reads from a cluster.
+pub async fn list_once(kubeconfig: Option<&std::path::Path>, namespace: Option<&str>) -> Result<crate::store::Store, KubeError> {
+    use kube::api::ListParams;
+    let client = client(kubeconfig).await?;
+    let mut store = crate::store::Store::default();
+    async fn list<K>(api: Api<K>, params: &ListParams, wrap: fn(K) -> Object, store: &mut crate::store::Store) -> Result<(), KubeError>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
+    {
+        for object in api.list(params).await.map_err(|e| KubeError::Client(e.to_string()))? {
+            store.apply(wrap(object));
+        }
+        Ok(())
+    }
+    let all = ListParams::default();
+    let tls = ListParams::default().fields(SECRET_FIELD_SELECTOR);
+    macro_rules! scoped {
+        () => {
+            match namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            }
+        };
+    }
+    list::<Ingress>(scoped!(), &all, |o| Object::Ingress(Arc::new(o)), &mut store).await?;
+    list::<IngressClass>(Api::all(client.clone()), &all, |o| Object::IngressClass(Arc::new(o)), &mut store).await?;
+    list::<Service>(scoped!(), &all, |o| Object::Service(Arc::new(o)), &mut store).await?;
+    list::<EndpointSlice>(scoped!(), &all, |o| Object::EndpointSlice(Arc::new(o)), &mut store).await?;
+    list::<Secret>(scoped!(), &tls, |o| Object::Secret(Arc::new(o)), &mut store).await?;
+    Ok(store)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig: {0}")]
+    Config(String),
+    #[error("kubernetes client: {0}")]
+    Client(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synced_once_after_every_kind() {
+        let t = SyncTracker::default();
+        assert!(!t.mark(Kind::Ingress));
+        assert!(!t.mark(Kind::Ingress));
+        assert!(!t.mark(Kind::Service));
+        assert!(!t.mark(Kind::IngressClass));
+        assert!(!t.mark(Kind::Secret));
+        assert!(t.mark(Kind::EndpointSlice));
+        assert!(!t.mark(Kind::EndpointSlice), "a relist later does not sync again");
+    }
+}
