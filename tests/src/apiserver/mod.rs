@@ -1,1 +1,95 @@
-//! A test Kubernetes API server (see issue: Kubernetes controller).
+//! An in-memory Kubernetes API server that speaks the real wire protocol, for tests.
+//!
+//! ```text
+//!   kubectl / kube-rs ──HTTP/1.1──> server.rs (listener; stop / restart / resume)
+//!                                     │ request log, injected failures (faults.rs)
+//!                                     v
+//!                                routes.rs  path + query -> Route
+//!                                     │
+//!         discovery.rs <──────────────┼──────────────> handlers.rs  get/list/create/update/patch/delete
+//!         /api /apis /version         │                  │  objects.rs  system fields, defaults, schema
+//!         aggregated discovery        │                  │  patch.rs    merge / strategic / json / apply
+//!         /openapi/v3                 v                  │  managed.rs  managedFields for server-side apply
+//!                                  watch.rs <── changes ─┴─ store.rs    one lock, one resourceVersion, history
+//! ```
+//!
+//! Behaviour a test can rely on, and where it deliberately differs from a real cluster:
+//! - One global resourceVersion counter, never reset (not even by a wiping restart), so an
+//!   old resourceVersion can only ever be too old, never ambiguous.
+//! - Watch history is bounded ([`ServerOptions::history_limit`]); a watch from before it gets
+//!   an `ERROR` event carrying a 410 `Expired` Status, as kube-apiserver sends it.
+//! - Lists ignore `limit` and never return a `continue` token (clients handle that).
+//! - A namespaced create into a missing namespace creates the namespace, unless
+//!   [`ServerOptions::strict_namespaces`] is set (then it is a 404 like the real server).
+//!   Deleting a namespace deletes its contents at once; there is no Terminating phase.
+//! - Strategic merge patch is JSON merge patch that drops `$`-directives: lists are replaced,
+//!   never merged by key.
+//! - Server-side apply merges the applied configuration into the live object, removes fields
+//!   the same manager applied before and no longer applies, and reports conflicts with other
+//!   managers' fields unless `force=true`. Lists are atomic (owned and replaced whole).
+//! - `fieldValidation` (Strict / Warn / Ignore, default Warn) is checked by decoding into the
+//!   k8s-openapi type: unknown fields are rejected, warned about or dropped.
+//! - Objects with finalizers get a deletionTimestamp and disappear when the finalizers are
+//!   removed. There is no garbage collection of ownerReferences.
+
+mod discovery;
+mod faults;
+mod handlers;
+mod kubeconfig;
+mod log;
+mod managed;
+mod objects;
+mod patch;
+mod resource;
+mod routes;
+mod selectors;
+mod server;
+mod status;
+mod store;
+mod table;
+mod watch;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Endpoints, Event as CoreEvent, Namespace, Node, Secret, Service,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+
+pub use faults::{FailRule, Faults};
+pub use log::{RequestLog, RequestRecord};
+pub use resource::{ResourceDef, View};
+pub use server::{Error, RestartOptions, ServerOptions, TestApiServer};
+pub use store::{ObjectKey, Store};
+
+/// Every served resource. Serving another one is one more row.
+#[rustfmt::skip]
+pub static RESOURCES: &[ResourceDef] = &[
+    ResourceDef::new("", "v1", "namespaces", "Namespace").cluster_scoped().short(&["ns"]).status().typed::<Namespace>().defaults(objects::namespace_defaults).fields(&[("status.phase", "status.phase")]).columns(table::NAMESPACE),
+    ResourceDef::new("", "v1", "nodes", "Node").cluster_scoped().short(&["no"]).status().typed::<Node>().fields(&[("spec.unschedulable", "spec.unschedulable")]),
+    ResourceDef::new("", "v1", "services", "Service").short(&["svc"]).status().typed::<Service>().defaults(objects::service_defaults).fields(&[("spec.clusterIP", "spec.clusterIP"), ("spec.type", "spec.type")]).columns(table::SERVICE),
+    ResourceDef::new("", "v1", "endpoints", "Endpoints").short(&["ep"]).typed::<Endpoints>(),
+    ResourceDef::new("", "v1", "secrets", "Secret").typed::<Secret>().defaults(objects::secret_defaults).fields(&[("type", "type")]).columns(table::SECRET),
+    ResourceDef::new("", "v1", "configmaps", "ConfigMap").short(&["cm"]).typed::<ConfigMap>(),
+    ResourceDef::new("", "v1", "events", "Event").short(&["ev"]).typed::<CoreEvent>().fields(objects::CORE_EVENT_FIELDS).columns(table::EVENT),
+    ResourceDef::new("networking.k8s.io", "v1", "ingresses", "Ingress").short(&["ing"]).status().generation().typed::<Ingress>().columns(table::INGRESS),
+    ResourceDef::new("networking.k8s.io", "v1", "ingressclasses", "IngressClass").cluster_scoped().generation().typed::<IngressClass>().columns(table::INGRESS_CLASS),
+    ResourceDef::new("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice").generation().typed::<EndpointSlice>().fields(&[("addressType", "addressType")]).columns(table::ENDPOINT_SLICE),
+    ResourceDef::new("coordination.k8s.io", "v1", "leases", "Lease").typed::<Lease>().columns(table::LEASE),
+    ResourceDef::new("events.k8s.io", "v1", "events", "Event").short(&["ev"]).typed::<Event>().fields(objects::EVENTS_V1_FIELDS).view(objects::EVENTS_V1_VIEW),
+];
+
+/// The row for `group`/`version`/`resource`, if served.
+pub fn resource(group: &str, version: &str, resource: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .find(|d| d.group == group && d.version == version && d.resource == resource)
+}
+
+/// The row for a kind in an `apiVersion`, e.g. (`networking.k8s.io/v1`, `Ingress`).
+pub fn resource_for_kind(api_version: &str, kind: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .find(|d| d.api_version() == api_version && d.kind == kind)
+}
