@@ -92,8 +92,11 @@ pub mod counter {
     pub const RECORD_FAILED: u32 = 10;
     /// VERDICTS entries removed by sock_ops when their socket closed.
     pub const RECORD_REAPED: u32 = 11;
+    /// First records the stream parser first saw only part of: split over segments, so the
+    /// strparser had to wait and reassemble them.
+    pub const PARSER_WAITED: u32 = 12;
     /// Slots in the array.
-    pub const LEN: u32 = 12;
+    pub const LEN: u32 = 13;
 
     /// The counter for a verdict's reason.
     pub const fn for_reason(reason: u32) -> u32 {
@@ -115,6 +118,7 @@ pub mod counter {
             EVENT_LOST => "event_lost",
             RECORD_FAILED => "record_failed",
             RECORD_REAPED => "record_reaped",
+            PARSER_WAITED => "parser_waited",
             _ => "invalid",
         }
     }

@@ -2,10 +2,11 @@
 //!
 //! ```text
 //!  sock_ops (cgroup)      PASSIVE_ESTABLISHED on a gated port, in the proxy's netns
-//!     │                       → SOCKS[cookie] = socket, ask for STATE_CB
+//!     │                       → SOCKS[cookie] = socket, VERDICTS[cookie] = pending,
+//!     │                         ask for STATE_CB
 //!     │                   STATE_CB to TCP_CLOSE → delete VERDICTS[cookie]
 //!     ▼
-//!  stream parser (SOCKS)  no verdict yet → frame the first TLS record (0 = need more)
+//!  stream parser (SOCKS)  pending → frame the first TLS record (0 = need more)
 //!     │                   verdict exists → pass everything through unframed
 //!     ▼
 //!  stream verdict         classify the ClientHello → HOSTS (exact, then *.parent) → policy
@@ -92,6 +93,16 @@ fn gate_socket(ctx: &SockOpsContext) {
     match SOCKS.update(&mut cookie, ops, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             count(counter::SOCK_ADDED);
+            // Pending: tells userspace this socket is gated (a userspace lookup in a SOCKHASH
+            // with 4-byte values always fails, so SOCKS itself cannot say).
+            let pending = VerdictRecord {
+                action: action::UNSET,
+                reason: 0,
+                route_id: 0,
+                generation: 0,
+                record_len: 0,
+            };
+            let _ = VERDICTS.insert(cookie, pending, u64::from(BPF_NOEXIST));
             // Ask for the close callback so the verdict record never outlives the socket.
             let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
             debug!(ctx, "gated socket {} on port {}", cookie, ctx.local_port());
@@ -121,13 +132,23 @@ pub fn gate_parser(ctx: SkBuffContext) -> u32 {
     let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
     // After the verdict the parser is handed whole packets, not message offsets, so framing
     // later records would mis-split them: pass everything through.
-    if VERDICTS.get_ptr(cookie).is_some() {
+    if decided(cookie).is_some() {
         return len;
     }
     match hello::frame(Skb(skb)) {
-        Frame::NeedMore => 0,
+        Frame::NeedMore => {
+            count(counter::PARSER_WAITED);
+            0
+        }
         Frame::Now => len,
-        Frame::Record(total) => total,
+        Frame::Record(total) => {
+            // The strparser asks again only once it holds `total` bytes, so a split record is
+            // seen here exactly once, short.
+            if total > len {
+                count(counter::PARSER_WAITED);
+            }
+            total
+        }
     }
 }
 
@@ -136,9 +157,8 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer the kernel handed the program.
     let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
-    if let Some(record) = VERDICTS.get_ptr(cookie) {
-        // SAFETY: a live map value; only its action is read.
-        return sk_result(unsafe { (*record).action });
+    if let Some(action) = decided(cookie) {
+        return sk_result(action);
     }
     let Some(decision) = decide(Skb(skb)) else {
         return sk_action::SK_PASS;
@@ -266,6 +286,15 @@ fn by_policy(mut decision: Decision, why: u32, configured: u32) -> Decision {
         action::PASS
     };
     decision
+}
+
+/// The action already decided for a socket; `None` while it is pending or unknown.
+#[inline(always)]
+fn decided(cookie: u64) -> Option<u32> {
+    let record = VERDICTS.get_ptr(cookie)?;
+    // SAFETY: a live map value; only its action is read.
+    let action = unsafe { (*record).action };
+    (action != action::UNSET).then_some(action)
 }
 
 #[inline(always)]

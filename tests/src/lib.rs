@@ -3,6 +3,7 @@
 pub mod apiserver;
 pub mod client;
 pub mod manifests;
+pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod process;

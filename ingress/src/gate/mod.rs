@@ -1,1 +1,484 @@
 //! The kernel SNI gate: loading, map sync and per-connection verdicts (eBPF via aya).
+//!
+//! ```text
+//!   Gate::load ── object (embedded) ──► maps pinned under pin_dir ──► sk_skb on SOCKS,
+//!              │                         hosts config counters          sock_ops on the cgroup
+//!              │                         (kept across restarts)
+//!              │                         socks verdicts (replaced)
+//!              └► events task: EVENTS ring buffer ──► waiters (by cookie) ─┐
+//!                                                                          │
+//!   accept() ──► admit(): SO_COOKIE, register, peek kick, check VERDICTS, await ┘
+//!                 ├ Drop        → reject(): SO_LINGER 0 + close = RST, nothing read
+//!                 ├ Pass        → take_first_record(): read it, leave SOCKS, hand bytes to TLS
+//!                 ├ Passthrough → same for now (steering comes later)
+//!                 ├ Ungated     → sock_ops could not gate it: decide in userspace
+//!                 └ Timeout     → no whole first record in time
+//!   sync_hosts() ── plan() (pure) ──► upserts, config, removals: never a gap for a known name
+//! ```
+//!
+//! Verdict records are deleted when userspace is done with the socket, and by the kernel when
+//! a socket closes first (sock_ops state callback); VERDICTS is also an LRU, so neither map can
+//! grow without bound. Waiters are removed when their `admit` returns, whatever the outcome.
+//!
+//! Needs a tokio runtime (the events task) and, for the kernel, root or CAP_BPF + CAP_NET_ADMIN.
+
+mod conn;
+mod events;
+mod load;
+pub mod policy;
+mod sys;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, SockHash};
+use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action, reason};
+
+pub use ingress_common::counter;
+pub use policy::{CaseAction, HostAction, HostPolicy, HostRule, SyncPlan, plan};
+
+/// The eBPF object built by `cargo xtask build-ebpf`, or `None` in a userspace-only build.
+#[cfg(ebpf_embedded)]
+pub static EMBEDDED_OBJECT: Option<&'static [u8]> = Some(aya::include_bytes_aligned!(env!(
+    "INGRESS_EBPF_OBJECT_PATH"
+)));
+/// The eBPF object built by `cargo xtask build-ebpf`, or `None` in a userspace-only build.
+#[cfg(not(ebpf_embedded))]
+pub static EMBEDDED_OBJECT: Option<&'static [u8]> = None;
+
+/// Where maps are pinned unless told otherwise.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ingress";
+
+/// Pin file names under the pin directory (the kernel's map names are the upper-case statics).
+pub mod pins {
+    /// Kept across restarts: the policy and the counters.
+    pub const HOSTS: &str = "hosts";
+    pub const CONFIG: &str = "config";
+    pub const COUNTERS: &str = "counters";
+    /// Replaced on every load: per-socket state of the previous process means nothing now.
+    pub const VERDICTS: &str = "verdicts";
+    pub const SOCKS: &str = "socks";
+}
+
+pub type Result<T, E = GateError> = std::result::Result<T, E>;
+
+/// Why the gate could not load or act. The caller falls back to userspace mode on load errors.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("this binary carries no eBPF object (build it with `cargo xtask build`)")]
+    NotEmbedded,
+    #[error("reading the eBPF object {path}: {source}")]
+    ReadObject {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the kernel exposes no BTF at /sys/kernel/btf/vmlinux")]
+    NoKernelBtf,
+    #[error("gate needs between 1 and {max} HTTPS ports, got {0}", max = ingress_common::MAX_PORTS)]
+    Ports(usize),
+    #[error("pin directory: {0}")]
+    PinDir(String),
+    #[error("pinned map {path}: {reason}")]
+    Pin { path: PathBuf, reason: String },
+    #[error("cgroup v2: {0}")]
+    Cgroup(String),
+    #[error("opening cgroup {path}: {source}")]
+    OpenCgroup {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading this thread's network namespace cookie: {0}")]
+    Netns(std::io::Error),
+    #[error("loading the eBPF object: {}", chain(.0.as_ref()))]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("the eBPF object has no {0}")]
+    Missing(&'static str),
+    #[error("map {name}: {}", chain(source))]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error("program {name}: {}", chain(source))]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("the gate needs a tokio runtime")]
+    NoRuntime,
+    #[error("socket: {0}")]
+    Socket(std::io::Error),
+    #[error("no kernel verdict for socket {0:#x}")]
+    NoVerdict(u64),
+    #[error("the peer closed after {read} of {want} bytes of the first record")]
+    Closed { read: usize, want: usize },
+    #[error("the first record did not arrive within {0:?}")]
+    RecordTimeout(Duration),
+    #[error("probe input of {0} bytes is larger than a test run takes")]
+    ProbeTooLarge(usize),
+    #[error("probe: {0}")]
+    Probe(std::io::Error),
+}
+
+/// Where and how to load. `Default` is the production layout with no ports.
+#[derive(Clone, Debug)]
+pub struct GateOptions {
+    /// An object file to load instead of the embedded one.
+    pub object: Option<PathBuf>,
+    pub pin_dir: PathBuf,
+    /// The cgroup v2 directory to attach sock_ops to; `None`: the one this process runs in.
+    pub cgroup: Option<PathBuf>,
+    pub https_ports: Vec<u16>,
+    pub policy: HostPolicy,
+    /// Gate only sockets in this network namespace; `None`: the calling thread's.
+    pub netns_cookie: Option<u64>,
+    /// How long `admit` waits for a verdict and `take_first_record` for the record's bytes.
+    pub verdict_timeout: Duration,
+}
+
+impl Default for GateOptions {
+    fn default() -> Self {
+        GateOptions {
+            object: None,
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+            cgroup: None,
+            https_ports: Vec::new(),
+            policy: HostPolicy::default(),
+            netns_cookie: None,
+            verdict_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the kernel decided as it did; labels match `ingress::client_hello::Reason` where they
+/// overlap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Pass,
+    Passthrough,
+    Unknown,
+    NoSni,
+    Malformed,
+    NotTls,
+}
+
+impl Reason {
+    fn from_kernel(value: u32) -> Option<Reason> {
+        Some(match value {
+            reason::PASS => Reason::Pass,
+            reason::PASSTHROUGH => Reason::Passthrough,
+            reason::UNKNOWN => Reason::Unknown,
+            reason::NO_SNI => Reason::NoSni,
+            reason::MALFORMED => Reason::Malformed,
+            reason::NOT_TLS => Reason::NotTls,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::Pass => "pass",
+            Reason::Passthrough => "passthrough",
+            Reason::Unknown => "unknown",
+            Reason::NoSni => "no_sni",
+            Reason::Malformed => "malformed",
+            Reason::NotTls => "not_tls",
+        }
+    }
+}
+
+/// The kernel's verdict on one connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub cookie: u64,
+    pub reason: Reason,
+    /// From the matching host rule, else 0.
+    pub route_id: u32,
+    /// Low 32 bits of the policy generation the kernel decided with.
+    pub generation: u32,
+    /// Bytes of the first record (or of what arrived, for bytes that were not TLS).
+    pub record_len: u32,
+}
+
+/// What to do with an accepted connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Serve it: `take_first_record`, then TLS.
+    Pass(Verdict),
+    /// Hand it to the backend untouched; `take_first_record` gives the bytes to forward.
+    Passthrough(Verdict),
+    /// Reset it with `reject` without reading.
+    Drop(Verdict),
+    /// sock_ops did not gate this socket (SOCKS was full, or its pending record was evicted
+    /// from the VERDICTS LRU): decide in userspace.
+    Ungated,
+    /// No whole first record within the timeout.
+    Timeout,
+}
+
+/// Per-CPU counters summed over CPUs, indexed by `ingress_common::counter`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateCounters {
+    pub values: [u64; counter::LEN as usize],
+}
+
+impl GateCounters {
+    /// `(label, value)` for every counter, labels from `ingress_common::counter::as_str`.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        (0..counter::LEN)
+            .zip(self.values.iter())
+            .map(|(i, &v)| (counter::as_str(i), v))
+    }
+
+    pub fn get(&self, index: u32) -> u64 {
+        self.values.get(index as usize).copied().unwrap_or(0)
+    }
+}
+
+/// The kernel's decision on a raw buffer, from the probe program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeResult {
+    pub reason: Reason,
+    /// `true` if the connection would be dropped.
+    pub drop: bool,
+    pub route_id: u32,
+    pub record_len: u32,
+    /// The lowercased `server_name` when the kernel read a valid one.
+    pub name: Option<String>,
+}
+
+/// What `sync_hosts` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub upserted: usize,
+    pub removed: usize,
+    /// Names that cannot be keys and so can never match (left out of HOSTS).
+    pub rejected: Vec<String>,
+}
+
+/// A loaded, attached gate. Dropping it detaches the programs and removes the per-run pins.
+pub struct Gate {
+    shared: Arc<Shared>,
+    events_task: tokio::task::JoinHandle<()>,
+    /// Programs and their links: dropping this detaches everything.
+    _ebpf: aya::Ebpf,
+}
+
+/// What the connection paths and the events task share.
+struct Shared {
+    hosts: Mutex<HostsState>,
+    config: Mutex<Array<MapData, ingress_common::GateConfig>>,
+    verdicts: Mutex<BpfHashMap<MapData, u64, VerdictRecord>>,
+    socks: Mutex<SockHash<MapData, u64>>,
+    counters: PerCpuArray<MapData, u64>,
+    probe: Mutex<load::Probe>,
+    waiters: events::Waiters,
+    netns_cookie: u64,
+    ports: Vec<u16>,
+    timeout: Duration,
+    pin_dir: PathBuf,
+}
+
+/// HOSTS and what userspace last wrote to it (read back from the map at load, so a restart that
+/// reuses the pinned map diffs against what is really there).
+struct HostsState {
+    map: BpfHashMap<MapData, HostKey, HostValue>,
+    current: std::collections::BTreeMap<HostKey, HostValue>,
+    config: Option<ingress_common::GateConfig>,
+}
+
+impl Gate {
+    /// Loads the object, pins maps, writes the policy, attaches everything.
+    pub fn load(options: GateOptions) -> Result<Gate> {
+        load::load(options)
+    }
+
+    /// Moves HOSTS and CONFIG to `desired`: new and changed names first, then the config,
+    /// then removals, so a name valid before and after is never missing.
+    pub fn sync_hosts(&self, desired: &HostPolicy) -> Result<SyncReport> {
+        self.shared.sync_hosts(desired)
+    }
+
+    /// Summed per-CPU counters, for `/metrics`.
+    pub fn counters(&self) -> Result<GateCounters> {
+        let mut values = [0u64; counter::LEN as usize];
+        for (index, slot) in (0..counter::LEN).zip(values.iter_mut()) {
+            let per_cpu = self
+                .shared
+                .counters
+                .get(&index, 0)
+                .map_err(|source| GateError::Map {
+                    name: "COUNTERS",
+                    source,
+                })?;
+            *slot = per_cpu.iter().sum();
+        }
+        Ok(GateCounters { values })
+    }
+
+    /// Runs the kernel's ClientHello decision on `bytes` (the start of a connection) against
+    /// the current policy, without a socket. For holding the kernel and userspace parsers to
+    /// one corpus.
+    pub fn probe(&self, bytes: &[u8]) -> Result<ProbeResult> {
+        self.shared.probe(bytes)
+    }
+
+    /// The directory the maps are pinned in.
+    pub fn pin_dir(&self) -> &std::path::Path {
+        &self.shared.pin_dir
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.events_task.abort();
+        for name in [pins::VERDICTS, pins::SOCKS] {
+            let path = self.shared.pin_dir.join(name);
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove a pin");
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn sync_hosts(&self, desired: &HostPolicy) -> Result<SyncReport> {
+        let (entries, rejected) = desired.entries();
+        for name in &rejected {
+            tracing::warn!(
+                name,
+                "host name cannot be a kernel key and can never match; left out"
+            );
+        }
+        let config = desired.config(self.netns_cookie, &self.ports);
+        let mut hosts = lock(&self.hosts);
+        let steps = plan(&hosts.current, &entries);
+        let map_err = |source| GateError::Map {
+            name: "HOSTS",
+            source,
+        };
+        for (key, value) in &steps.upserts {
+            hosts.map.insert(key, value, 0).map_err(map_err)?;
+            hosts.current.insert(*key, *value);
+        }
+        if hosts.config != Some(config) {
+            lock(&self.config)
+                .set(0, config, 0)
+                .map_err(|source| GateError::Map {
+                    name: "CONFIG",
+                    source,
+                })?;
+            hosts.config = Some(config);
+        }
+        for key in &steps.removals {
+            match hosts.map.remove(key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(source) => return Err(map_err(source)),
+            }
+            hosts.current.remove(key);
+        }
+        if !steps.is_empty() {
+            tracing::debug!(
+                generation = desired.generation,
+                upserted = steps.upserts.len(),
+                removed = steps.removals.len(),
+                "kernel host policy synced"
+            );
+        }
+        Ok(SyncReport {
+            upserted: steps.upserts.len(),
+            removed: steps.removals.len(),
+            rejected,
+        })
+    }
+
+    fn verdict(&self, cookie: u64) -> Result<Option<Verdict>> {
+        match lock(&self.verdicts).get(&cookie, 0) {
+            Ok(record) => Ok(verdict_of(cookie, &record).map(|(_, v)| v)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(GateError::Map {
+                name: "VERDICTS",
+                source,
+            }),
+        }
+    }
+
+    fn admission(&self, cookie: u64, record: &VerdictRecord) -> Option<Admission> {
+        let (action, verdict) = verdict_of(cookie, record)?;
+        Some(match action {
+            action::DROP => Admission::Drop(verdict),
+            action::PASSTHROUGH => Admission::Passthrough(verdict),
+            _ => Admission::Pass(verdict),
+        })
+    }
+
+    /// Forgets a socket's verdict once userspace has acted on it.
+    fn forget(&self, cookie: u64) {
+        match lock(&self.verdicts).remove(&cookie) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(e) => tracing::warn!(cookie, error = %e, "could not delete a verdict record"),
+        }
+    }
+
+    fn probe(&self, bytes: &[u8]) -> Result<ProbeResult> {
+        let mut probe = lock(&self.probe);
+        let event = probe.run(bytes)?;
+        let reason =
+            Reason::from_kernel(event.reason).ok_or(GateError::Probe(std::io::Error::other(
+                format!("the probe wrote no verdict (reason {})", event.reason),
+            )))?;
+        Ok(ProbeResult {
+            reason,
+            drop: event.action == action::DROP,
+            route_id: event.route_id,
+            record_len: event.record_len,
+            name: (event.name_len > 0).then(|| String::from_utf8_lossy(event.name()).into_owned()),
+        })
+    }
+}
+
+fn verdict_of(cookie: u64, record: &VerdictRecord) -> Option<(u32, Verdict)> {
+    let reason = Reason::from_kernel(record.reason)?;
+    Some((
+        record.action,
+        Verdict {
+            cookie,
+            reason,
+            route_id: record.route_id,
+            generation: record.generation,
+            record_len: record.record_len,
+        },
+    ))
+}
+
+fn record_of(event: &GateEvent) -> VerdictRecord {
+    VerdictRecord {
+        action: event.action,
+        reason: event.reason,
+        route_id: event.route_id,
+        generation: event.generation,
+        record_len: event.record_len,
+    }
+}
+
+/// An error and its sources on one line: aya's syscall errors keep the errno in the source.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// Locks a mutex, recovering it if a holder panicked: every guarded value is a map handle or
+/// plain data that stays valid mid-update.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,141 @@
+//! The per-connection calls the proxy's accept loop makes in eBPF mode.
+
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use ingress_common::{MAX_FRAGMENT_LEN, RECORD_HEADER_LEN};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout, timeout_at};
+
+use super::{Admission, Gate, GateError, Result, lock, sys};
+
+/// How often a waiting `admit` looks at VERDICTS itself, in case the event was lost (ring
+/// buffer full) — counted as `event_lost`, never a hang.
+const RECHECK: Duration = Duration::from_millis(100);
+/// How long a read waits on readiness before trying anyway: while the socket is in SOCKS its
+/// reads can report EAGAIN spuriously, and a consumed wakeup must not strand queued bytes.
+const READ_RETRY: Duration = Duration::from_millis(5);
+/// Bytes already queued behind the first record that are read before leaving SOCKS (leaving
+/// discards whatever is still queued there).
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+impl Gate {
+    /// Waits for the kernel's verdict on a just-accepted connection. Reads nothing.
+    pub async fn admit(&self, stream: &TcpStream) -> Result<Admission> {
+        let shared = &self.shared;
+        let cookie = sys::socket_cookie(stream.as_fd()).map_err(GateError::Socket)?;
+        let mut registration = shared.waiters.register(cookie);
+        sys::peek_kick(stream.as_fd());
+        match self.state(cookie)? {
+            // sock_ops writes a pending record before accept() returns; none means not gated.
+            // Make sure the kernel stays out of it, so userspace sees a plain socket.
+            None => {
+                let _ = lock(&shared.socks).remove(&cookie);
+                return Ok(Admission::Ungated);
+            }
+            Some(Some(admission)) => return Ok(admission),
+            Some(None) => {}
+        }
+        let deadline = Instant::now() + shared.timeout;
+        loop {
+            match timeout_at(
+                deadline.min(Instant::now() + RECHECK),
+                &mut registration.verdict,
+            )
+            .await
+            {
+                Ok(Ok(record)) => {
+                    if let Some(admission) = shared.admission(cookie, &record) {
+                        return Ok(admission);
+                    }
+                }
+                // The events task is gone; VERDICTS still answers.
+                Ok(Err(_)) => {
+                    tokio::time::sleep_until(deadline.min(Instant::now() + RECHECK)).await
+                }
+                Err(_) => {}
+            }
+            if let Some(Some(admission)) = self.state(cookie)? {
+                return Ok(admission);
+            }
+            if Instant::now() >= deadline {
+                return Ok(Admission::Timeout);
+            }
+        }
+    }
+
+    /// After `Pass` or `Passthrough`: reads exactly the first record (plus any bytes already
+    /// queued behind it), takes the socket out of SOCKS, and forgets its verdict. Hand the bytes
+    /// to TLS ahead of the socket. Reading before leaving SOCKS is the point: leaving discards
+    /// whatever the kernel still holds for the socket.
+    pub async fn take_first_record(&self, stream: &mut TcpStream) -> Result<Vec<u8>> {
+        let cookie = sys::socket_cookie(stream.as_fd()).map_err(GateError::Socket)?;
+        let verdict = self
+            .shared
+            .verdict(cookie)?
+            .ok_or(GateError::NoVerdict(cookie))?;
+        let want = usize::try_from(verdict.record_len)
+            .unwrap_or(usize::MAX)
+            .min((RECORD_HEADER_LEN + MAX_FRAGMENT_LEN) as usize);
+        let mut buf = vec![0u8; want];
+        let deadline = Instant::now() + self.shared.timeout;
+        let mut read = 0;
+        while read < want {
+            // Err here only means the retry interval passed; try the read regardless.
+            let _ = timeout(READ_RETRY, stream.readable()).await;
+            match stream.try_read(buf.get_mut(read..).unwrap_or_default()) {
+                Ok(0) => return Err(GateError::Closed { read, want }),
+                Ok(n) => read += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(GateError::Socket(e)),
+            }
+            if read < want && Instant::now() >= deadline {
+                return Err(GateError::RecordTimeout(self.shared.timeout));
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        while buf.len() < want + DRAIN_LIMIT {
+            match stream.try_read(&mut chunk) {
+                Ok(n) if n > 0 => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+                _ => break,
+            }
+        }
+        match lock(&self.shared.socks).remove(&cookie) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(source) => {
+                return Err(GateError::Map {
+                    name: "SOCKS",
+                    source,
+                });
+            }
+        }
+        self.shared.forget(cookie);
+        Ok(buf)
+    }
+
+    /// After `Drop`: resets the connection at once (SO_LINGER 0 + close) without reading.
+    pub fn reject(&self, stream: TcpStream) -> Result<()> {
+        let cookie = sys::socket_cookie(stream.as_fd()).map_err(GateError::Socket)?;
+        socket2::SockRef::from(&stream)
+            .set_linger(Some(Duration::ZERO))
+            .map_err(GateError::Socket)?;
+        drop(stream);
+        self.shared.forget(cookie);
+        Ok(())
+    }
+
+    /// `None`: no record (not gated); `Some(None)`: gated, pending; else the decision.
+    fn state(&self, cookie: u64) -> Result<Option<Option<Admission>>> {
+        let record = match lock(&self.shared.verdicts).get(&cookie, 0) {
+            Ok(record) => record,
+            Err(aya::maps::MapError::KeyNotFound) => return Ok(None),
+            Err(source) => {
+                return Err(GateError::Map {
+                    name: "VERDICTS",
+                    source,
+                });
+            }
+        };
+        Ok(Some(self.shared.admission(cookie, &record)))
+    }
+}

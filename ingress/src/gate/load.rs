@@ -1,0 +1,276 @@
+//! Loading and attaching: pins first (reuse the policy maps a previous run left if they still
+//! fit this object, replace the per-socket ones), then the policy, then the stream programs on
+//! SOCKS, and only then sock_ops — so no socket is gated before its parser and verdict exist
+//! and the config they read is written.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use aya::maps::{
+    Array, HashMap as BpfHashMap, Map, MapData, MapInfo, PerCpuArray, RingBuf, SockHash,
+};
+use aya::programs::{CgroupAttachMode, ProgramFd, SkSkb, SockOps, Xdp};
+use aya::{Ebpf, EbpfLoader};
+use ingress_common::{GateEvent, MAX_PORTS};
+
+use super::{
+    EMBEDDED_OBJECT, Gate, GateError, GateOptions, HostsState, Result, Shared, events, lock, pins,
+    sys,
+};
+
+/// Maps pinned by name: (map symbol, pin file, kept across restarts).
+const PINNED: [(&str, &str, bool); 5] = [
+    ("HOSTS", pins::HOSTS, true),
+    ("CONFIG", pins::CONFIG, true),
+    ("COUNTERS", pins::COUNTERS, true),
+    ("VERDICTS", pins::VERDICTS, false),
+    ("SOCKS", pins::SOCKS, false),
+];
+
+/// The largest buffer handed to the probe: a full first record with room to spare. XDP test
+/// runs take up to about 64 KiB in fragments.
+const PROBE_MAX: usize = 32 * 1024;
+/// Bytes before the data in a probe buffer (see `ProbeBuffer` in the eBPF crate).
+const PROBE_PREFIX: usize = 16;
+
+pub(super) fn load(options: GateOptions) -> Result<Gate> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| GateError::NoRuntime)?;
+    if options.https_ports.is_empty() || options.https_ports.len() > MAX_PORTS {
+        return Err(GateError::Ports(options.https_ports.len()));
+    }
+    let object = object_bytes(options.object.as_deref())?;
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(GateError::NoKernelBtf);
+    }
+    let netns_cookie = match options.netns_cookie {
+        Some(cookie) => cookie,
+        None => sys::current_netns_cookie().map_err(GateError::Netns)?,
+    };
+    let cgroup = match options.cgroup.clone() {
+        Some(path) => path,
+        None => sys::own_cgroup().map_err(GateError::Cgroup)?,
+    };
+    let cgroup_dir = std::fs::File::open(&cgroup).map_err(|source| GateError::OpenCgroup {
+        path: cgroup.clone(),
+        source,
+    })?;
+    sys::ensure_bpffs(&options.pin_dir).map_err(GateError::PinDir)?;
+    prepare_pins(&object, &options.pin_dir)?;
+
+    let mut loader = EbpfLoader::new();
+    let pin_paths: Vec<(&str, PathBuf)> = PINNED
+        .iter()
+        .map(|(map, file, _)| (*map, options.pin_dir.join(file)))
+        .collect();
+    for (map, path) in &pin_paths {
+        loader.map_pin_path(map, path.as_path());
+    }
+    let log_level = kernel_log_level();
+    loader.override_global("AYA_LOG_LEVEL", &log_level, false);
+    let mut ebpf = loader
+        .load(&object)
+        .map_err(|e| GateError::Load(Box::new(e)))?;
+
+    let hosts: BpfHashMap<MapData, _, _> = take(&mut ebpf, "HOSTS")?;
+    let current = hosts
+        .iter()
+        .filter_map(|entry| entry.ok())
+        .collect::<BTreeMap<_, _>>();
+    let socks: SockHash<MapData, u64> = take(&mut ebpf, "SOCKS")?;
+    let socks_fd = socks.fd().try_clone().map_err(GateError::Socket)?;
+    let events: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
+    let probe_map: Array<MapData, GateEvent> = take(&mut ebpf, "PROBE")?;
+    let logger = aya_log::EbpfLogger::init(&mut ebpf)
+        .inspect_err(|e| tracing::warn!(error = %e, "kernel log records will not be read"))
+        .ok();
+
+    let probe_fd = {
+        let probe: &mut Xdp = program(&mut ebpf, "gate_probe")?;
+        probe.load().map_err(|source| GateError::Program {
+            name: "gate_probe",
+            source,
+        })?;
+        probe
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(Into::into))
+            .map_err(|source| GateError::Program {
+                name: "gate_probe",
+                source,
+            })?
+    };
+
+    let shared = Arc::new(Shared {
+        hosts: Mutex::new(HostsState {
+            map: hosts,
+            current,
+            config: None,
+        }),
+        config: Mutex::new(take(&mut ebpf, "CONFIG")?),
+        verdicts: Mutex::new(take(&mut ebpf, "VERDICTS")?),
+        socks: Mutex::new(socks),
+        counters: take::<PerCpuArray<MapData, u64>>(&mut ebpf, "COUNTERS")?,
+        probe: Mutex::new(Probe {
+            fd: probe_fd,
+            map: probe_map,
+        }),
+        waiters: events::Waiters::default(),
+        netns_cookie,
+        ports: options.https_ports.clone(),
+        timeout: options.verdict_timeout,
+        pin_dir: options.pin_dir.clone(),
+    });
+    shared.sync_hosts(&options.policy)?;
+
+    for name in ["gate_parser", "gate_verdict"] {
+        let prog: &mut SkSkb = program(&mut ebpf, name)?;
+        prog.load()
+            .map_err(|source| GateError::Program { name, source })?;
+        prog.attach(&socks_fd)
+            .map_err(|source| GateError::Program { name, source })?;
+    }
+    let sock_ops: &mut SockOps = program(&mut ebpf, "gate_sock_ops")?;
+    sock_ops.load().map_err(|source| GateError::Program {
+        name: "gate_sock_ops",
+        source,
+    })?;
+    // A cgroup link (what aya creates on this kernel) always coexists with other programs on
+    // the cgroup, and the kernel refuses attach flags on link creation: hence Single.
+    sock_ops
+        .attach(cgroup_dir, CgroupAttachMode::Single)
+        .map_err(|source| GateError::Program {
+            name: "gate_sock_ops",
+            source,
+        })?;
+
+    let events_task = runtime.spawn(events::run(shared.clone(), events, logger));
+    tracing::info!(
+        pin_dir = %options.pin_dir.display(),
+        cgroup = %cgroup.display(),
+        ports = ?options.https_ports,
+        netns_cookie,
+        hosts = lock(&shared.hosts).current.len(),
+        "kernel SNI gate attached"
+    );
+    Ok(Gate {
+        shared,
+        events_task,
+        _ebpf: ebpf,
+    })
+}
+
+fn object_bytes(path: Option<&Path>) -> Result<Vec<u8>> {
+    match path {
+        Some(path) => std::fs::read(path).map_err(|source| GateError::ReadObject {
+            path: path.into(),
+            source,
+        }),
+        None => EMBEDDED_OBJECT
+            .map(<[u8]>::to_vec)
+            .ok_or(GateError::NotEmbedded),
+    }
+}
+
+/// Removes pins that must not be reused: the per-socket maps always, the policy maps when a
+/// previous build left them with another shape (reusing those would corrupt lookups silently).
+fn prepare_pins(object: &[u8], dir: &Path) -> Result<()> {
+    let parsed = aya_obj::Object::parse(object).map_err(|e| GateError::Load(Box::new(e.into())))?;
+    for (map, file, keep) in PINNED {
+        let path = dir.join(file);
+        if !path.exists() {
+            continue;
+        }
+        let def = parsed.maps.get(map).ok_or(GateError::Missing(map))?;
+        let stale = if keep {
+            incompatible(&path, def)
+        } else {
+            Some("it belonged to the previous run".into())
+        };
+        if let Some(reason) = stale {
+            tracing::info!(path = %path.display(), reason, "replacing a pinned map");
+            std::fs::remove_file(&path).map_err(|e| GateError::Pin {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Why the pinned map at `path` cannot serve as `def`, or `None` if it can.
+fn incompatible(path: &Path, def: &aya_obj::Map) -> Option<String> {
+    let info = match MapInfo::from_pin(path) {
+        Ok(info) => info,
+        Err(e) => return Some(format!("unreadable: {e}")),
+    };
+    let have = (
+        info.key_size(),
+        info.value_size(),
+        info.max_entries(),
+        info.map_flags(),
+    );
+    let want = (
+        def.key_size(),
+        def.value_size(),
+        def.max_entries(),
+        def.map_flags(),
+    );
+    (have != want)
+        .then(|| format!("shape (key, value, entries, flags) {have:?}, this build needs {want:?}"))
+}
+
+/// Patched into the object: the verifier drops every disabled log call, so logging costs
+/// nothing unless debug is on for the kernel target.
+fn kernel_log_level() -> u8 {
+    if tracing::enabled!(target: "ingress::gate::kernel", tracing::Level::DEBUG) {
+        aya_log::Level::Debug as u8
+    } else {
+        0
+    }
+}
+
+fn take<M>(ebpf: &mut Ebpf, name: &'static str) -> Result<M>
+where
+    M: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(GateError::Missing(name))?;
+    M::try_from(map).map_err(|source| GateError::Map { name, source })
+}
+
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or(GateError::Missing(name))?;
+    prog.try_into()
+        .map_err(|source| GateError::Program { name, source })
+}
+
+/// The probe program and its result map; one run at a time.
+pub(super) struct Probe {
+    fd: ProgramFd,
+    map: Array<MapData, GateEvent>,
+}
+
+impl Probe {
+    pub(super) fn run(&mut self, bytes: &[u8]) -> Result<GateEvent> {
+        if bytes.len() > PROBE_MAX {
+            return Err(GateError::ProbeTooLarge(bytes.len()));
+        }
+        let len = u32::try_from(bytes.len()).map_err(|_| GateError::ProbeTooLarge(bytes.len()))?;
+        let mut buffer = Vec::with_capacity(PROBE_PREFIX + bytes.len());
+        buffer.extend_from_slice(&len.to_le_bytes());
+        buffer.resize(PROBE_PREFIX, 0);
+        buffer.extend_from_slice(bytes);
+        // SAFETY: GateEvent is plain integers; all zero is a valid value (reason 0 = none).
+        let empty: GateEvent = unsafe { std::mem::zeroed() };
+        let map_err = |source| GateError::Map {
+            name: "PROBE",
+            source,
+        };
+        self.map.set(0, empty, 0).map_err(map_err)?;
+        sys::test_run(self.fd.as_fd(), &buffer).map_err(GateError::Probe)?;
+        self.map.get(&0, 0).map_err(map_err)
+    }
+}

@@ -1,0 +1,297 @@
+//! The policy the kernel applies, and the pure diff that moves the HOSTS map from one policy to
+//! the next without a gap.
+//!
+//! Invariant: while a plan is applied step by step, a name valid in both the old and the new
+//! policy is present at every step (upserts first, then removals), so no known host is ever
+//! dropped during an update. The proptest below checks exactly that.
+
+use std::collections::BTreeMap;
+
+use ingress_common::{GateConfig, HostKey, HostValue, MAX_PORTS, action};
+
+/// What the gate does for a name in the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostAction {
+    /// Userspace terminates TLS.
+    Pass,
+    /// The stream is handed to the backend untouched (TLS passthrough).
+    Passthrough,
+}
+
+/// A HOSTS entry as the caller describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HostRule {
+    pub action: HostAction,
+    /// Opaque to the kernel; returned with the verdict so the caller can find the route (for
+    /// example a passthrough target) without parsing the ClientHello again.
+    pub route_id: u32,
+}
+
+/// What happens when there is no name to look up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CaseAction {
+    /// Userspace decides (and usually fails the handshake or answers with an error).
+    #[default]
+    Pass,
+    /// Reset without reading anything.
+    Drop,
+}
+
+/// The whole kernel policy: names plus the per-case verdicts.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct HostPolicy {
+    /// The snapshot generation this policy comes from; the kernel reports its low 32 bits with
+    /// every verdict.
+    pub generation: u64,
+    /// Lowercase host names and `*.parent` wildcards (one label, as Ingress hosts mean them).
+    pub hosts: BTreeMap<String, HostRule>,
+    /// Admit names not in `hosts` (a default backend with a certificate exists).
+    pub catch_all: bool,
+    /// A valid ClientHello without `server_name`.
+    pub no_sni: CaseAction,
+    /// TLS that is not a ClientHello we can read.
+    pub malformed: CaseAction,
+    /// Not TLS at all, such as plain HTTP sent to the HTTPS port.
+    pub not_tls: CaseAction,
+}
+
+impl HostPolicy {
+    /// Adds a name with route id 0.
+    pub fn with_host(mut self, name: &str, action: HostAction) -> HostPolicy {
+        self.hosts.insert(
+            name.to_ascii_lowercase(),
+            HostRule {
+                action,
+                route_id: 0,
+            },
+        );
+        self
+    }
+
+    /// The HOSTS entries, and the names that cannot be keys (empty, NUL, 256 bytes or more).
+    /// Such names could never match a ClientHello, so leaving them out changes nothing.
+    pub fn entries(&self) -> (BTreeMap<HostKey, HostValue>, Vec<String>) {
+        let mut entries = BTreeMap::new();
+        let mut rejected = Vec::new();
+        for (name, rule) in &self.hosts {
+            match HostKey::new(name.as_bytes()) {
+                Some(key) => {
+                    let action = match rule.action {
+                        HostAction::Pass => action::PASS,
+                        HostAction::Passthrough => action::PASSTHROUGH,
+                    };
+                    entries.insert(
+                        key,
+                        HostValue {
+                            action,
+                            route_id: rule.route_id,
+                        },
+                    );
+                }
+                None => rejected.push(name.clone()),
+            }
+        }
+        (entries, rejected)
+    }
+
+    /// The CONFIG entry for this policy.
+    pub fn config(&self, netns_cookie: u64, ports: &[u16]) -> GateConfig {
+        let mut port_array = [0u16; MAX_PORTS];
+        for (slot, &port) in port_array.iter_mut().zip(ports) {
+            *slot = port;
+        }
+        let case = |c: CaseAction| match c {
+            CaseAction::Pass => action::PASS,
+            CaseAction::Drop => action::DROP,
+        };
+        GateConfig {
+            netns_cookie,
+            // The kernel field is 32 bits; the low half is enough to tell adjacent ones apart.
+            generation: u32::try_from(self.generation & u64::from(u32::MAX)).unwrap_or(u32::MAX),
+            catch_all: u32::from(self.catch_all),
+            no_sni: case(self.no_sni),
+            malformed: case(self.malformed),
+            not_tls: case(self.not_tls),
+            port_count: u32::try_from(ports.len().min(MAX_PORTS)).unwrap_or(0),
+            ports: port_array,
+        }
+    }
+}
+
+/// The map operations that move HOSTS from `current` to `desired`, in the order to apply them.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct SyncPlan {
+    /// New names and names whose value changed. Applied first.
+    pub upserts: Vec<(HostKey, HostValue)>,
+    /// Names no longer wanted. Applied last, after the config is written.
+    pub removals: Vec<HostKey>,
+}
+
+impl SyncPlan {
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.removals.is_empty()
+    }
+}
+
+/// Pure: what to write and delete so HOSTS equals `desired`, upserts before removals.
+pub fn plan(
+    current: &BTreeMap<HostKey, HostValue>,
+    desired: &BTreeMap<HostKey, HostValue>,
+) -> SyncPlan {
+    let upserts = desired
+        .iter()
+        .filter(|(key, value)| current.get(key) != Some(value))
+        .map(|(key, value)| (*key, *value))
+        .collect();
+    let removals = current
+        .keys()
+        .filter(|key| !desired.contains_key(key))
+        .copied()
+        .collect();
+    SyncPlan { upserts, removals }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(name: &str) -> HostKey {
+        HostKey::new(name.as_bytes()).unwrap()
+    }
+
+    fn value(action: u32) -> HostValue {
+        HostValue {
+            action,
+            route_id: 0,
+        }
+    }
+
+    fn map(entries: &[(&str, u32)]) -> BTreeMap<HostKey, HostValue> {
+        entries.iter().map(|(n, a)| (key(n), value(*a))).collect()
+    }
+
+    #[test]
+    fn plans_only_what_changed() {
+        let (p, t) = (action::PASS, action::PASSTHROUGH);
+        type Entries<'a> = &'a [(&'a str, u32)];
+        // (current, desired, upserted names, removed names)
+        let cases: [(Entries, Entries, &[&str], &[&str]); 5] = [
+            (&[], &[], &[], &[]),
+            (&[], &[("a.test", p)], &["a.test"], &[]),
+            (&[("a.test", p)], &[], &[], &["a.test"]),
+            (
+                &[("a.test", p), ("b.test", p)],
+                &[("a.test", p), ("b.test", t)],
+                &["b.test"],
+                &[],
+            ),
+            (
+                &[("a.test", p), ("*.b.test", p)],
+                &[("c.test", p), ("*.b.test", p)],
+                &["c.test"],
+                &["a.test"],
+            ),
+        ];
+        for (current, desired, upserts, removals) in cases {
+            let got = plan(&map(current), &map(desired));
+            let got_upserts: Vec<HostKey> = got.upserts.iter().map(|(k, _)| *k).collect();
+            let want_upserts: Vec<HostKey> = upserts.iter().map(|n| key(n)).collect();
+            let want_removals: Vec<HostKey> = removals.iter().map(|n| key(n)).collect();
+            assert_eq!(got_upserts, want_upserts, "{current:?} -> {desired:?}");
+            assert_eq!(got.removals, want_removals, "{current:?} -> {desired:?}");
+        }
+    }
+
+    #[test]
+    fn entries_lowercase_and_set_aside_names_that_cannot_be_keys() {
+        let long = "a".repeat(256);
+        let policy = HostPolicy::default()
+            .with_host("Shop.Example", HostAction::Pass)
+            .with_host("*.tls.example", HostAction::Passthrough)
+            .with_host(&long, HostAction::Pass)
+            .with_host("", HostAction::Pass);
+        let (entries, rejected) = policy.entries();
+        assert_eq!(
+            entries.get(&key("shop.example")),
+            Some(&value(action::PASS))
+        );
+        assert_eq!(
+            entries.get(&key("*.tls.example")),
+            Some(&value(action::PASSTHROUGH))
+        );
+        assert_eq!(entries.len(), 2);
+        assert_eq!(rejected, vec![String::new(), long]);
+    }
+
+    #[test]
+    fn config_carries_the_cases_and_ports() {
+        let policy = HostPolicy {
+            generation: (7u64 << 32) | 9,
+            catch_all: true,
+            no_sni: CaseAction::Drop,
+            malformed: CaseAction::Pass,
+            not_tls: CaseAction::Drop,
+            ..HostPolicy::default()
+        };
+        let config = policy.config(42, &[443, 8443]);
+        assert_eq!(config.netns_cookie, 42);
+        assert_eq!(config.generation, 9);
+        assert_eq!(config.catch_all, 1);
+        assert_eq!(
+            (config.no_sni, config.malformed, config.not_tls),
+            (action::DROP, action::PASS, action::DROP)
+        );
+        assert_eq!(config.port_count, 2);
+        assert_eq!(&config.ports[..3], &[443, 8443, 0]);
+    }
+
+    fn names() -> impl Strategy<Value = BTreeMap<HostKey, HostValue>> {
+        // A small name space so old and new policies overlap often.
+        let name = prop::sample::select(vec![
+            "a.test", "b.test", "c.test", "*.d.test", "e.test", "f.test",
+        ]);
+        let action = prop::sample::select(vec![action::PASS, action::PASSTHROUGH]);
+        let route = 0u32..3;
+        prop::collection::btree_map(
+            name.prop_map(key),
+            (action, route).prop_map(|(a, r)| HostValue {
+                action: a,
+                route_id: r,
+            }),
+            0..6,
+        )
+    }
+
+    proptest! {
+        /// Applying the plan one map operation at a time never leaves out a name that both
+        /// policies contain, and ends exactly at the desired map.
+        #[test]
+        fn no_name_valid_in_both_policies_is_ever_absent(old in names(), new in names()) {
+            let steps = plan(&old, &new);
+            let mut state = old.clone();
+            let kept: Vec<HostKey> = old.keys().filter(|k| new.contains_key(k)).copied().collect();
+            let check = |state: &BTreeMap<HostKey, HostValue>| {
+                for k in &kept {
+                    prop_assert!(state.contains_key(k), "{k:?} missing mid-update");
+                }
+                Ok(())
+            };
+            for (k, v) in &steps.upserts {
+                state.insert(*k, *v);
+                check(&state)?;
+            }
+            for k in &steps.removals {
+                state.remove(k);
+                check(&state)?;
+            }
+            prop_assert_eq!(state, new);
+        }
+
+        /// A plan from a state to itself is empty, so an unchanged snapshot costs no syscalls.
+        #[test]
+        fn an_unchanged_policy_plans_nothing(old in names()) {
+            prop_assert!(plan(&old, &old).is_empty());
+        }
+    }
+}

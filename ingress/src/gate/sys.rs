@@ -1,0 +1,273 @@
+//! The operating-system edges the gate needs that aya does not cover: bpffs, cgroup v2
+//! discovery, socket and network-namespace cookies, and `BPF_PROG_TEST_RUN`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// `BPF_FS_MAGIC` from linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// Where bpffs is conventionally mounted; the only place the gate mounts one itself.
+pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
+
+/// Makes sure `dir` exists on a bpf filesystem. Mounts one at /sys/fs/bpf when `dir` is under it,
+/// nothing is mounted there yet, and the process is root.
+pub fn ensure_bpffs(dir: &Path) -> Result<(), String> {
+    let existing = dir
+        .ancestors()
+        .find(|a| a.exists())
+        .unwrap_or(Path::new("/"));
+    if !is_bpffs(existing)? {
+        let root = Path::new(BPFFS_ROOT);
+        if !dir.starts_with(root) {
+            return Err(format!(
+                "{} is not on a bpf filesystem; mount one (mount -t bpf bpf <dir>) or pin under {BPFFS_ROOT}",
+                dir.display()
+            ));
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(format!(
+                "{BPFFS_ROOT} is not a bpf filesystem and only root can mount one there"
+            ));
+        }
+        mount_bpffs(root)?;
+        if !is_bpffs(dir.ancestors().find(|a| a.exists()).unwrap_or(root))? {
+            return Err(format!(
+                "{} is still not on a bpf filesystem after mounting {BPFFS_ROOT}",
+                dir.display()
+            ));
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
+}
+
+fn is_bpffs(path: &Path) -> Result<bool, String> {
+    let c = c_path(path)?;
+    // SAFETY: an all-zero statfs is a valid out-parameter for statfs(2).
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a valid out-parameter.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(format!(
+            "statfs {}: {}",
+            path.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    #[allow(
+        clippy::useless_conversion,
+        reason = "f_type is i64 on x86_64 but narrower on other targets"
+    )]
+    let f_type = i64::from(st.f_type);
+    Ok(f_type == BPF_FS_MAGIC)
+}
+
+fn mount_bpffs(at: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(at).map_err(|e| format!("creating {}: {e}", at.display()))?;
+    let target = c_path(at)?;
+    let fstype = c"bpf";
+    // SAFETY: all pointers are valid NUL-terminated strings; no mount data.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "mount -t bpf bpf {}: {}",
+            at.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    tracing::info!(at = %at.display(), "mounted a bpf filesystem");
+    Ok(())
+}
+
+fn c_path(path: &Path) -> Result<CString, String> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{} contains a NUL byte", path.display()))
+}
+
+/// The cgroup v2 directory of this process: the v2 mount (found in mountinfo, not assumed)
+/// joined with the path in /proc/self/cgroup, or the mount root if that path is not visible.
+pub fn own_cgroup() -> Result<PathBuf, String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+    let mount = cgroup2_mount(&mountinfo).ok_or("no cgroup2 filesystem is mounted")?;
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("reading /proc/self/cgroup: {e}"))?;
+    let own = unified_path(&cgroup)
+        .map(|p| mount.join(p.trim_start_matches('/')))
+        .filter(|p| p.is_dir())
+        .unwrap_or(mount);
+    Ok(own)
+}
+
+/// The mount point of the first cgroup2 filesystem in a mountinfo table.
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        // "<id> <parent> <maj:min> <root> <mount point> <options> [optional...] - <fstype> ..."
+        let (left, right) = line.split_once(" - ")?;
+        let fstype = right.split_whitespace().next()?;
+        let mount_point = left.split_whitespace().nth(4)?;
+        (fstype == "cgroup2").then(|| PathBuf::from(unescape_mountinfo(mount_point)))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal.
+fn unescape_mountinfo(field: &str) -> String {
+    field
+        .replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// The cgroup v2 path ("0::<path>") from a /proc/<pid>/cgroup table.
+fn unified_path(cgroup: &str) -> Option<&str> {
+    cgroup.lines().find_map(|line| line.strip_prefix("0::"))
+}
+
+/// `SO_COOKIE`: the key the kernel filed the socket under in SOCKS and VERDICTS.
+pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    getsockopt_u64(fd.as_raw_fd(), libc::SO_COOKIE)
+}
+
+/// The cookie of the network namespace the calling thread is in, via a throwaway socket.
+pub fn current_netns_cookie() -> io::Result<u64> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    getsockopt_u64(socket.as_raw_fd(), libc::SO_NETNS_COOKIE)
+}
+
+fn getsockopt_u64(fd: RawFd, option: libc::c_int) -> io::Result<u64> {
+    let mut value = 0u64;
+    let mut len: libc::socklen_t = 8; // size_of::<u64>()
+    // SAFETY: `value` and `len` are valid out-parameters of the size given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            option,
+            (&raw mut value).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
+/// One non-blocking `MSG_PEEK` of a byte. A ClientHello that arrived before the socket joined
+/// SOCKS can sit in the receive queue until something reads; this makes the stream parser run.
+pub fn peek_kick(fd: BorrowedFd<'_>) {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer for a one-byte peek; the result only matters as a side effect.
+    let _ = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+}
+
+/// Runs a program once on `data` with `BPF_PROG_TEST_RUN`; returns its return value.
+pub fn test_run(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
+    /// `struct { ... } test` of `union bpf_attr`, up to `batch_size`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestAttr {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+        flags: u32,
+        cpu: u32,
+        batch_size: u32,
+        _pad: u32,
+    }
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    let mut attr = TestAttr {
+        prog_fd: u32::try_from(prog.as_raw_fd())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        data_size_in: u32::try_from(data.len())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        data_in: data.as_ptr() as u64,
+        repeat: 1,
+        ..TestAttr::default()
+    };
+    // SAFETY: `attr` is a valid bpf_attr prefix of the size passed, and `data` outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            (&raw mut attr).cast::<libc::c_void>(),
+            std::mem::size_of::<TestAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr.retval)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_cgroup2_mount_wherever_it_is() {
+        let cases = [
+            (
+                "25 20 0:22 / /sys/fs/cgroup/unified rw,relatime shared:8 - cgroup2 cgroup2 rw\n",
+                Some("/sys/fs/cgroup/unified"),
+            ),
+            (
+                "30 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+                Some("/sys/fs/cgroup"),
+            ),
+            (
+                "24 20 0:21 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n31 1 0:27 / /my\\040cg rw - cgroup2 none rw\n",
+                Some("/my cg"),
+            ),
+            (
+                "24 20 0:21 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n",
+                None,
+            ),
+        ];
+        for (table, want) in cases {
+            assert_eq!(cgroup2_mount(table), want.map(PathBuf::from), "{table}");
+        }
+    }
+
+    #[test]
+    fn reads_the_unified_line_of_proc_cgroup() {
+        let cases = [
+            ("9:name=systemd:/\n4:memory:/x\n0::/\n", Some("/")),
+            (
+                "0::/kubepods/burstable/pod1/abc\n",
+                Some("/kubepods/burstable/pod1/abc"),
+            ),
+            ("4:memory:/x\n", None),
+        ];
+        for (table, want) in cases {
+            assert_eq!(unified_path(table), want, "{table}");
+        }
+    }
+}

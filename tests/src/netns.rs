@@ -1,0 +1,140 @@
+//! A pair of network namespaces joined by a veth link, removed on drop: a server side and a
+//! client side, so traffic between them crosses a real link (MTU 1500, so a 2 KB ClientHello
+//! arrives in two segments) and touches nothing outside the test.
+//!
+//! Namespaces are entered with `setns` from code, one thread at a time, or with
+//! `nsenter --net=` for child processes — never `ip netns exec`, which remounts /sys and hides
+//! the cgroup2 mount the gate attaches to.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 1);
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 2);
+
+/// One named network namespace (`/run/netns/<name>`), deleted on drop.
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    pub fn create(name: String) -> io::Result<NetNs> {
+        ip(&["netns", "add", &name])?;
+        let ns = NetNs { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+
+    /// Runs `ip -n <name> <args>`.
+    pub fn ip(&self, args: &[&str]) -> io::Result<()> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Moves the calling thread into this namespace. Sockets it creates afterwards live here;
+    /// child processes it spawns start here.
+    pub fn enter(&self) -> io::Result<()> {
+        let file = std::fs::File::open(self.path())?;
+        // SAFETY: a valid namespace fd; setns only affects the calling thread.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a fresh thread inside this namespace, for making sockets there without
+    /// moving the caller.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+        let path = self.path();
+        std::thread::spawn(move || -> io::Result<T> {
+            let file = std::fs::File::open(path)?;
+            // SAFETY: as in `enter`.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| io::Error::other("namespace thread panicked"))?
+    }
+
+    /// `nsenter --net=<path> <program>`, for clients such as openssl and curl.
+    pub fn command(&self, program: &str) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.path().display()))
+            .arg(program);
+        cmd
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!("removing network namespace {}: {e}", self.name);
+        }
+    }
+}
+
+/// Server and client namespaces with `SERVER_IP` and `CLIENT_IP` on either end of a veth pair.
+pub struct NetPair {
+    pub server: NetNs,
+    pub client: NetNs,
+}
+
+impl NetPair {
+    pub fn create(tag: &str) -> io::Result<NetPair> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{tag}-{}-{n}", std::process::id());
+        let server = NetNs::create(format!("{base}-s"))?;
+        let client = NetNs::create(format!("{base}-c"))?;
+        // Both ends are created inside their namespaces: nothing appears in the host's.
+        ip(&[
+            "link",
+            "add",
+            "veth0",
+            "netns",
+            server.name(),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth0",
+            "netns",
+            client.name(),
+        ])?;
+        for (ns, addr) in [(&server, SERVER_IP), (&client, CLIENT_IP)] {
+            ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "veth0"])?;
+            // One MSS per packet, as on a real wire: with segmentation offload a veth would
+            // carry a 2 KB write as one packet and the receiver would never see it split.
+            ns.ip(&["link", "set", "veth0", "gso_max_segs", "1"])?;
+            ns.ip(&["link", "set", "veth0", "up"])?;
+        }
+        Ok(NetPair { server, client })
+    }
+}
+
+fn ip(args: &[&str]) -> io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
