@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use ingress::client_hello;
 use ingress::gate::{
-    Admission, CaseAction, Gate, GateError, GateOptions, HostAction, HostPolicy, Reason, Verdict,
-    counter,
+    Admission, CaseAction, Gate, GateError, GateOptions, HostAction, HostPolicy, KernelLog, Reason,
+    Verdict, counter,
 };
 use ingress_tests::netns::{NetPair, SERVER_IP};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -104,10 +104,15 @@ fn pin_dir(tag: &str) -> PathBuf {
 impl Harness {
     /// Namespaces, a gate with `policy`, and the test server. `None` when skipping.
     async fn start(tag: &str, policy: HostPolicy) -> Option<Harness> {
-        Self::start_in(tag, policy, pin_dir(tag)).await
+        Self::start_in(tag, policy, pin_dir(tag), KernelLog::Off).await
     }
 
-    async fn start_in(tag: &str, policy: HostPolicy, pins: PathBuf) -> Option<Harness> {
+    async fn start_in(
+        tag: &str,
+        policy: HostPolicy,
+        pins: PathBuf,
+        kernel_log: KernelLog,
+    ) -> Option<Harness> {
         if !preflight() {
             return None;
         }
@@ -117,7 +122,7 @@ impl Harness {
         // This test's thread (and its current-thread runtime) now lives in the server namespace:
         // the listener is created here, and the gate gates this namespace only.
         pair.server.enter().expect("enter the server namespace");
-        let gate = match load(&pins.0, policy) {
+        let gate = match load(&pins.0, policy, kernel_log) {
             Ok(gate) => gate,
             Err(GateError::NotEmbedded) => {
                 skip_or_fail(
@@ -203,12 +208,15 @@ impl Harness {
     }
 }
 
-fn load(pins: &Path, policy: HostPolicy) -> Result<Gate, GateError> {
+fn load(pins: &Path, policy: HostPolicy, kernel_log: KernelLog) -> Result<Gate, GateError> {
     Gate::load(GateOptions {
         pin_dir: pins.to_path_buf(),
         https_ports: vec![PORT],
         policy,
         verdict_timeout: Duration::from_secs(3),
+        // Explicit, not from tracing: tests run on parallel threads, and tracing caches
+        // per-callsite interest across them.
+        kernel_log,
         ..GateOptions::default()
     })
 }
@@ -504,7 +512,9 @@ async fn no_sni_garbage_and_plain_http_follow_the_configured_policy() {
 async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
     let pins = pin_dir("restart");
     let first = policy(&["curl.example.test", "keep.example.test"]);
-    let Some(mut h) = Harness::start_in("restart", first.clone(), pins.clone()).await else {
+    let Some(mut h) =
+        Harness::start_in("restart", first.clone(), pins.clone(), KernelLog::Off).await
+    else {
         return;
     };
     h.send(&[&corpus("curl-tls13.bin")], Duration::ZERO).await;
@@ -535,7 +545,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
     }
 
     // Start again on the same pins: the policy is already there, nothing to write.
-    let gate = Arc::new(load(&pins, first.clone()).expect("reload"));
+    let gate = Arc::new(load(&pins, first.clone(), KernelLog::Off).expect("reload"));
     let report = gate.sync_hosts(&first).expect("sync");
     assert_eq!((report.upserted, report.removed), (0, 0), "{report:?}");
     assert!(
@@ -577,33 +587,53 @@ async fn bpftool_map_dump_shows_host_names() {
     let Some(h) = Harness::start("bpftool", names).await else {
         return;
     };
-    let hosts = h.pins.0.join("hosts");
-    let out = std::process::Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
-        .arg(&hosts)
-        .output()
-        .expect("run bpftool");
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("bpftool map dump pinned {}:\n{text}", hosts.display());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let hosts = bpftool_dump(&h.pins.0.join("hosts"));
     for name in [
         "shop.example.test",
         "*.apps.example.test",
         "tls.example.test",
     ] {
+        let shown = format!("\"name\": \"{name}\"");
         assert!(
-            text.contains(&format!("\"name\": \"{name}\"")),
-            "{name} is not readable in:\n{text}"
+            hosts.contains(&shown),
+            "{name} is not readable in:\n{hosts}"
         );
     }
     assert!(
-        text.contains("\"action\": 2"),
-        "the passthrough action shows:\n{text}"
+        hosts.contains("\"action\": 2"),
+        "the passthrough action shows:\n{hosts}"
     );
+
+    let config = bpftool_dump(&h.pins.0.join("config"));
+    for field in [
+        "\"netns_cookie\"",
+        "\"catch_all\": 0",
+        "\"port_count\": 1",
+        "443",
+    ] {
+        assert!(config.contains(field), "{field} is not in:\n{config}");
+    }
+    let counters = bpftool_dump(&h.pins.0.join("counters"));
+    assert!(
+        counters.contains("\"cpu\""),
+        "per-CPU values are not shown:\n{counters}"
+    );
+}
+
+fn bpftool_dump(pin: &Path) -> String {
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(pin)
+        .output()
+        .expect("run bpftool");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("bpftool map dump pinned {}:\n{text}", pin.display());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
 
 #[tokio::test]
@@ -662,4 +692,63 @@ async fn corpus_verdicts_match_the_userspace_parser() {
         mismatches.join("\n")
     );
     assert!(files.len() >= 20, "the corpus went missing");
+}
+
+/// A `tracing` writer into a shared buffer.
+#[derive(Clone)]
+struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("capture lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn kernel_debug_logs_reach_tracing() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    // This gate loads with kernel logging on (so the verifier must accept the logging code
+    // too), and its events task, on this thread's runtime, forwards the programs' records to
+    // this thread's subscriber.
+    let captured = Capture(Arc::new(std::sync::Mutex::new(Vec::new())));
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(move || writer.clone())
+                .with_ansi(false),
+        )
+        .with(
+            tracing_subscriber::filter::Targets::new()
+                .with_target("ingress::gate::kernel", tracing::Level::DEBUG),
+        );
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let policy = policy(&["curl.example.test"]);
+    let Some(mut h) = Harness::start_in("logs", policy, pin_dir("logs"), KernelLog::Debug).await
+    else {
+        return;
+    };
+    h.send(&[&corpus("curl-tls13.bin")], Duration::ZERO).await;
+    assert_eq!(passed(&h.next().await).reason, Reason::Pass);
+    let wanted = [
+        "ingress::gate::kernel: gated socket",
+        "ingress::gate::kernel: verdict socket",
+    ];
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = String::from_utf8_lossy(&captured.0.lock().expect("capture lock")).into_owned();
+        if wanted.iter().all(|w| text.contains(w)) {
+            eprintln!("captured:\n{text}");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("missing kernel log lines {wanted:?} in:\n{text}");
 }

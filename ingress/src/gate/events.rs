@@ -60,7 +60,7 @@ impl Drop for Registration<'_> {
 pub(super) async fn run(
     shared: Arc<Shared>,
     events: RingBuf<MapData>,
-    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    logger: Option<aya_log::EbpfLogger<LogBridge>>,
 ) {
     // SAFETY (both registrations): the ring buffers own their map fds and keep them open and
     // unchanged for as long as the AsyncFd holds them.
@@ -95,6 +95,29 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// Forwards aya-log records from the programs to `tracing`, under the target
+/// `ingress::gate::kernel` (whose debug level also switches the kernel's logging on at load).
+pub(super) struct LogBridge;
+
+impl log::Log for LogBridge {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let message = record.args();
+        match record.level() {
+            log::Level::Error => tracing::error!(target: "ingress::gate::kernel", "{message}"),
+            log::Level::Warn => tracing::warn!(target: "ingress::gate::kernel", "{message}"),
+            log::Level::Info => tracing::info!(target: "ingress::gate::kernel", "{message}"),
+            log::Level::Debug => tracing::debug!(target: "ingress::gate::kernel", "{message}"),
+            log::Level::Trace => tracing::trace!(target: "ingress::gate::kernel", "{message}"),
+        }
+    }
+
+    fn flush(&self) {}
 }
 
 /// Readiness of the logger, or never if there is none.

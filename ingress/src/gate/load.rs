@@ -16,8 +16,8 @@ use aya::{Ebpf, EbpfLoader};
 use ingress_common::{GateEvent, MAX_PORTS};
 
 use super::{
-    EMBEDDED_OBJECT, Gate, GateError, GateOptions, HostsState, Result, Shared, events, lock, pins,
-    sys,
+    EMBEDDED_OBJECT, Gate, GateError, GateOptions, HostsState, KernelLog, Result, Shared, events,
+    lock, pins, sys,
 };
 
 /// Maps pinned by name: (map symbol, pin file, kept across restarts).
@@ -67,8 +67,8 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
     for (map, path) in &pin_paths {
         loader.map_pin_path(map, path.as_path());
     }
-    let log_level = kernel_log_level();
-    loader.override_global("AYA_LOG_LEVEL", &log_level, false);
+    let log_level = kernel_log_level(options.kernel_log);
+    loader.override_global("AYA_LOG_LEVEL", &log_level, true);
     let mut ebpf = loader
         .load(&object)
         .map_err(|e| GateError::Load(Box::new(e)))?;
@@ -82,7 +82,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
     let socks_fd = socks.fd().try_clone().map_err(GateError::Socket)?;
     let events: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
     let probe_map: Array<MapData, GateEvent> = take(&mut ebpf, "PROBE")?;
-    let logger = aya_log::EbpfLogger::init(&mut ebpf)
+    let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, events::LogBridge)
         .inspect_err(|e| tracing::warn!(error = %e, "kernel log records will not be read"))
         .ok();
 
@@ -151,6 +151,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         ports = ?options.https_ports,
         netns_cookie,
         hosts = lock(&shared.hosts).current.len(),
+        kernel_log_level = log_level,
         "kernel SNI gate attached"
     );
     Ok(Gate {
@@ -221,9 +222,16 @@ fn incompatible(path: &Path, def: &aya_obj::Map) -> Option<String> {
 }
 
 /// Patched into the object: the verifier drops every disabled log call, so logging costs
-/// nothing unless debug is on for the kernel target.
-fn kernel_log_level() -> u8 {
-    if tracing::enabled!(target: "ingress::gate::kernel", tracing::Level::DEBUG) {
+/// nothing unless it is on.
+fn kernel_log_level(setting: KernelLog) -> u8 {
+    let debug = match setting {
+        KernelLog::FromTracing => {
+            tracing::enabled!(target: "ingress::gate::kernel", tracing::Level::DEBUG)
+        }
+        KernelLog::Off => false,
+        KernelLog::Debug => true,
+    };
+    if debug {
         aya_log::Level::Debug as u8
     } else {
         0

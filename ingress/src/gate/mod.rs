@@ -134,6 +134,18 @@ pub struct GateOptions {
     pub netns_cookie: Option<u64>,
     /// How long `admit` waits for a verdict and `take_first_record` for the record's bytes.
     pub verdict_timeout: Duration,
+    /// Whether the programs log (aya-log, forwarded to `tracing` as `ingress::gate::kernel`).
+    pub kernel_log: KernelLog,
+}
+
+/// Kernel-side logging, fixed at load: disabled log calls are removed by the verifier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KernelLog {
+    /// On if `tracing` has debug enabled for `ingress::gate::kernel` when the gate loads.
+    #[default]
+    FromTracing,
+    Off,
+    Debug,
 }
 
 impl Default for GateOptions {
@@ -146,6 +158,7 @@ impl Default for GateOptions {
             policy: HostPolicy::default(),
             netns_cookie: None,
             verdict_timeout: Duration::from_secs(10),
+            kernel_log: KernelLog::default(),
         }
     }
 }
