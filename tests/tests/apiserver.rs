@@ -267,6 +267,20 @@ async fn kubectl_creates_gets_and_applies() {
         table[1][..5],
         ["prod", "web", "ours", "web.example.com", "80"]
     );
+    // kubectl read aggregated discovery from /api and /apis, not the per-group documents.
+    let aggregated = server.requests().matching(|r| {
+        r.path == "/apis"
+            && r.accept
+                .as_deref()
+                .is_some_and(|a| a.contains("as=APIGroupDiscoveryList"))
+    });
+    assert!(!aggregated.is_empty());
+    assert!(
+        server
+            .requests()
+            .matching(|r| r.path == "/api/v1" || r.path == "/apis/networking.k8s.io/v1")
+            .is_empty()
+    );
     let services = kubectl.ok(&["get", "svc", "-n", "prod"]).await;
     assert!(
         rows(&services)[1].starts_with(&["web".into(), "ClusterIP".into()]),
@@ -604,6 +618,52 @@ async fn kubectl_sees_failures_and_outages() {
     kubectl.ok(&["get", "ingress", "-A"]).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_watch_prints_changes() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let server = start().await;
+    let kubectl = Kubectl::new(&server);
+    let client = server.client().unwrap();
+    let ingresses: Api<Ingress> = Api::namespaced(client, "prod");
+    ingresses
+        .create(&PostParams::default(), &ingress("prod", "web", "a.example"))
+        .await
+        .unwrap();
+
+    let mut child = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubectl.dir.path().join("kubeconfig"))
+        .arg("--cache-dir")
+        .arg(kubectl.dir.path().join("cache"))
+        .args(["get", "ingress", "-n", "prod", "-w"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kubectl starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next_line = async || {
+        tokio::time::timeout(TIMEOUT, lines.next_line())
+            .await
+            .expect("kubectl printed in time")
+            .expect("kubectl output")
+            .expect("kubectl still running")
+    };
+    assert!(next_line().await.starts_with("NAME"));
+    assert!(next_line().await.starts_with("web "));
+    ingresses
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ingressClassName": "theirs"}})),
+        )
+        .await
+        .unwrap();
+    let changed = rows(&next_line().await).concat();
+    assert_eq!(changed[..3], ["web", "theirs", "a.example"], "{changed:?}");
+    child.kill().await.expect("kubectl stops");
+}
+
 // ---- kube-rs ----------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread")]
@@ -815,6 +875,49 @@ async fn kube_rs_reads_and_writes() {
             .items
             .len(),
         1
+    );
+
+    // Collections delete by selector.
+    for name in ["x1", "x2"] {
+        let mut doomed = ingress("prod", name, "x.example");
+        doomed.metadata.labels = Some(BTreeMap::from([("batch".to_string(), "x".to_string())]));
+        ingresses
+            .create(&PostParams::default(), &doomed)
+            .await
+            .unwrap();
+    }
+    let removed = ingresses
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("batch=x"),
+        )
+        .await
+        .unwrap();
+    let removed = removed.left().expect("a list of what was deleted");
+    assert_eq!(removed.items.len(), 2);
+    assert_eq!(
+        ingresses
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+
+    // Legacy (non-aggregated) discovery, as kube-rs reads it.
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    let gvk = kube::api::GroupVersionKind::gvk("networking.k8s.io", "v1", "Ingress");
+    let (resource, caps) = discovery
+        .resolve_gvk(&gvk)
+        .expect("Ingress is discoverable");
+    assert_eq!(resource.plural, "ingresses");
+    assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
+    assert!(
+        caps.subresources
+            .iter()
+            .any(|(r, _)| r.plural == "ingresses/status" || r.plural == "status"),
+        "{caps:?}"
     );
 
     // Finalizers hold a deletion until they are removed.
@@ -1119,15 +1222,25 @@ async fn kube_rs_sees_injected_failures() {
             .items
             .is_empty()
     );
+    let lease: Lease = serde_json::from_value(
+        json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "me"}}),
+    )
+    .unwrap();
+    // A failed write reads the body first, so the kept-alive connection stays usable.
+    server
+        .faults()
+        .fail(ingress_tests::apiserver::FailRule::matching("/leases", 1).with_method("POST"));
+    let err = leases
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(&err), (500, "InternalError".into()));
+    server.requests().clear();
     server.faults().fail(
         ingress_tests::apiserver::FailRule::matching("/leases", 2)
             .with_status(503)
             .with_method("POST"),
     );
-    let lease: Lease = serde_json::from_value(
-        json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "me"}}),
-    )
-    .unwrap();
     // kube-rs retries 503s itself: the caller never sees them, the request log does.
     leases.create(&PostParams::default(), &lease).await.unwrap();
     let posts: Vec<u16> = server

@@ -114,6 +114,9 @@ pub fn resources(group: &str, version: &str) -> Option<Value> {
         if !def.short_names.is_empty() {
             entry["shortNames"] = json!(def.short_names);
         }
+        if !def.categories.is_empty() {
+            entry["categories"] = json!(def.categories);
+        }
         list.push(entry);
         if def.status_subresource {
             list.push(json!({
@@ -148,6 +151,9 @@ fn discovery_resource(def: &ResourceDef) -> Value {
     });
     if !def.short_names.is_empty() {
         entry["shortNames"] = json!(def.short_names);
+    }
+    if !def.categories.is_empty() {
+        entry["categories"] = json!(def.categories);
     }
     if def.status_subresource {
         entry["subresources"] = json!([{

@@ -99,17 +99,30 @@ pub async fn handle(shared: &Shared, req: http::Request<Incoming>) -> Response<B
         format!("{path}?{query}")
     };
 
-    let reply = match shared.faults.take_failure(method.as_str(), &path_and_query) {
-        Some(code) => Err(ApiError::Injected {
+    // The body is read before anything can fail, so the connection is always left at a
+    // request boundary and a client can reuse it after an error.
+    let body = read_body(req.into_body(), shared.options.max_body_bytes).await;
+    let reply = match (
+        body,
+        shared.faults.take_failure(method.as_str(), &path_and_query),
+    ) {
+        (Err(error), _) => Err(error),
+        (Ok(_), Some(code)) => Err(ApiError::Injected {
             code,
             message: format!("injected failure ({code}) for {method} {path_and_query}"),
         }),
-        None => route(shared, &method, &path, &query, &headers, req.into_body()).await,
+        (Ok(body), None) => route(shared, &method, &path, &query, &headers, &body),
     };
-    let response = match reply {
+    let mut response = match reply {
         Ok(reply) => render(reply),
         Err(error) => render_error(&error),
     };
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        // The rest of that body is still on the wire: this connection cannot carry another request.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     tracing::debug!(%method, %path_and_query, status = response.status().as_u16(), "request");
     shared.log.push(RequestRecord {
         method: method.to_string(),
@@ -173,13 +186,13 @@ fn render_error(error: &ApiError) -> Response<Body> {
     })
 }
 
-async fn route(
+fn route(
     shared: &Shared,
     method: &Method,
     path: &str,
     query: &str,
     headers: &Headers,
-    body: Incoming,
+    body: &[u8],
 ) -> Result<Reply> {
     let route = routes::parse_path(path)?;
     let get_only = |reply: Option<Value>| -> Result<Reply> {
@@ -225,41 +238,33 @@ async fn route(
         Route::OpenApiV3 { group, version } => get_only(discovery::openapi_v3(&group, &version)),
         Route::Object(target) => {
             let query = routes::parse_query(query)?;
-            object_route(shared, method, &target, &query, headers, body).await
+            object_route(shared, method, &target, &query, headers, body)
         }
     }
 }
 
-async fn object_route(
+fn object_route(
     shared: &Shared,
     method: &Method,
     target: &ObjectPath,
     query: &Query,
     headers: &Headers,
-    body: Incoming,
+    body: &[u8],
 ) -> Result<Reply> {
     let has_name = target.name.is_some();
     match *method {
         Method::GET if target.watch_prefix || (query.watch && !has_name) => {
-            watch(shared, target, query)
+            watch(shared, target, query, headers)
         }
         Method::GET if has_name => get(shared, target, query, headers),
         Method::GET => list(shared, target, query, headers),
         Method::POST if !has_name && target.part == Part::Main => {
-            let body = read_body(body, shared.options.max_body_bytes).await?;
-            create(shared, target, query, headers, &body)
+            create(shared, target, query, headers, body)
         }
-        Method::PUT if has_name => {
-            let body = read_body(body, shared.options.max_body_bytes).await?;
-            update(shared, target, query, headers, &body)
-        }
-        Method::PATCH if has_name => {
-            let body = read_body(body, shared.options.max_body_bytes).await?;
-            patch(shared, target, query, headers, &body)
-        }
+        Method::PUT if has_name => update(shared, target, query, headers, body),
+        Method::PATCH if has_name => patch(shared, target, query, headers, body),
         Method::DELETE if has_name && target.part == Part::Main => {
-            let body = read_body(body, shared.options.max_body_bytes).await?;
-            delete(shared, target, query, &body)
+            delete(shared, target, query, body)
         }
         Method::DELETE if !has_name => delete_collection(shared, target, query),
         _ => Err(ApiError::MethodNotAllowed),
@@ -357,7 +362,7 @@ fn list(shared: &Shared, target: &ObjectPath, query: &Query, headers: &Headers) 
     })))
 }
 
-fn watch(shared: &Shared, target: &ObjectPath, query: &Query) -> Result<Reply> {
+fn watch(shared: &Shared, target: &ObjectPath, query: &Query, headers: &Headers) -> Result<Reply> {
     if target.name.is_some() {
         // `/watch/.../<name>` is the deprecated single-object watch; clients use fieldSelector.
         return Err(ApiError::BadRequest("watching a single object by path is not supported; use fieldSelector=metadata.name=<name>".into()));
@@ -397,6 +402,10 @@ fn watch(shared: &Shared, target: &ObjectPath, query: &Query) -> Result<Reply> {
             .then_some(shared.options.bookmark_interval),
         timeout: query.timeout_seconds.map(Duration::from_secs),
         cut: shared.faults.watch_cut(),
+        table: headers.wants_table().then(|| watch::TableFormat {
+            columns: def.columns,
+            include_object: query.include_object.clone(),
+        }),
     };
     match watch::open(&shared.store, request) {
         Ok(stream) => Ok(stream_body(stream.boxed_stream())),

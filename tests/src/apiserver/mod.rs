@@ -29,6 +29,9 @@
 //!   managers' fields unless `force=true`. Lists are atomic (owned and replaced whole).
 //! - `fieldValidation` (Strict / Warn / Ignore, default Warn) is checked by decoding into the
 //!   k8s-openapi type: unknown fields are rejected, warned about or dropped.
+//! - Secret `stringData` is merged into `data` on every write and never returned.
+//! - A list with `resourceVersionMatch=Exact` is served only at the current resourceVersion
+//!   (there are no snapshots of the past); older ones get 410.
 //! - Objects with finalizers get a deletionTimestamp and disappear when the finalizers are
 //!   removed. There is no garbage collection of ownerReferences.
 
@@ -68,9 +71,9 @@ pub use store::{ObjectKey, Store};
 pub static RESOURCES: &[ResourceDef] = &[
     ResourceDef::new("", "v1", "namespaces", "Namespace").cluster_scoped().short(&["ns"]).status().typed::<Namespace>().defaults(objects::namespace_defaults).fields(&[("status.phase", "status.phase")]).columns(table::NAMESPACE),
     ResourceDef::new("", "v1", "nodes", "Node").cluster_scoped().short(&["no"]).status().typed::<Node>().fields(&[("spec.unschedulable", "spec.unschedulable")]),
-    ResourceDef::new("", "v1", "services", "Service").short(&["svc"]).status().typed::<Service>().defaults(objects::service_defaults).fields(&[("spec.clusterIP", "spec.clusterIP"), ("spec.type", "spec.type")]).columns(table::SERVICE),
+    ResourceDef::new("", "v1", "services", "Service").short(&["svc"]).categories(&["all"]).status().typed::<Service>().defaults(objects::service_defaults).fields(&[("spec.clusterIP", "spec.clusterIP"), ("spec.type", "spec.type")]).columns(table::SERVICE),
     ResourceDef::new("", "v1", "endpoints", "Endpoints").short(&["ep"]).typed::<Endpoints>(),
-    ResourceDef::new("", "v1", "secrets", "Secret").typed::<Secret>().defaults(objects::secret_defaults).fields(&[("type", "type")]).columns(table::SECRET),
+    ResourceDef::new("", "v1", "secrets", "Secret").typed::<Secret>().defaults(objects::secret_defaults).normalize(objects::secret_string_data).fields(&[("type", "type")]).columns(table::SECRET),
     ResourceDef::new("", "v1", "configmaps", "ConfigMap").short(&["cm"]).typed::<ConfigMap>(),
     ResourceDef::new("", "v1", "events", "Event").short(&["ev"]).typed::<CoreEvent>().fields(objects::CORE_EVENT_FIELDS).columns(table::EVENT),
     ResourceDef::new("networking.k8s.io", "v1", "ingresses", "Ingress").short(&["ing"]).status().generation().typed::<Ingress>().columns(table::INGRESS),

@@ -280,6 +280,7 @@ pub fn prepare_create(
         map.remove("status");
     }
     (def.defaults)(object, seq);
+    (def.normalize)(object);
     Ok(())
 }
 
@@ -390,6 +391,7 @@ pub fn prepare_update(
             };
         }
     }
+    (def.normalize)(&mut next);
     if comparable(&next) == comparable(old) {
         return Ok(None);
     }
@@ -511,6 +513,29 @@ pub fn service_defaults(object: &mut Value, seq: u64) {
 
 pub fn secret_defaults(object: &mut Value, _seq: u64) {
     set_default(object, "/type", json!("Opaque"));
+}
+
+/// `stringData` is write-only: its entries replace `data`'s, base64-encoded.
+pub fn secret_string_data(object: &mut Value) {
+    let Some(map) = object.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(strings)) = map.remove("stringData") else {
+        return;
+    };
+    let data = map.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    let Some(data) = data.as_object_mut() else {
+        return;
+    };
+    for (key, value) in strings {
+        let text = value.as_str().unwrap_or_default().as_bytes().to_vec();
+        if let Ok(encoded) = serde_json::to_value(k8s_openapi::ByteString(text)) {
+            data.insert(key, encoded);
+        }
+    }
 }
 
 // ---- events: one storage, two representations ------------------------------------------
@@ -801,6 +826,22 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(next["spec"]["clusterIP"], "10.96.1.2");
+    }
+
+    #[test]
+    fn secret_string_data_lands_in_data() {
+        let secrets = def("", "secrets");
+        let mut secret = json!({"metadata": {"name": "s"}, "data": {"a": "eA==", "b": "eQ=="}, "stringData": {"b": "hello"}});
+        prepare_create(secrets, Some("default"), &mut secret, 1).unwrap();
+        assert_eq!(secret["data"], json!({"a": "eA==", "b": "aGVsbG8="}));
+        assert!(secret.get("stringData").is_none());
+        assert_eq!(secret["type"], "Opaque");
+        let update =
+            json!({"metadata": {"name": "s"}, "data": {"a": "eA=="}, "stringData": {"c": "z"}});
+        let next = prepare_update(secrets, &secret, update, Part::Main)
+            .unwrap()
+            .unwrap();
+        assert_eq!(next["data"], json!({"a": "eA==", "c": "eg=="}));
     }
 
     #[test]

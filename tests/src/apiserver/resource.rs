@@ -33,6 +33,10 @@ pub struct ResourceDef {
     pub schema: fn(&Value) -> Result<Value, String>,
     /// Fills in server-side defaults on create; `seq` is unique per create (for allocations).
     pub defaults: fn(&mut Value, u64),
+    /// Rewrites write-only input into its stored form on every write (Secret `stringData`).
+    pub normalize: fn(&mut Value),
+    /// Discovery categories, e.g. `all` for `kubectl get all`.
+    pub categories: &'static [&'static str],
     /// When set, objects live in another resource's storage and are converted on the way in and out.
     pub view: Option<View>,
 }
@@ -66,6 +70,8 @@ impl Eq for ResourceDef {}
 
 fn no_defaults(_: &mut Value, _: u64) {}
 
+fn no_normalize(_: &mut Value) {}
+
 fn untyped(value: &Value) -> Result<Value, String> {
     Ok(value.clone())
 }
@@ -96,6 +102,8 @@ impl ResourceDef {
             columns: &[],
             schema: untyped,
             defaults: no_defaults,
+            normalize: no_normalize,
+            categories: &[],
             view: None,
         }
     }
@@ -137,6 +145,16 @@ impl ResourceDef {
 
     pub const fn defaults(mut self, defaults: fn(&mut Value, u64)) -> Self {
         self.defaults = defaults;
+        self
+    }
+
+    pub const fn normalize(mut self, normalize: fn(&mut Value)) -> Self {
+        self.normalize = normalize;
+        self
+    }
+
+    pub const fn categories(mut self, categories: &'static [&'static str]) -> Self {
+        self.categories = categories;
         self
     }
 

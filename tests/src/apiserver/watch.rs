@@ -18,6 +18,7 @@ use super::resource::ResourceDef;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{Change, ChangeKind, ObjectKey, Store};
+use super::table::{self, Column};
 
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +43,29 @@ pub struct WatchRequest {
     pub timeout: Option<Duration>,
     /// Cancelled to break the connection (fault injection).
     pub cut: CancellationToken,
+    /// Send each object as a one-row Table (`kubectl get -w` asks for that).
+    pub table: Option<TableFormat>,
+}
+
+/// How to print objects as Tables: the columns, and `includeObject`.
+pub struct TableFormat {
+    pub columns: &'static [Column],
+    pub include_object: Option<String>,
+}
+
+impl TableFormat {
+    fn render(&self, object: &Value) -> Value {
+        let rv = object
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        table::table(
+            self.columns,
+            std::slice::from_ref(object),
+            rv,
+            self.include_object.as_deref(),
+        )
+    }
 }
 
 /// The error that ends a watch body abruptly, so the client sees a broken connection.
@@ -89,7 +113,7 @@ pub fn open(
                 for (_, object) in inner.list(req.def, req.namespace.as_deref()) {
                     let object = req.def.present(object);
                     if req.labels.matches(&object) && req.fields.matches(&object) {
-                        pending.push_back(event_line("ADDED", &object));
+                        pending.push_back(object_line(&req, "ADDED", &object));
                     }
                 }
                 if end_bookmark {
@@ -137,6 +161,13 @@ pub fn open(
             Some((item, watch))
         },
     ))
+}
+
+fn object_line(req: &WatchRequest, kind: &str, object: &Value) -> Bytes {
+    match &req.table {
+        Some(format) => event_line(kind, &format.render(object)),
+        None => event_line(kind, object),
+    }
 }
 
 fn bookmark(def: &ResourceDef, rv: u64, initial_events_end: bool) -> Bytes {
@@ -240,6 +271,6 @@ impl Watch {
             ChangeKind::Deleted if now || before => "DELETED",
             _ => return None,
         };
-        Some(event_line(kind, &object))
+        Some(object_line(&self.req, kind, &object))
     }
 }
