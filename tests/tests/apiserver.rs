@@ -618,6 +618,88 @@ async fn kubectl_sees_failures_and_outages() {
     kubectl.ok(&["get", "ingress", "-A"]).await;
 }
 
+/// The system kubectl may dispatch to a client matching the server's version (the Google
+/// Cloud SDK package does); each supported one gets the everyday commands.
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_works_across_reported_versions() {
+    for minor in 28..=33 {
+        let server = TestApiServer::start_with(ServerOptions {
+            minor_version: minor,
+            ..ServerOptions::default()
+        })
+        .await
+        .unwrap();
+        let kubectl = Kubectl::new(&server);
+        let manifest = kubectl.file("web.yaml", WEB_MANIFEST);
+        let applied = kubectl.file("applied.yaml", APPLIED_MANIFEST);
+        // Before 1.29 kubectl validates with OpenAPI v2 (protobuf only), which is not served.
+        let validate = if minor < 29 {
+            "--validate=false"
+        } else {
+            "--validate=strict"
+        };
+        let context = format!("server version 1.{minor}");
+        let created = kubectl
+            .ok(&["create", validate, "-f", manifest.to_str().unwrap()])
+            .await;
+        assert!(
+            created.contains("ingress.networking.k8s.io/web created"),
+            "{context}: {created}"
+        );
+        kubectl
+            .ok(&[
+                "apply",
+                "--server-side",
+                validate,
+                "-f",
+                applied.to_str().unwrap(),
+            ])
+            .await;
+        let table = kubectl.ok(&["get", "ingress", "-A"]).await;
+        let names: Vec<String> = rows(&table).iter().skip(1).map(|r| r[1].clone()).collect();
+        assert_eq!(names, ["applied", "web"], "{context}: {table}");
+        let described = kubectl
+            .ok(&["describe", "ingress", "web", "-n", "prod"])
+            .await;
+        assert!(
+            described.contains("web.example.com"),
+            "{context}: {described}"
+        );
+        kubectl
+            .ok(&[
+                "patch",
+                "ingress",
+                "web",
+                "-n",
+                "prod",
+                "-p",
+                r#"{"metadata":{"labels":{"x":"y"}}}"#,
+            ])
+            .await;
+        kubectl
+            .ok(&["delete", "ingress", "web", "-n", "prod"])
+            .await;
+        assert!(
+            server
+                .store()
+                .get(ingresses_def(), Some("prod"), "web")
+                .is_none(),
+            "{context}"
+        );
+        if minor < 29 {
+            // Older clients only know aggregated discovery v2beta1, which is not served:
+            // they must have fallen back to the per-group documents.
+            assert!(
+                !server
+                    .requests()
+                    .matching(|r| r.path == "/apis/networking.k8s.io/v1")
+                    .is_empty(),
+                "{context}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn kubectl_watch_prints_changes() {
     use tokio::io::{AsyncBufReadExt, BufReader};

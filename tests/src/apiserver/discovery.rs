@@ -7,10 +7,9 @@ use serde_json::{Value, json};
 use super::RESOURCES;
 use super::resource::ResourceDef;
 
-/// Reported server version: within kubectl's supported skew of the Debian kubectl (1.32)
-/// and of the k8s-openapi `latest` types.
-pub const MAJOR: &str = "1";
-pub const MINOR: &str = "33";
+/// The default reported minor version (of Kubernetes 1.x): within kubectl's supported skew
+/// of the system kubectl (1.32) and of the k8s-openapi `latest` types.
+pub const DEFAULT_MINOR: u16 = 33;
 
 const VERBS: [&str; 8] = [
     "create",
@@ -28,11 +27,11 @@ const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
 pub const AGGREGATED_V2: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
-pub fn version() -> Value {
+pub fn version(minor: u16) -> Value {
     json!({
-        "major": MAJOR,
-        "minor": MINOR,
-        "gitVersion": format!("v{MAJOR}.{MINOR}.0"),
+        "major": "1",
+        "minor": minor.to_string(),
+        "gitVersion": format!("v1.{minor}.0"),
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2025-01-01T00:00:00Z",
@@ -276,7 +275,7 @@ pub fn openapi_v3(group: &str, version: &str) -> Option<Value> {
     }
     Some(json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": format!("v{MAJOR}.{MINOR}.0")},
+        "info": {"title": "Kubernetes", "version": "v1"},
         "paths": paths,
         "components": {"schemas": {}},
     }))

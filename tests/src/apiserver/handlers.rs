@@ -202,7 +202,7 @@ fn route(
         reply.map(Reply::ok).ok_or(ApiError::UnknownPath)
     };
     match route {
-        Route::Version => get_only(Some(discovery::version())),
+        Route::Version => get_only(Some(discovery::version(shared.options.minor_version))),
         Route::Health => {
             if method != Method::GET {
                 return Err(ApiError::MethodNotAllowed);

@@ -13,6 +13,24 @@
 //!                                  watch.rs <── changes ─┴─ store.rs    one lock, one resourceVersion, history
 //! ```
 //!
+//! Usage:
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use ingress_tests::apiserver::{RestartOptions, TestApiServer};
+//!
+//! let server = TestApiServer::start().await?;
+//! let client = server.client()?; // kube-rs; or write_kubeconfig() for kubectl / KUBECONFIG
+//! server.faults().drop_watches(); // every open watch breaks now
+//! server.faults().expire_next_watches(1); // the next watch gets 410 Expired
+//! server.faults().fail_matching("/ingresses", 2); // two 500s for matching requests
+//! server.restart(RestartOptions { reset_history: true, ..Default::default() }).await?;
+//! let tls_lists = server.requests().matching(|r| {
+//!     r.param("fieldSelector").as_deref() == Some("type=kubernetes.io/tls")
+//! });
+//! # Ok(()) }
+//! ```
+//!
 //! Behaviour a test can rely on, and where it deliberately differs from a real cluster:
 //! - One global resourceVersion counter, never reset (not even by a wiping restart), so an
 //!   old resourceVersion can only ever be too old, never ambiguous.
@@ -34,6 +52,12 @@
 //!   (there are no snapshots of the past); older ones get 410.
 //! - Objects with finalizers get a deletionTimestamp and disappear when the finalizers are
 //!   removed. There is no garbage collection of ownerReferences.
+//! - kube-rs 5 retries 429/503/504 by itself, so injected 503s are seen in the request log,
+//!   not by callers; use 500 to make a call fail.
+//! - kubectl 1.29 and later validate through `/openapi/v3` (served: operations, no schemas)
+//!   and `fieldValidation`; older ones want protobuf OpenAPI v2 (not served) and need
+//!   `--validate=false`. Clients that ask for aggregated discovery v2 get it; others
+//!   (kube-rs, kubectl before 1.30) read the per-group documents.
 
 mod discovery;
 mod faults;

@@ -47,6 +47,9 @@ pub struct ServerOptions {
     pub strict_namespaces: bool,
     /// Larger request bodies get 413.
     pub max_body_bytes: usize,
+    /// Reported as Kubernetes `1.<minor_version>.0` by `/version`. Version-dispatching
+    /// kubectl packages (Google Cloud SDK's) pick their client by this.
+    pub minor_version: u16,
 }
 
 impl Default for ServerOptions {
@@ -57,6 +60,7 @@ impl Default for ServerOptions {
             bookmark_interval: Duration::from_secs(1),
             strict_namespaces: false,
             max_body_bytes: 3 * 1024 * 1024,
+            minor_version: super::discovery::DEFAULT_MINOR,
         }
     }
 }

@@ -27,6 +27,9 @@ struct Args {
     /// Milliseconds between watch bookmarks.
     #[arg(long, env = "TEST_APISERVER_BOOKMARK_MS", default_value_t = 1000)]
     bookmark_ms: u64,
+    /// Kubernetes minor version to report (1.<minor>.0).
+    #[arg(long, env = "TEST_APISERVER_MINOR_VERSION", default_value_t = 33)]
+    minor_version: u16,
     /// Answer 404 for creates into a missing namespace instead of creating it.
     #[arg(long, env = "TEST_APISERVER_STRICT_NAMESPACES")]
     strict_namespaces: bool,
@@ -47,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         history_limit: args.history,
         bookmark_interval: Duration::from_millis(args.bookmark_ms),
         strict_namespaces: args.strict_namespaces,
+        minor_version: args.minor_version,
         ..ServerOptions::default()
     };
     let server = TestApiServer::start_with(options)
