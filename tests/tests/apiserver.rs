@@ -1421,6 +1421,19 @@ impl Raw {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Only the status: for responses that stream without end.
+    async fn status_of(&self, path: &str) -> u16 {
+        let req = http::Request::builder()
+            .uri(format!("{}{path}", self.base))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = tokio::time::timeout(TIMEOUT, self.client.request(req))
+            .await
+            .unwrap()
+            .unwrap();
+        response.status().as_u16()
+    }
+
     async fn get(&self, path: &str) -> (u16, String) {
         self.send("GET", path, None, Bytes::new()).await
     }
@@ -1768,6 +1781,11 @@ async fn hostile_input_gets_4xx_and_the_server_stays_up() {
             assert_eq!(parsed["code"], want, "{method} {path}: {text}");
         }
     }
+    // An unrepresentable timeout means no timeout, not a crash.
+    let endless = raw
+        .status_of("/api/v1/secrets?watch=1&timeoutSeconds=18446744073709551615")
+        .await;
+    assert_eq!(endless, 200);
     let (status, _) = raw.get("/version").await;
     assert_eq!(status, 200, "server still answers");
     let (_, secret) = raw.json("/api/v1/namespaces/default/secrets/s").await;

@@ -141,9 +141,13 @@ pub fn open(
     };
     let bookmarks = req.bookmarks.map(|period| {
         let period = period.max(Duration::from_millis(10));
-        tokio::time::interval_at(Instant::now() + period, period)
+        let first = Instant::now()
+            .checked_add(period)
+            .unwrap_or_else(Instant::now);
+        tokio::time::interval_at(first, period)
     });
-    let deadline = req.timeout.map(|t| Instant::now() + t);
+    // A timeout too far away to represent is no timeout.
+    let deadline = req.timeout.and_then(|t| Instant::now().checked_add(t));
     let watch = Watch {
         req,
         pending,
