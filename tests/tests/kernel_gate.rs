@@ -6,6 +6,9 @@
 //! Without root or kernel BTF, or in a build without the eBPF object, the tests print a loud
 //! skip notice and pass — unless CI=true, where that is a failure.
 
+// Setup helpers fail the test with a message, as the test bodies do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -679,6 +682,10 @@ async fn corpus_verdicts_match_the_userspace_parser() {
             .gate
             .probe(bytes)
             .unwrap_or_else(|e| panic!("{file}: probe: {e}"));
+        eprintln!(
+            "{file:32} kernel {:?} {:?} ({} bytes)",
+            got.reason, got.name, got.record_len
+        );
         if got.reason != want_reason || got.name != want_name {
             mismatches.push(format!(
                 "{file}: kernel {:?} {:?}, userspace {want_reason:?} {want_name:?}",
@@ -692,6 +699,27 @@ async fn corpus_verdicts_match_the_userspace_parser() {
         mismatches.join("\n")
     );
     assert!(files.len() >= 20, "the corpus went missing");
+}
+
+/// SO_LINGER {on, 0}: closing the socket sends an RST.
+fn reset_on_close(stream: &tokio::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::linger>()).unwrap();
+    // SAFETY: a valid socket and a linger struct of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            len,
+        )
+    };
+    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
 }
 
 /// A `tracing` writer into a shared buffer.
@@ -751,4 +779,290 @@ async fn kernel_debug_logs_reach_tracing() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("missing kernel log lines {wanted:?} in:\n{text}");
+}
+
+#[tokio::test]
+async fn verdict_records_never_outlive_their_sockets() {
+    let Some(mut h) = Harness::start("reap", policy(&["curl.example.test"])).await else {
+        return;
+    };
+    // Served connections: userspace forgets the record once it has acted.
+    h.send(&[&corpus("curl-tls13.bin")], Duration::ZERO).await;
+    assert_eq!(passed(&h.next().await).reason, Reason::Pass);
+    h.send(&[&corpus("openssl-tls13-sni.bin")], Duration::ZERO)
+        .await;
+    assert_eq!(dropped(&h.next().await).reason, Reason::Unknown);
+
+    // A connection that resets before userspace ever accepts it: only the kernel can clean up.
+    let reaped_before = h
+        .gate
+        .counters()
+        .expect("counters")
+        .get(counter::RECORD_REAPED);
+    drop(std::mem::replace(
+        &mut h.server,
+        AbortOnDrop(tokio::spawn(async {})),
+    ));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let listener = TcpListener::bind((SERVER_IP, PORT)).await.expect("rebind");
+    let socket = h
+        .pair
+        .client
+        .run(tokio::net::TcpSocket::new_v4)
+        .expect("thread")
+        .expect("socket");
+    let mut stream = socket
+        .connect(SocketAddr::from((SERVER_IP, PORT)))
+        .await
+        .expect("connect");
+    stream
+        .write_all(&corpus("curl-tls13.bin"))
+        .await
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    reset_on_close(&stream);
+    drop(stream);
+
+    let mut records = usize::MAX;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let dump = bpftool_dump(&h.pins.0.join("verdicts"));
+        let parsed: serde_json::Value = serde_json::from_str(&dump).expect("bpftool json");
+        records = parsed.as_array().map_or(usize::MAX, Vec::len);
+        if records == 0 {
+            break;
+        }
+    }
+    assert_eq!(records, 0, "verdict records left behind");
+    let counters = h.gate.counters().expect("counters");
+    assert!(
+        counters.get(counter::RECORD_REAPED) > reaped_before,
+        "the kernel did not reap: {counters:?}"
+    );
+    drop(listener);
+}
+
+#[tokio::test]
+async fn mutated_hellos_get_the_same_verdict_from_kernel_and_userspace() {
+    let Some(h) = Harness::start(
+        "mutants",
+        policy(&["curl.example.test", "chromium.example.test"]),
+    )
+    .await
+    else {
+        return;
+    };
+    // A fixed xorshift, so a failure names a reproducible case.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut mismatches = Vec::new();
+    let mut checked = 0;
+    for file in [
+        "curl-tls13.bin",
+        "openssl-tls12-sni.bin",
+        "chromium-1.bin",
+        "synth-ech-grease.bin",
+    ] {
+        let original = corpus(file);
+        for case in 0..400 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + next() % 3 {
+                let at = usize::try_from(next()).unwrap() % bytes.len();
+                bytes[at] = next().to_le_bytes()[0];
+            }
+            if next() % 8 == 0 {
+                bytes.truncate(usize::try_from(next()).unwrap() % bytes.len());
+            }
+            let parsed = client_hello::parse(&bytes);
+            let want = match client_hello::gate(&parsed) {
+                Ok(name)
+                    if ["curl.example.test", "chromium.example.test"].contains(&name.as_str()) =>
+                {
+                    (Reason::Pass, Some(name.to_string()))
+                }
+                Ok(name) => (Reason::Unknown, Some(name.to_string())),
+                Err(client_hello::Reason::NoSni) => (Reason::NoSni, None),
+                Err(client_hello::Reason::Malformed) => (Reason::Malformed, None),
+                Err(client_hello::Reason::NotTls) => (Reason::NotTls, None),
+            };
+            let got = h
+                .gate
+                .probe(&bytes)
+                .unwrap_or_else(|e| panic!("{file} #{case}: probe: {e}"));
+            checked += 1;
+            if (got.reason, got.name.clone()) != want {
+                mismatches.push(format!(
+                    "{file} #{case}: kernel {:?} {:?}, userspace {want:?}",
+                    got.reason, got.name
+                ));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} of {checked} differ:\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
+}
+
+/// A TLS 1.2-style ClientHello record with the given extensions, in order.
+fn build_hello(extensions: &[(u16, Vec<u8>)]) -> Vec<u8> {
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7; 32]); // random
+    body.push(0); // session id
+    body.extend_from_slice(&[0, 2, 0x13, 0x01]); // one cipher suite
+    body.extend_from_slice(&[1, 0]); // null compression
+    let mut block = Vec::new();
+    for (kind, data) in extensions {
+        block.extend_from_slice(&kind.to_be_bytes());
+        block.extend_from_slice(&u16::try_from(data.len()).unwrap().to_be_bytes());
+        block.extend_from_slice(data);
+    }
+    body.extend_from_slice(&u16::try_from(block.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(&block);
+    let mut handshake = vec![1];
+    handshake.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes()[1..]);
+    handshake.extend_from_slice(&body);
+    let mut record = vec![22, 3, 1];
+    record.extend_from_slice(&u16::try_from(handshake.len()).unwrap().to_be_bytes());
+    record.extend_from_slice(&handshake);
+    record
+}
+
+fn sni(name: &[u8]) -> (u16, Vec<u8>) {
+    let mut entry = vec![0];
+    entry.extend_from_slice(&u16::try_from(name.len()).unwrap().to_be_bytes());
+    entry.extend_from_slice(name);
+    let mut data = u16::try_from(entry.len()).unwrap().to_be_bytes().to_vec();
+    data.extend_from_slice(&entry);
+    (0, data)
+}
+
+fn alpn(protocols: &[&[u8]]) -> (u16, Vec<u8>) {
+    let mut list = Vec::new();
+    for p in protocols {
+        list.push(u8::try_from(p.len()).unwrap());
+        list.extend_from_slice(p);
+    }
+    let mut data = u16::try_from(list.len()).unwrap().to_be_bytes().to_vec();
+    data.extend_from_slice(&list);
+    (16, data)
+}
+
+#[tokio::test]
+async fn edge_cases_get_the_same_verdict_from_kernel_and_userspace() {
+    let long = |n: usize| {
+        let mut name = vec![b'a'; n];
+        for i in (60..n).step_by(61) {
+            name[i] = b'.';
+        }
+        name
+    };
+    let many = |n: u16| {
+        (0..n)
+            .map(|i| (0x1000 + i, vec![]))
+            .chain([sni(b"ok.test")])
+            .collect::<Vec<_>>()
+    };
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("plain name", build_hello(&[sni(b"ok.test")])),
+        ("upper case", build_hello(&[sni(b"OK.Test")])),
+        ("underscore", build_hello(&[sni(b"_dmarc.ok.test")])),
+        ("wildcard child", build_hello(&[sni(b"x.wild.test")])),
+        ("wildcard grandchild", build_hello(&[sni(b"y.x.wild.test")])),
+        ("253 bytes", build_hello(&[sni(&long(253))])),
+        ("254 bytes", build_hello(&[sni(&long(254))])),
+        ("star", build_hello(&[sni(b"*.wild.test")])),
+        ("leading dot", build_hello(&[sni(b".ok.test")])),
+        ("double dot", build_hello(&[sni(b"ok..test")])),
+        ("trailing dot", build_hello(&[sni(b"ok.test.")])),
+        ("empty name", build_hello(&[sni(b"")])),
+        ("space", build_hello(&[sni(b"ok test")])),
+        ("high byte", build_hello(&[sni(b"ok\xc3\xa9.test")])),
+        (
+            "sni after alpn",
+            build_hello(&[alpn(&[b"h2"]), sni(b"ok.test")]),
+        ),
+        (
+            "empty alpn entry",
+            build_hello(&[sni(b"ok.test"), alpn(&[b"h2", b""])]),
+        ),
+        (
+            "empty alpn list",
+            build_hello(&[sni(b"ok.test"), (16, vec![0, 0])]),
+        ),
+        (
+            "odd versions",
+            build_hello(&[sni(b"ok.test"), (43, vec![3, 3, 4, 3])]),
+        ),
+        (
+            "even versions",
+            build_hello(&[sni(b"ok.test"), (43, vec![2, 3, 4])]),
+        ),
+        (
+            "duplicate other",
+            build_hello(&[sni(b"ok.test"), (5, vec![]), (5, vec![])]),
+        ),
+        ("32 extensions", build_hello(&many(31))),
+        ("33 extensions", build_hello(&many(32))),
+        ("two names", {
+            let (_, mut one) = sni(b"ok.test");
+            let (_, two) = sni(b"b.test");
+            one.extend_from_slice(&two[2..]);
+            let len = u16::try_from(one.len() - 2).unwrap();
+            one[..2].copy_from_slice(&len.to_be_bytes());
+            build_hello(&[(0, one)])
+        }),
+        (
+            "name type 1",
+            build_hello(&[(0, vec![0, 4, 1, 0, 1, b'a'])]),
+        ),
+        ("no extensions", build_hello(&[])),
+    ];
+    let known = ["ok.test", "*.wild.test", "_dmarc.ok.test"];
+    let Some(h) = Harness::start("edges", policy(&known)).await else {
+        return;
+    };
+    let mut mismatches = Vec::new();
+    for (label, bytes) in &cases {
+        let parsed = client_hello::parse(bytes);
+        let want = match client_hello::gate(&parsed) {
+            Ok(name) => {
+                let wild = name
+                    .split_once('.')
+                    .map(|(_, parent)| format!("*.{parent}"));
+                let hit = known.contains(&name.as_str())
+                    || wild.is_some_and(|w| known.contains(&w.as_str()));
+                (
+                    if hit { Reason::Pass } else { Reason::Unknown },
+                    Some(name.to_string()),
+                )
+            }
+            Err(client_hello::Reason::NoSni) => (Reason::NoSni, None),
+            Err(client_hello::Reason::Malformed) => (Reason::Malformed, None),
+            Err(client_hello::Reason::NotTls) => (Reason::NotTls, None),
+        };
+        let got = h
+            .gate
+            .probe(bytes)
+            .unwrap_or_else(|e| panic!("{label}: probe: {e}"));
+        eprintln!(
+            "{label:20} kernel {:?} {:?}",
+            got.reason,
+            got.name.as_deref().map(|n| &n[..n.len().min(40)])
+        );
+        if (got.reason, got.name.clone()) != want {
+            mismatches.push(format!(
+                "{label}: kernel {:?} {:?}, userspace {want:?}",
+                got.reason, got.name
+            ));
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
