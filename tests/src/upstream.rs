@@ -38,6 +38,7 @@ pub struct Backend {
     pub name: String,
     pub addr: SocketAddr,
     served: Arc<AtomicUsize>,
+    accepted: Arc<AtomicUsize>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -51,6 +52,8 @@ impl Backend {
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let name_owned = name.to_string();
         let counter = served.clone();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let accepted_counter = accepted.clone();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -68,6 +71,7 @@ impl Backend {
                             Err(_) => continue,
                         },
                     };
+                    accepted_counter.fetch_add(1, Ordering::Relaxed);
                     let name = name.clone();
                     let counter = counter.clone();
                     tokio::spawn(async move {
@@ -79,12 +83,17 @@ impl Backend {
                 }
             });
         });
-        Backend { name: name.to_string(), addr, served, stop: Some(stop_tx), thread: Some(thread) }
+        Backend { name: name.to_string(), addr, served, accepted, stop: Some(stop_tx), thread: Some(thread) }
     }
 
     /// Requests answered so far.
     pub fn served(&self) -> usize {
         self.served.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::Relaxed)
     }
 }
 

@@ -175,3 +175,39 @@ fn slow_headers_time_out_and_huge_headers_are_refused() {
     let _ = big.read_to_string(&mut reply);
     assert!(reply.starts_with("HTTP/1.1 431"), "got {:?}", reply.lines().next());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let web = Backend::start("web");
+    let dir = Scratch::new("keepalive");
+    one_route(&dir, &web, "k.example.com");
+    let ingress = Ingress::start(dir.path());
+    let http = client::http1();
+    for i in 0..50 {
+        let reply = get(&http, &ingress.url(&format!("/{i}")), "k.example.com").await;
+        assert_eq!(reply.status, 200);
+    }
+    // HEAD answers have no body to read to the end; the connection must still go back.
+    for _ in 0..5 {
+        let req = Request::head(ingress.url("/")).header("host", "k.example.com").body(Full::new(Bytes::new())).unwrap();
+        assert_eq!(send(&http, req).await.unwrap().status, 200);
+    }
+    assert_eq!(web.served(), 55);
+    assert_eq!(web.connections(), 1, "sequential requests share one upstream connection");
+
+    // Concurrent requests open more connections, which are then reused too.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (http, url) = (http.clone(), ingress.url("/?delay_ms=50"));
+        tasks.push(tokio::spawn(async move { get(&http, &url, "k.example.com").await.status }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let after_burst = web.connections();
+    assert!(after_burst <= 9, "{after_burst}");
+    for _ in 0..20 {
+        get(&http, &ingress.url("/"), "k.example.com").await;
+    }
+    assert_eq!(web.connections(), after_burst, "no new connections once the pool is warm");
+}

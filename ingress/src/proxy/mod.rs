@@ -10,6 +10,7 @@
 
 pub mod forward;
 pub mod listener;
+pub mod pool;
 pub mod respond;
 pub mod upstream;
 
@@ -20,11 +21,13 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+
+use pool::{Pool, PoolKey, PoolSettings, UpstreamBody};
 
 use crate::metrics::Metrics;
 use crate::publish::Published;
@@ -33,9 +36,9 @@ use crate::snapshot::backend::Target;
 use crate::snapshot::host::request_host;
 use crate::snapshot::path::normalize;
 use forward::ClientSide;
-use upstream::{UpstreamClient, UpstreamError};
+use upstream::UpstreamError;
 
-pub type ProxyBody = Either<Incoming, Full<Bytes>>;
+pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
 
 #[derive(Clone, Debug)]
 pub struct ProxySettings {
@@ -60,7 +63,7 @@ pub struct ConnInfo {
 
 pub struct Proxy {
     published: Arc<Published>,
-    client: UpstreamClient,
+    pool: Arc<Pool>,
     metrics: Arc<Metrics>,
     settings: ProxySettings,
 }
@@ -75,8 +78,12 @@ struct Outcome {
 
 impl Proxy {
     pub fn new(published: Arc<Published>, metrics: Arc<Metrics>, settings: ProxySettings) -> Self {
-        let client = upstream::client(settings.connect_timeout);
-        Self { published, client, metrics, settings }
+        let pool = Pool::new(PoolSettings {
+            connect_timeout: settings.connect_timeout,
+            idle_timeout: Duration::from_secs(55),
+            max_idle_per_endpoint: 256,
+        });
+        Self { published, pool, metrics, settings }
     }
 
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Result<Response<ProxyBody>, Infallible> {
@@ -149,18 +156,15 @@ impl Proxy {
         let fail = |error: UpstreamError, upstream: Option<String>| {
             (respond::status(error.status()), Outcome { upstream, error: Some(error) })
         };
-        let (upstream_authority, in_flight) = match &route.backend.target {
+        let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => match route.backend.pick() {
-                Some(endpoint) => (endpoint.authority.clone(), Some(endpoint.start())),
+                Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
                 None => return fail(UpstreamError::NoEndpoints, None),
             },
-            Target::ExternalName { host, port } => match Authority::try_from(format!("{host}:{port}").as_str()) {
-                Ok(a) => (a, None),
-                Err(e) => return fail(UpstreamError::Connect(e.to_string()), None),
-            },
+            Target::ExternalName { host, port } => (PoolKey::Name(host.as_str().into(), *port), None),
             Target::Unavailable => return fail(UpstreamError::NoEndpoints, None),
         };
-        let upstream_name = upstream_authority.to_string();
+        let upstream_name = key.to_string();
 
         let upgrade = req.version() == Version::HTTP_11 && forward::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -178,32 +182,37 @@ impl Proxy {
                 parts.headers.insert(header::HOST, value);
             }
         }
-        let mut uri_parts = http::uri::Parts::default();
-        uri_parts.scheme = Some(Scheme::HTTP);
-        uri_parts.authority = Some(upstream_authority);
-        uri_parts.path_and_query = Some(parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/")));
-        parts.uri = match Uri::from_parts(uri_parts) {
-            Ok(uri) => uri,
-            Err(e) => return fail(UpstreamError::Protocol(e.to_string()), Some(upstream_name)),
-        };
+        // The upstream is spoken to in origin form; the Host header names the virtual host.
+        let origin = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        parts.uri = Uri::from(origin);
         parts.version = Version::HTTP_11;
         let upstream_req = Request::from_parts(parts, body);
 
         let timeout = route.options.read_timeout.unwrap_or(self.settings.response_timeout);
-        let mut response = match tokio::time::timeout(timeout, self.client.request(upstream_req)).await {
+        if let Some(client_upgrade) = client_upgrade {
+            let mut response = match tokio::time::timeout(timeout, self.pool.send_upgrade(&key, upstream_req)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(err)) => return fail(err, Some(upstream_name)),
+                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(upstream_name)),
+            };
+            let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+            if switching {
+                let upstream_upgrade = hyper::upgrade::on(&mut response);
+                tokio::spawn(tunnel(client_upgrade, upstream_upgrade, in_flight));
+            }
+            forward::strip_hop_by_hop(response.headers_mut(), switching);
+            // An upgrade answer carries no body; a refusal's body is dropped with its connection.
+            let response = response.map(|_| Either::Right(Full::new(Bytes::new())));
+            return (response, Outcome { upstream: Some(upstream_name), error: None });
+        }
+        let mut response = match tokio::time::timeout(timeout, self.pool.send(key, upstream_req)).await {
             Ok(Ok(response)) => response,
-            Ok(Err(err)) => return fail(UpstreamError::from_client(err), Some(upstream_name)),
+            Ok(Err(err)) => return fail(err, Some(upstream_name)),
             Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(upstream_name)),
         };
-        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if let (true, Some(client_upgrade)) = (switching, client_upgrade) {
-            let upstream_upgrade = hyper::upgrade::on(&mut response);
-            tokio::spawn(tunnel(client_upgrade, upstream_upgrade, in_flight));
-        } else {
-            // The body streams after this returns; the endpoint's load counts until headers.
-            drop(in_flight);
-        }
-        forward::strip_hop_by_hop(response.headers_mut(), switching);
+        // The body streams after this returns; the endpoint's load counts until headers.
+        drop(in_flight);
+        forward::strip_hop_by_hop(response.headers_mut(), false);
         (response.map(Either::Left), Outcome { upstream: Some(upstream_name), error: None })
     }
 }

@@ -36,16 +36,12 @@ impl fmt::Display for PortRef {
 #[derive(Debug)]
 pub struct Endpoint {
     pub addr: SocketAddr,
-    /// `addr` as a URI authority, parsed once per snapshot instead of once per request.
-    pub authority: http::uri::Authority,
     in_flight: AtomicU32,
 }
 
 impl Endpoint {
     pub fn new(addr: SocketAddr) -> Self {
-        let authority = http::uri::Authority::try_from(addr.to_string().as_str())
-            .unwrap_or_else(|_| http::uri::Authority::from_static("invalid"));
-        Self { addr, authority, in_flight: AtomicU32::new(0) }
+        Self { addr, in_flight: AtomicU32::new(0) }
     }
 
     pub fn in_flight(&self) -> u32 {
