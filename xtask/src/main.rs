@@ -5,16 +5,22 @@
 //!   build-ebpf   ingress-ebpf for bpfel-unknown-none → <target>/ebpf-object/ingress-ebpf.o
 //!   build        build-ebpf, then `cargo build -p ingress` with that object embedded
 //!   clippy-ebpf  clippy -D warnings for ingress-ebpf, on its own target
+//!   test         everything CI checks: fmt, clippy (host and eBPF), the build, all tests
+//!   demo         set up, build, and run the controller on deploy/examples with demo backends
+//!   bench        ingress against nginx on one machine, printed as ratios
 //! ```
 //!
 //! One module per task; `toolchain` finds how to compile for BPF on this machine and
 //! `workspace` knows where things live.
 
+mod bench;
 mod btf;
 mod build;
 mod build_ebpf;
 mod clippy_ebpf;
+mod demo;
 mod setup;
+mod test;
 mod toolchain;
 mod workspace;
 
@@ -37,6 +43,12 @@ enum Task {
     Build(build::Args),
     /// Run clippy with -D warnings on the eBPF crate, for its own target.
     ClippyEbpf(toolchain::RouteArg),
+    /// Everything CI checks: fmt, clippy (host and eBPF), the eBPF build, all tests.
+    Test(test::Args),
+    /// Set up, build, and run the controller on deploy/examples with demo backends.
+    Demo(demo::Args),
+    /// Benchmark ingress against nginx on this machine and print the ratios.
+    Bench(bench::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,5 +57,8 @@ fn main() -> anyhow::Result<()> {
         Task::BuildEbpf(args) => build_ebpf::run(&args).map(|_| ()),
         Task::Build(args) => build::run(&args),
         Task::ClippyEbpf(args) => clippy_ebpf::run(&args),
+        Task::Test(args) => test::run(&args),
+        Task::Demo(args) => demo::run(&args),
+        Task::Bench(args) => bench::run(&args),
     }
 }

@@ -1,0 +1,104 @@
+//! `cargo xtask bench`: the proxy against nginx, measured in one run on one machine.
+//!
+//! ```text
+//!   core 0: the proxy under test (ingress with one worker thread, or nginx with one worker)
+//!   core 1: the load generator and the shared upstream (nginx, one worker, returning 200)
+//! ```
+//!
+//! Machines are noisy, so every claim is a ratio against nginx measured in the same run, with
+//! the two proxies interleaved round by round and the median round reported. Nothing here
+//! passes or fails on a number: it prints them.
+
+mod http;
+mod procs;
+mod rig;
+mod scale;
+mod tls;
+mod wrk;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::toolchain::RouteArg;
+use crate::workspace::Workspace;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Shorter runs (for CI): fewer rounds, shorter load.
+    #[arg(long)]
+    pub quick: bool,
+    /// Only these sections (http, https, memory, scale); default all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+/// Everything a section needs.
+pub struct Bench {
+    pub ingress: PathBuf,
+    pub dir: PathBuf,
+    pub rounds: usize,
+    pub duration: Duration,
+    pub connections: u32,
+}
+
+impl Bench {
+    pub fn scratch(&self, name: &str) -> Result<PathBuf> {
+        let path = self.dir.join(name);
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(path)
+    }
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let ws = Workspace::locate()?;
+    let ingress = release_binary(&ws)?;
+    for tool in ["nginx", "wrk", "h2load", "taskset"] {
+        procs::require(tool)?;
+    }
+    let bench = Bench {
+        ingress,
+        dir: ws.target_dir.join("bench"),
+        rounds: if args.quick { 2 } else { 3 },
+        duration: Duration::from_secs(if args.quick { 4 } else { 10 }),
+        connections: 32,
+    };
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    println!("ingress benchmark: {} rounds of {:?}, {} connections, proxies pinned to CPU 0, load and upstream to CPU 1", bench.rounds, bench.duration, bench.connections);
+    if procs::cpus() < 2 {
+        println!("note: fewer than 2 CPUs; pinning is skipped and numbers are less meaningful");
+    }
+    if wanted("http") {
+        http::run(&bench)?;
+    }
+    if wanted("https") {
+        tls::run(&bench)?;
+    }
+    if wanted("memory") || wanted("scale") {
+        scale::run(&bench)?;
+    }
+    Ok(())
+}
+
+/// The release binary with eBPF embedded when the toolchain is there, else userspace-only.
+fn release_binary(ws: &Workspace) -> Result<PathBuf> {
+    if let Err(err) = crate::build::run(&crate::build::Args { release: true, route: RouteArg { route: None } }) {
+        eprintln!("bench: eBPF build failed ({err:#}); benchmarking the userspace-only binary");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = std::process::Command::new(cargo).args(["build", "--release", "-p", "ingress"]).current_dir(&ws.root).status()?;
+        anyhow::ensure!(status.success(), "cargo build --release -p ingress failed");
+    }
+    Ok(ws.target_dir.join("release").join("ingress"))
+}
+
+/// The median of a list of numbers (the upper one for an even count).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+pub fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,105 @@
+//! Processes under benchmark: started pinned to a CPU, stopped on drop, measured from /proc.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+pub fn require(tool: &str) -> Result<()> {
+    let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status()?.success();
+    if !found {
+        bail!("{tool} is not installed; run `cargo xtask setup`");
+    }
+    Ok(())
+}
+
+/// A command pinned to `cpu` (when the machine has more than one).
+pub fn pinned(cpu: usize, program: &str) -> Command {
+    if cpus() > 1 {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", &cpu.to_string(), program]);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+/// A background process killed when dropped.
+pub struct Running {
+    child: Child,
+}
+
+impl Running {
+    pub fn start(name: &'static str, mut cmd: Command, log: &Path) -> Result<Running> {
+        let out = std::fs::File::create(log)?;
+        let err = out.try_clone()?;
+        let child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Running { child })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory, in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("VmRSS missing")
+    }
+
+    /// User plus system CPU time consumed so far, including threads.
+    pub fn cpu_time(&self) -> Result<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
+        // Fields after the parenthesised command name; utime and stime are 14 and 15 (1-based).
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("bad stat")?;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0) + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Ok(Duration::from_millis(ticks * 1000 / hz))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `url` answers 200 (curl), or fails after `timeout`.
+pub fn wait_http(url: &str, host: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let out = Command::new("curl")
+            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", "-H", &format!("Host: {host}"), url])
+            .output()?;
+        if out.stdout == b"200" {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{url} (Host {host}) did not answer 200 within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Fetches a URL's body with curl.
+pub fn fetch(url: &str) -> Result<String> {
+    let out = Command::new("curl").args(["-s", url]).output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The value of an unlabelled Prometheus sample.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}

@@ -1,0 +1,67 @@
+//! wrk runs and their parsed results.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::procs;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Load {
+    pub requests_per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Runs wrk (one thread, pinned next to the upstream) against `url` with a Host header.
+pub fn run(url: &str, host: &str, duration: Duration, connections: u32, extra_header: Option<&str>) -> Result<Load> {
+    let mut cmd = procs::pinned(1, "wrk");
+    cmd.args(["-t1", &format!("-c{connections}"), &format!("-d{}s", duration.as_secs().max(1)), "--latency"])
+        .args(["-H", &format!("Host: {host}")]);
+    if let Some(h) = extra_header {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd.arg(url).output().context("running wrk")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse(&text).with_context(|| format!("unexpected wrk output:\n{text}{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+pub fn parse(text: &str) -> Option<Load> {
+    let rps = text.lines().find_map(|l| l.trim().strip_prefix("Requests/sec:")).and_then(|v| v.trim().parse().ok())?;
+    let percentile = |p: &str| {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(p).map(str::trim))
+            .and_then(duration_ms)
+    };
+    Some(Load { requests_per_sec: rps, p50_ms: percentile("50%")?, p99_ms: percentile("99%")? })
+}
+
+/// wrk prints durations as `628.00us`, `1.33ms` or `2.10s`.
+fn duration_ms(text: &str) -> Option<f64> {
+    let (number, scale) = if let Some(v) = text.strip_suffix("us") {
+        (v, 0.001)
+    } else if let Some(v) = text.strip_suffix("ms") {
+        (v, 1.0)
+    } else if let Some(v) = text.strip_suffix('s') {
+        (v, 1000.0)
+    } else {
+        return None;
+    };
+    number.trim().parse::<f64>().ok().map(|n| n * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_wrk_output() {
+        let text = "Running 5s test @ http://127.0.0.1:19080/\n  Latency Distribution\n     50%  628.00us\n     75%    1.00ms\n     90%    1.10ms\n     99%    1.33ms\n  228826 requests in 5.00s, 40.15MB read\nRequests/sec:  45764.07\nTransfer/sec:      8.03MB\n";
+        let load = parse(text).unwrap();
+        assert_eq!(load.requests_per_sec, 45764.07);
+        assert!((load.p50_ms - 0.628).abs() < 1e-9);
+        assert!((load.p99_ms - 1.33).abs() < 1e-9);
+        assert_eq!(duration_ms("2.5s"), Some(2500.0));
+    }
+}

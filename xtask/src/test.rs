@@ -1,0 +1,54 @@
+//! `cargo xtask test`: everything CI checks, in the order that fails fastest.
+//!
+//! 1. `cargo fmt --check` (every crate, the eBPF one included);
+//! 2. clippy `-D warnings` on the host crates, then on the eBPF crate for its own target;
+//! 3. the eBPF object, then the ingress binary with it embedded;
+//! 4. `cargo test` for the host crates, kernel tests included (they fail rather than skip when
+//!    `CI=true` and eBPF cannot load).
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::toolchain::RouteArg;
+use crate::workspace::Workspace;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+    #[arg(last = true)]
+    pub cargo_test_args: Vec<String>,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let ws = Workspace::locate()?;
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let cargo = || {
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.current_dir(&ws.root);
+        cmd
+    };
+    step("cargo fmt --check", cargo().args(["fmt", "--all", "--check"]))?;
+    step("clippy (host crates)", cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    match crate::clippy_ebpf::run(&RouteArg { route: None }) {
+        Ok(()) => {}
+        Err(err) if !ci => eprintln!("warning: clippy for the eBPF crate skipped: {err:#}"),
+        Err(err) => return Err(err.context("clippy for the eBPF crate")),
+    }
+    match crate::build::run(&crate::build::Args { release: false, route: RouteArg { route: None } }) {
+        Ok(()) => {}
+        Err(err) if !ci => eprintln!("warning: no eBPF toolchain ({err:#}); kernel tests will report themselves skipped"),
+        Err(err) => return Err(err.context("building the eBPF object")),
+    }
+    step("cargo test", cargo().arg("test").arg("--").args(&args.cargo_test_args))?;
+    Ok(())
+}
+
+fn step(name: &str, cmd: &mut Command) -> Result<()> {
+    eprintln!("==> {name}");
+    let status = cmd.status()?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    Ok(())
+}
