@@ -44,7 +44,36 @@ pub struct RunArgs {
     #[command(flatten)]
     pub kube: KubeArgs,
     #[command(flatten)]
+    pub kernel: KernelArgs,
+    #[command(flatten)]
     pub log: LogArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Kernel gate")]
+pub struct KernelArgs {
+    /// `ebpf`: the kernel gate must load (startup fails with the reason otherwise);
+    /// `userspace`: never load it; `auto`: try, and fall back to userspace with one log line.
+    #[arg(long, env = "INGRESS_MODE", value_enum, default_value_t = Mode::Auto)]
+    pub mode: Mode,
+    /// Where the gate's maps are pinned (on a bpffs; mounted there if missing and root).
+    #[arg(long, env = "INGRESS_BPF_PIN_DIR", default_value = "/sys/fs/bpf/ingress", value_name = "DIR")]
+    pub bpf_pin_dir: PathBuf,
+    /// The cgroup v2 directory the sock_ops program attaches to. Default: the cgroup this
+    /// process runs in (its listeners' connections are the ones gated).
+    #[arg(long, env = "INGRESS_BPF_CGROUP", value_name = "DIR")]
+    pub bpf_cgroup: Option<PathBuf>,
+    /// How long a new HTTPS connection may take to deliver its first TLS record to the kernel
+    /// gate before it is closed.
+    #[arg(long, env = "INGRESS_GATE_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub gate_timeout: Duration,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Auto,
+    Ebpf,
+    Userspace,
 }
 
 #[derive(Args, Debug, Clone)]

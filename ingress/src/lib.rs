@@ -10,6 +10,7 @@ pub mod client_hello;
 pub mod clock;
 pub mod diagnostics;
 pub mod gate;
+pub mod mapsync;
 pub mod metrics;
 pub mod proxy;
 pub mod publish;

@@ -82,6 +82,7 @@ pub struct Metrics {
     pub connections: Family<ListenerLabels, Counter>,
     pub connections_active: Family<ListenerLabels, Gauge>,
     pub ebpf_enabled: Gauge,
+    pub gate_sync_errors: Counter,
     pub ready: Gauge,
     pub tls_handshakes: Family<ResultLabels, Counter>,
     pub sni_gate: Family<ReasonLabels, Counter>,
@@ -99,8 +100,11 @@ const LATENCY_BUCKETS: [f64; 14] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0];
 
 impl Metrics {
-    pub fn new(ebpf_object: bool) -> Self {
+    pub fn new(ebpf_object: bool, gate: Option<Arc<crate::gate::Gate>>) -> Self {
         let mut registry = Registry::with_prefix("ingress");
+        if let Some(gate) = gate {
+            registry.register_collector(Box::new(crate::mapsync::KernelCounters(Arc::downgrade(&gate))));
+        }
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register("requests", "HTTP requests by Ingress, Service and response status", requests.clone());
         let request_duration = Family::<RouteOnlyLabels, Histogram>::new_with_constructor(
@@ -129,6 +133,8 @@ impl Metrics {
         registry.register("connections_active", "Open client connections by listener", connections_active.clone());
         let ebpf_enabled = Gauge::default();
         registry.register("ebpf_enabled", "1 when the kernel SNI gate is loaded, 0 in userspace mode", ebpf_enabled.clone());
+        let gate_sync_errors = Counter::default();
+        registry.register("gate_sync_errors", "Failed writes of the kernel host map", gate_sync_errors.clone());
         let ready = Gauge::default();
         registry.register("ready", "1 when /readyz answers 200", ready.clone());
         let tls_handshakes = Family::<ResultLabels, Counter>::default();
@@ -200,6 +206,7 @@ impl Metrics {
             connections,
             connections_active,
             ebpf_enabled,
+            gate_sync_errors,
             ready,
             tls_handshakes,
             sni_gate,

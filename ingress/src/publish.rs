@@ -78,6 +78,11 @@ impl Published {
         hook.after(&self.load(), &Snapshot::default());
     }
 
+    /// Removes every hook (at shutdown, so what they hold can be released).
+    pub fn clear_hooks(&self) {
+        self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     /// Makes `new` the current snapshot, running the hooks around the swap.
     pub fn publish(&self, new: Arc<Snapshot>) {
         let hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());

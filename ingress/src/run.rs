@@ -9,7 +9,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Health};
-use crate::cli::{RunArgs, SourceArgs, TlsArgs};
+use crate::cli::{Mode, RunArgs, SourceArgs, TlsArgs};
+use crate::gate::{Gate, GateOptions};
+use crate::mapsync::MapSync;
 use crate::metrics::Metrics;
 use crate::proxy::listener::{self, HttpSettings, Listener, Plain};
 use crate::proxy::{Proxy, ProxySettings};
@@ -31,6 +33,8 @@ pub enum RunError {
     Watch(#[from] watch::WatchError),
     #[error(transparent)]
     Kube(#[from] crate::source::kube::KubeError),
+    #[error("--mode ebpf: the kernel gate did not load: {0}")]
+    Gate(crate::gate::GateError),
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
@@ -57,7 +61,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             "starting; this is a userspace-only build (no eBPF object embedded: build with `cargo xtask build`)"
         );
     }
-    let metrics = Arc::new(Metrics::new(ebpf_object_embedded()));
+    let gate = load_gate(&args)?;
+    let metrics = Arc::new(Metrics::new(ebpf_object_embedded(), gate.clone()));
+    metrics.ebpf_enabled.set(i64::from(gate.is_some()));
     let published = Published::new();
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
@@ -76,6 +82,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         max_delay: args.proxy.debounce * 5,
         refresh: CERTIFICATE_REFRESH,
     };
+    if let Some(gate) = &gate {
+        let sync = MapSync::new(gate.clone(), args.tls.unnamed_policy(), metrics.gate_sync_errors.clone());
+        published.add_hook(Arc::new(sync));
+    }
     pipeline.spawn(events_rx).map_err(RunError::Thread)?;
     let _dir_watch = match &args.source.manifests {
         Some(dir) => Some(watch::start(dir, events_tx)?),
@@ -112,6 +122,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             unnamed: args.tls.unnamed_policy(),
             handshake_timeout: args.tls.tls_handshake_timeout,
             metrics: metrics.clone(),
+            gate: gate.clone(),
         }),
         https: true,
     };
@@ -126,6 +137,17 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     health.set_draining();
     stop.cancel();
     while tasks.join_next().await.is_some() {}
+    published.clear_hooks();
+    if let Some(gate) = gate {
+        // Detaching happens when the last holder drops it; the listeners are gone by now.
+        match Arc::try_unwrap(gate) {
+            Ok(gate) => {
+                drop(gate);
+                tracing::info!("kernel gate detached");
+            }
+            Err(_) => tracing::warn!("kernel gate still referenced at exit; the kernel detaches it with the process"),
+        }
+    }
     tracing::info!("drained; exiting");
     Ok(())
 }
@@ -165,6 +187,34 @@ async fn start_kube(
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "ingress".into())
+}
+
+/// `--mode`: load the kernel gate, or explain in one line why userspace mode is used.
+fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
+    if args.kernel.mode == Mode::Userspace {
+        tracing::info!("userspace mode (--mode userspace): the SNI gate runs after accept");
+        return Ok(None);
+    }
+    let unnamed = args.tls.unnamed_policy();
+    let options = GateOptions {
+        pin_dir: args.kernel.bpf_pin_dir.clone(),
+        cgroup: args.kernel.bpf_cgroup.clone(),
+        https_ports: vec![args.listen.https_port],
+        policy: crate::mapsync::kernel_policy(&crate::snapshot::Snapshot::default(), &unnamed),
+        verdict_timeout: args.kernel.gate_timeout,
+        ..GateOptions::default()
+    };
+    match Gate::load(options) {
+        Ok(gate) => {
+            tracing::info!(pin_dir = %gate.pin_dir().display(), port = args.listen.https_port, "eBPF mode: the kernel SNI gate is loaded");
+            Ok(Some(Arc::new(gate)))
+        }
+        Err(err) if args.kernel.mode == Mode::Ebpf => Err(RunError::Gate(err)),
+        Err(err) => {
+            tracing::warn!(reason = %err, "eBPF gate unavailable; falling back to userspace mode (same SNI policy, applied after accept)");
+            Ok(None)
+        }
+    }
 }
 
 /// Certificates are re-judged for expiry at least this often.

@@ -40,12 +40,15 @@ pub struct Ingress {
     pub https: SocketAddr,
     pub admin: SocketAddr,
     pub log: PathBuf,
+    /// The bpffs directory this instance pins its maps in (eBPF mode), removed on drop.
+    pub pin_dir: Option<PathBuf>,
     _scratch: Scratch,
 }
 
 /// Builder for a test instance.
 pub struct IngressBuilder {
     manifests: Option<PathBuf>,
+    ebpf: bool,
     args: Vec<String>,
     env: Vec<(String, String)>,
     wait_ready: bool,
@@ -53,7 +56,7 @@ pub struct IngressBuilder {
 
 impl Ingress {
     pub fn builder() -> IngressBuilder {
-        IngressBuilder { manifests: None, args: Vec::new(), env: Vec::new(), wait_ready: true }
+        IngressBuilder { manifests: None, ebpf: false, args: Vec::new(), env: Vec::new(), wait_ready: true }
     }
 
     /// Starts on `dir` with default flags and waits until ready.
@@ -127,6 +130,9 @@ impl Drop for Ingress {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Some(dir) = &self.pin_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -151,6 +157,13 @@ impl IngressBuilder {
         self
     }
 
+    /// Runs with `--mode ebpf` and a pin directory of its own (the default mode for tests is
+    /// userspace, so concurrent tests never share kernel state).
+    pub fn ebpf(mut self) -> Self {
+        self.ebpf = true;
+        self
+    }
+
     pub fn no_wait(mut self) -> Self {
         self.wait_ready = false;
         self
@@ -163,6 +176,19 @@ impl IngressBuilder {
         let mut cmd = Command::new(binary());
         if let Some(dir) = &self.manifests {
             cmd.arg("--manifests").arg(dir);
+        }
+        let pin_dir = self.ebpf.then(|| {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            PathBuf::from(format!("/sys/fs/bpf/ingress-test-{}-{n}", std::process::id()))
+        });
+        match &pin_dir {
+            Some(dir) => {
+                cmd.args(["--mode", "ebpf", "--bpf-pin-dir"]).arg(dir);
+            }
+            None => {
+                cmd.args(["--mode", "userspace"]);
+            }
         }
         cmd.args(["--bind", "127.0.0.1"])
             .args(["--http-port", &http.to_string()])
@@ -184,6 +210,7 @@ impl IngressBuilder {
             https: SocketAddr::new(ip, https),
             admin: SocketAddr::new(ip, admin),
             log,
+            pin_dir,
             _scratch: scratch,
         };
         if self.wait_ready {

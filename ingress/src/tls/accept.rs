@@ -1,9 +1,12 @@
-//! The HTTPS accept path in userspace mode:
+//! The HTTPS accept path:
 //!
 //! ```text
-//!   accept → read the first TLS record (bounded, with a deadline) → parse the ClientHello
-//!          → SNI gate decision ─ drop: RST at once, nothing answered
-//!                              └ pass: rustls handshake over (recorded bytes + socket) → HTTP
+//!   userspace mode: accept → read the first TLS record (bounded, with a deadline)
+//!                          → parse the ClientHello → SNI gate decision
+//!   eBPF mode:      accept → the kernel parsed it already → await its verdict by socket cookie
+//!                          (dropped: nothing was read) → read exactly the first record
+//!   then:  drop: RST at once, nothing answered
+//!          pass: rustls handshake over (recorded bytes + socket) → HTTP
 //! ```
 //!
 //! Rejected connections are reset (SO_LINGER 0) rather than answered with a TLS alert, so a
@@ -22,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::client_hello::{self, Peek};
+use crate::gate::{Admission, Gate, Reason as KernelReason};
 use crate::metrics::Metrics;
 use crate::proxy::ConnInfo;
 use crate::proxy::listener::Handshake;
@@ -35,6 +39,8 @@ pub struct TlsHandshake {
     /// How long a client may take to send its ClientHello and finish the handshake.
     pub handshake_timeout: Duration,
     pub metrics: Arc<Metrics>,
+    /// The kernel gate, in eBPF mode.
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// How reading the first record ended.
@@ -48,11 +54,17 @@ impl Handshake for TlsHandshake {
     type Io = TokioIo<TlsStream<Recorded<TcpStream>>>;
 
     async fn handshake(&self, mut stream: TcpStream, mut conn: ConnInfo) -> Option<(Self::Io, ConnInfo)> {
-        let first = tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
-            .await
-            .unwrap_or(FirstRecord::Closed);
+        let first = match &self.gate {
+            Some(gate) => self.kernel_first_record(gate, &mut stream).await,
+            None => tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
+                .await
+                .unwrap_or(FirstRecord::Closed),
+        };
         let (bytes, sni) = match first {
-            FirstRecord::Closed => return None,
+            FirstRecord::Closed => {
+                self.close(stream);
+                return None;
+            }
             FirstRecord::Decided { bytes, verdict, reason, sni } => {
                 self.metrics.count_gate(reason);
                 match verdict {
@@ -61,7 +73,7 @@ impl Handshake for TlsHandshake {
                     // unroutable connection is refused like an unknown name.
                     Verdict::Drop | Verdict::Passthrough => {
                         tracing::debug!(peer = %conn.peer, %reason, sni = sni.as_deref().unwrap_or("-"), "connection rejected");
-                        reset(stream);
+                        self.close(stream);
                         return None;
                     }
                 }
@@ -69,18 +81,19 @@ impl Handshake for TlsHandshake {
         };
         conn.sni = sni;
         let recorded = Recorded { prefix: bytes, read: 0, inner: stream };
+        let result = |r: &'static str| crate::metrics::ResultLabels { result: r };
         match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(recorded)).await {
             Ok(Ok(tls)) => {
-                self.metrics.tls_handshakes.get_or_create(&crate::metrics::ResultLabels { result: "ok" }).inc();
+                self.metrics.tls_handshakes.get_or_create(&result("ok")).inc();
                 Some((TokioIo::new(tls), conn))
             }
             Ok(Err(err)) => {
-                self.metrics.tls_handshakes.get_or_create(&crate::metrics::ResultLabels { result: "failed" }).inc();
+                self.metrics.tls_handshakes.get_or_create(&result("failed")).inc();
                 tracing::debug!(peer = %conn.peer, %err, "TLS handshake failed");
                 None
             }
             Err(_) => {
-                self.metrics.tls_handshakes.get_or_create(&crate::metrics::ResultLabels { result: "timeout" }).inc();
+                self.metrics.tls_handshakes.get_or_create(&result("timeout")).inc();
                 None
             }
         }
@@ -88,7 +101,46 @@ impl Handshake for TlsHandshake {
 }
 
 impl TlsHandshake {
-    /// Reads until the first record is whole (or decidable from its header), then decides.
+    /// eBPF mode: the kernel has parsed the ClientHello already. Dropped connections are reset
+    /// without a byte read; admitted ones hand over their first record, read exactly once.
+    async fn kernel_first_record(&self, gate: &Gate, stream: &mut TcpStream) -> FirstRecord {
+        let (verdict, kernel) = match gate.admit(stream).await {
+            Ok(Admission::Drop(v)) => (Verdict::Drop, v),
+            Ok(Admission::Pass(v)) => (Verdict::Pass, v),
+            Ok(Admission::Passthrough(v)) => (Verdict::Passthrough, v),
+            // The kernel could not take this socket (its map was full): decide here instead.
+            Ok(Admission::Ungated) => {
+                return tokio::time::timeout(self.handshake_timeout, self.read_first_record(stream))
+                    .await
+                    .unwrap_or(FirstRecord::Closed);
+            }
+            Ok(Admission::Timeout) => return FirstRecord::Closed,
+            Err(err) => {
+                tracing::debug!(%err, "kernel gate admission failed");
+                return FirstRecord::Closed;
+            }
+        };
+        let reason = reason_of(kernel.reason);
+        if verdict == Verdict::Drop {
+            return FirstRecord::Decided { bytes: Vec::new(), verdict, reason, sni: None };
+        }
+        match gate.take_first_record(stream).await {
+            Ok(bytes) => {
+                let sni = match client_hello::peek(&bytes) {
+                    Peek::Done(Ok(hello)) => hello.server_name.map(|n| n.as_str().to_owned()),
+                    _ => None,
+                };
+                FirstRecord::Decided { bytes, verdict, reason, sni }
+            }
+            Err(err) => {
+                tracing::debug!(%err, "reading the first record after the kernel verdict failed");
+                FirstRecord::Closed
+            }
+        }
+    }
+
+    /// Userspace mode: reads until the first record is whole (or decidable from its header),
+    /// then decides with the same policy the kernel applies.
     async fn read_first_record(&self, stream: &mut TcpStream) -> FirstRecord {
         let mut bytes = Vec::with_capacity(2048);
         loop {
@@ -110,6 +162,31 @@ impl TlsHandshake {
                 Ok(_) => {}
             }
         }
+    }
+
+    /// Resets a connection that will not be served. In eBPF mode the gate also forgets the
+    /// socket's verdict record.
+    fn close(&self, stream: TcpStream) {
+        match &self.gate {
+            Some(gate) => {
+                if let Err(err) = gate.reject(stream) {
+                    tracing::debug!(%err, "reset failed");
+                }
+            }
+            None => reset(stream),
+        }
+    }
+
+}
+
+fn reason_of(reason: KernelReason) -> GateReason {
+    match reason {
+        KernelReason::Pass => GateReason::Pass,
+        KernelReason::Passthrough => GateReason::Passthrough,
+        KernelReason::Unknown => GateReason::Unknown,
+        KernelReason::NoSni => GateReason::NoSni,
+        KernelReason::Malformed => GateReason::Malformed,
+        KernelReason::NotTls => GateReason::NotTls,
     }
 }
 
