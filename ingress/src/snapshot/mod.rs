@@ -51,6 +51,8 @@ pub struct Snapshot {
     pub tls: tls::TlsTable,
     /// The names the HTTPS port admits, for the kernel gate and userspace mode alike.
     pub sni: sni::SniPolicy,
+    /// `ssl-passthrough` hosts: SNI → the backend that terminates TLS itself.
+    pub passthrough: HostTable<Arc<Route>>,
 }
 
 /// What status and Event writing need of an owned Ingress.
@@ -141,6 +143,7 @@ impl Snapshot {
             resolver: Resolver::new(store),
             tls: tls::TlsBuilder::new(store, &settings.tls),
             hosts: BTreeMap::new(),
+            passthrough: BTreeMap::new(),
             default_backend: None,
         };
         let owned = owned_ingresses(store, &settings.class);
@@ -170,6 +173,19 @@ impl Snapshot {
             };
             hosts.insert(pattern, Arc::new(vhost));
         }
+        let mut passthrough = HostTable::default();
+        for (pattern, route) in builder.passthrough {
+            match &pattern {
+                HostPattern::Exact(name) => {
+                    sni.names.insert(name.clone(), sni::HostAction::Passthrough);
+                }
+                HostPattern::Wildcard(parent) => {
+                    sni.names.insert(format!("*.{parent}"), sni::HostAction::Passthrough);
+                }
+                HostPattern::Any => {}
+            }
+            passthrough.insert(pattern, route);
+        }
         Snapshot {
             generation,
             hosts,
@@ -178,6 +194,7 @@ impl Snapshot {
             ingresses: owned.into_iter().map(|(k, ing)| (k.clone(), IngressMeta::of(ing))).collect(),
             tls,
             sni,
+            passthrough,
         }
     }
 }
@@ -199,6 +216,8 @@ struct Builder<'s> {
     resolver: Resolver<'s>,
     tls: tls::TlsBuilder<'s>,
     hosts: BTreeMap<HostPattern, HostBuilder>,
+    /// Passthrough host → its route and the Ingress that claimed it first.
+    passthrough: BTreeMap<HostPattern, Arc<Route>>,
     default_backend: Option<Arc<Route>>,
 }
 
@@ -223,6 +242,10 @@ impl Builder<'_> {
         let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
         let default_route =
             spec.default_backend.as_ref().and_then(|b| self.route(key, b, &options, false));
+
+        if options.ssl_passthrough {
+            self.add_passthrough(key, rules, default_route.as_ref(), &options);
+        }
 
         if rules.is_empty() {
             match (&default_route, &self.default_backend) {
@@ -287,6 +310,59 @@ impl Builder<'_> {
                 };
                 if let Some(host) = self.hosts.get_mut(&pattern) {
                     host.rules.push(PathRule { path, kind, target: route });
+                }
+            }
+        }
+    }
+
+    /// `ssl-passthrough`: each rule's host is routed by SNI to the backend of its `/` path (or
+    /// its only path, or the Ingress's default backend). The TLS stream is not terminated, so
+    /// paths mean nothing; more than that one path is a warning.
+    fn add_passthrough(
+        &mut self,
+        key: &ObjectKey,
+        rules: &[k8s_openapi::api::networking::v1::IngressRule],
+        default_route: Option<&Arc<Route>>,
+        options: &Arc<Options>,
+    ) {
+        let subject = Subject::object(Kind::Ingress, key);
+        for rule in rules {
+            let pattern = match host::parse_pattern(rule.host.as_deref()) {
+                Ok(HostPattern::Any) => {
+                    self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        "ssl-passthrough routes by TLS server name, so every rule needs a host; the rule without one is not passed through",
+                    ));
+                    continue;
+                }
+                Ok(p) => p,
+                // Reported once by the HTTP rule processing.
+                Err(_) => continue,
+            };
+            let paths = rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default();
+            let chosen = paths.iter().find(|p| p.path.as_deref().unwrap_or("/") == "/").or(paths.first());
+            if paths.len() > 1 || chosen.is_some_and(|p| p.path.as_deref().unwrap_or("/") != "/") {
+                self.diagnostics.push(Diagnostic::warning(
+                    DiagnosticKind::PassthroughPathsIgnored,
+                    subject.clone(),
+                    format!("host {pattern} is ssl-passthrough: TLS is not terminated, so paths cannot be matched; every connection goes to the backend of {}", chosen.and_then(|p| p.path.clone()).unwrap_or_else(|| "/".into())),
+                ));
+            }
+            let route = match chosen {
+                Some(path) => self.route(key, &path.backend, options, false),
+                None => default_route.cloned(),
+            };
+            let Some(route) = route else { continue };
+            match self.passthrough.get(&pattern) {
+                Some(existing) if existing.ingress != *key => self.diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::ConflictingRule,
+                    subject.clone(),
+                    format!("host {pattern} is already passed through by Ingress {}; this one is ignored for it", existing.ingress),
+                )),
+                Some(_) => {}
+                None => {
+                    self.passthrough.insert(pattern, route);
                 }
             }
         }

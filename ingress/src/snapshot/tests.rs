@@ -472,3 +472,42 @@ spec:
         assert!(with_any.sni.catch_all);
     }
 }
+
+#[test]
+fn ssl_passthrough_routes_by_sni() {
+    let yaml = format!(
+        "{SERVICES}{}",
+        r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: pass
+  namespace: shop
+  annotations: {nginx.ingress.kubernetes.io/ssl-passthrough: "true"}
+spec:
+  ingressClassName: ingress
+  rules:
+  - host: db.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}]}
+  - host: "*.mtls.example.com"
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+      - {path: /admin, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}
+  - http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+"#
+    );
+    let snap = build(&yaml);
+    let mut got = kinds(&snap);
+    got.sort();
+    assert_eq!(got, vec![DiagnosticKind::InvalidAnnotation, DiagnosticKind::PassthroughPathsIgnored], "{:#?}", snap.diagnostics);
+    let target = |sni: &str| snap.passthrough.lookup_named(sni).map(|r| format!("{}:{}", r.backend.service, r.backend.port));
+    assert_eq!(target("db.example.com").as_deref(), Some("shop/api:8080"));
+    assert_eq!(target("a.mtls.example.com").as_deref(), Some("shop/web:80"));
+    assert_eq!(target("other.example.com"), None);
+    assert_eq!(snap.sni.lookup("db.example.com"), Some(sni::HostAction::Passthrough));
+    assert_eq!(snap.sni.lookup("x.mtls.example.com"), Some(sni::HostAction::Passthrough));
+    // The host-less rule still serves plain HTTP, so the gate admits every name.
+    assert!(snap.sni.catch_all);
+}
