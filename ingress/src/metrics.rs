@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 
 use crate::diagnostics::{DiagnosticKind, Severity};
 use crate::snapshot::sni::GateReason;
-use crate::snapshot::{RouteLabels, Snapshot};
+use crate::snapshot::{Route, RouteLabels, Snapshot};
 use crate::tls::certs::CertSource;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,8 +71,17 @@ pub struct BuildLabels {
     pub ebpf_object: &'static str,
 }
 
+/// Metric handles for one route, cached on the route by the first request it serves.
+#[derive(Debug)]
+pub struct RouteStats {
+    duration: Histogram,
+    ok: Counter,
+    labels: RouteLabels,
+}
+
 pub struct Metrics {
     registry: Registry,
+    unrouted: std::sync::OnceLock<RouteStats>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<RouteOnlyLabels, Histogram>,
     pub snapshot_generation: Gauge,
@@ -197,6 +206,7 @@ impl Metrics {
         }
         Self {
             registry,
+            unrouted: std::sync::OnceLock::new(),
             requests,
             request_duration,
             snapshot_generation,
@@ -250,15 +260,37 @@ impl Metrics {
         out
     }
 
-    pub fn observe_request(&self, route: Option<&RouteLabels>, status: u16, elapsed: Duration) {
-        let (namespace, ingress, service) = match route {
-            Some(r) => (r.namespace.clone(), r.ingress.clone(), r.service.clone()),
-            None => (empty(), empty(), empty()),
+    /// Counts one request. The route's handles for its histogram and its 200 counter are looked
+    /// up once per snapshot and cached on the route, so the common request takes no lock.
+    pub fn observe_request(&self, route: Option<&Route>, status: u16, elapsed: Duration) {
+        let stats = match route {
+            Some(route) => route.stats.get_or_init(|| self.stats_for(&route.labels)),
+            None => self.unrouted.get_or_init(|| self.stats_for(&RouteLabels { namespace: empty(), ingress: empty(), service: empty() })),
         };
-        self.request_duration
-            .get_or_create(&RouteOnlyLabels { namespace: namespace.clone(), ingress: ingress.clone(), service: service.clone() })
-            .observe(elapsed.as_secs_f64());
-        self.requests.get_or_create(&RequestLabels { namespace, ingress, service, status }).inc();
+        stats.duration.observe(elapsed.as_secs_f64());
+        if status == 200 {
+            stats.ok.inc();
+        } else {
+            let labels = &stats.labels;
+            self.requests
+                .get_or_create(&RequestLabels {
+                    namespace: labels.namespace.clone(),
+                    ingress: labels.ingress.clone(),
+                    service: labels.service.clone(),
+                    status,
+                })
+                .inc();
+        }
+    }
+
+    fn stats_for(&self, labels: &RouteLabels) -> RouteStats {
+        let route = RouteOnlyLabels { namespace: labels.namespace.clone(), ingress: labels.ingress.clone(), service: labels.service.clone() };
+        let ok = RequestLabels { namespace: labels.namespace.clone(), ingress: labels.ingress.clone(), service: labels.service.clone(), status: 200 };
+        RouteStats {
+            duration: self.request_duration.get_or_create(&route).clone(),
+            ok: self.requests.get_or_create(&ok).clone(),
+            labels: labels.clone(),
+        }
     }
 
     pub fn observe_snapshot(&self, snapshot: &Snapshot, build_time: Duration) {

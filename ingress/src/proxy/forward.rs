@@ -63,37 +63,48 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// What the proxy knows about the client side of a request.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientSide<'a> {
-    pub client_ip: IpAddr,
-    pub host: Option<&'a str>,
+/// What the proxy knows about the client side of one connection, as header values made once
+/// per connection rather than once per request.
+#[derive(Clone, Debug)]
+pub struct ClientSide {
+    pub client_ip: HeaderValue,
     pub https: bool,
     /// The port the client connected to.
-    pub port: u16,
+    pub port: HeaderValue,
+}
+
+impl ClientSide {
+    pub fn new(client_ip: IpAddr, https: bool, port: u16) -> Self {
+        let value = |s: String| HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Self { client_ip: value(client_ip.to_string()), https, port: value(port.to_string()) }
+    }
 }
 
 /// Sets the forwarding headers. `X-Forwarded-For` is appended to, so the upstream sees the whole
 /// chain; the others describe this hop and overwrite whatever the client sent, so a client
-/// cannot claim it came over HTTPS.
-pub fn add_forwarding(headers: &mut HeaderMap, client: ClientSide<'_>) {
-    let ip = client.client_ip.to_string();
+/// cannot claim it came over HTTPS. `X-Forwarded-Host` is the Host the client sent, port
+/// included, as ingress-nginx passes it.
+pub fn add_forwarding(headers: &mut HeaderMap, client: &ClientSide, host: Option<&HeaderValue>) {
     let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {ip}"),
-        _ => ip.clone(),
-    };
-    set(headers, &X_FORWARDED_FOR, &xff);
-    set(headers, &X_REAL_IP, &ip);
-    let proto = if client.https { "https" } else { "http" };
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
-    headers.insert(X_FORWARDED_SCHEME.clone(), HeaderValue::from_static(proto));
-    set(headers, &X_FORWARDED_PORT, &client.port.to_string());
-    match client.host {
-        Some(host) => set(headers, &X_FORWARDED_HOST, host),
-        None => {
-            headers.remove(&X_FORWARDED_HOST);
+        Some(existing) if !existing.trim().is_empty() => {
+            let ip = client.client_ip.to_str().unwrap_or_default();
+            HeaderValue::from_str(&format!("{existing}, {ip}")).ok()
         }
-    }
+        _ => Some(client.client_ip.clone()),
+    };
+    match xff {
+        Some(v) => headers.insert(X_FORWARDED_FOR.clone(), v),
+        None => headers.remove(&X_FORWARDED_FOR),
+    };
+    headers.insert(X_REAL_IP.clone(), client.client_ip.clone());
+    let proto = HeaderValue::from_static(if client.https { "https" } else { "http" });
+    headers.insert(X_FORWARDED_PROTO.clone(), proto.clone());
+    headers.insert(X_FORWARDED_SCHEME.clone(), proto);
+    headers.insert(X_FORWARDED_PORT.clone(), client.port.clone());
+    match host {
+        Some(host) => headers.insert(X_FORWARDED_HOST.clone(), host.clone()),
+        None => headers.remove(&X_FORWARDED_HOST),
+    };
 }
 
 /// Gives the request an `X-Request-ID` if it has none, so logs on both sides can be joined.
@@ -101,23 +112,16 @@ pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
     if let Some(existing) = headers.get(&X_REQUEST_ID) {
         return existing.clone();
     }
-    let id = HeaderValue::from_str(&format!("{:032x}", fastrand::u128(..)))
-        .unwrap_or_else(|_| HeaderValue::from_static("0"));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = [0u8; 32];
+    let random = fastrand::u128(..);
+    for (i, slot) in id.iter_mut().enumerate() {
+        *slot = HEX[((random >> (i * 4)) & 0xf) as usize];
+    }
+    // Hex digits are always a valid header value.
+    let id = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
     headers.insert(X_REQUEST_ID.clone(), id.clone());
     id
-}
-
-fn set(headers: &mut HeaderMap, name: &HeaderName, value: &str) {
-    // Every value here is an IP, a port, a host that already came from a header, or a list of
-    // those; an invalid one is dropped rather than forwarded mangled.
-    match HeaderValue::from_str(value) {
-        Ok(v) => {
-            headers.insert(name.clone(), v);
-        }
-        Err(_) => {
-            headers.remove(name);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -164,24 +168,27 @@ mod tests {
 
     #[test]
     fn forwarding_table() {
-        let client = ClientSide { client_ip: "192.0.2.7".parse().unwrap(), host: Some("shop.example.com"), https: false, port: 80 };
-        let cases: &[(&[(&str, &str)], ClientSide, &[(&str, &str)])] = &[
-            (&[], client, &[
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let plain = ClientSide::new(ip, false, 80);
+        let tls = ClientSide::new(ip, true, 443);
+        let host = HeaderValue::from_static("shop.example.com:8080");
+        let cases: &[(&[(&str, &str)], &ClientSide, Option<&HeaderValue>, &[(&str, &str)])] = &[
+            (&[], &plain, Some(&host), &[
                 ("x-forwarded-for", "192.0.2.7"), ("x-real-ip", "192.0.2.7"), ("x-forwarded-proto", "http"),
-                ("x-forwarded-host", "shop.example.com"), ("x-forwarded-port", "80"), ("x-forwarded-scheme", "http"),
+                ("x-forwarded-host", "shop.example.com:8080"), ("x-forwarded-port", "80"), ("x-forwarded-scheme", "http"),
             ]),
-            (&[("x-forwarded-for", "10.0.0.1")], client, &[("x-forwarded-for", "10.0.0.1, 192.0.2.7")]),
-            (&[("x-forwarded-proto", "https"), ("x-real-ip", "1.1.1.1")], client, &[("x-forwarded-proto", "http"), ("x-real-ip", "192.0.2.7")]),
-            (&[], ClientSide { https: true, port: 443, ..client }, &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")]),
-            (&[("x-forwarded-host", "evil")], ClientSide { host: None, ..client }, &[]),
+            (&[("x-forwarded-for", "10.0.0.1")], &plain, Some(&host), &[("x-forwarded-for", "10.0.0.1, 192.0.2.7")]),
+            (&[("x-forwarded-proto", "https"), ("x-real-ip", "1.1.1.1")], &plain, Some(&host), &[("x-forwarded-proto", "http"), ("x-real-ip", "192.0.2.7")]),
+            (&[], &tls, Some(&host), &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")]),
+            (&[("x-forwarded-host", "evil")], &plain, None, &[]),
         ];
-        for (input, client, want) in cases {
+        for (input, client, host, want) in cases {
             let mut h = headers(input);
-            add_forwarding(&mut h, *client);
+            add_forwarding(&mut h, client, *host);
             for (k, v) in *want {
                 assert_eq!(h.get(*k).and_then(|v| v.to_str().ok()), Some(*v), "{input:?} {k}");
             }
-            if client.host.is_none() {
+            if host.is_none() {
                 assert!(h.get("x-forwarded-host").is_none());
             }
         }

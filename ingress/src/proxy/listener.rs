@@ -92,7 +92,7 @@ impl<H: Handshake> Listener<H> {
             };
             let _ = stream.set_nodelay(true);
             metrics.connections.get_or_create(&labels).inc();
-            let conn = ConnInfo { peer, local_port, https: self.https, sni: None };
+            let conn = ConnInfo::new(peer, local_port, self.https);
             let handshake = self.handshake.clone();
             let proxy = proxy.clone();
             let server = server.clone();

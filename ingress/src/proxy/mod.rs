@@ -59,6 +59,14 @@ pub struct ConnInfo {
     pub https: bool,
     /// The TLS server name the client sent, if any.
     pub sni: Option<String>,
+    /// Forwarding header values, made once per connection.
+    pub client: ClientSide,
+}
+
+impl ConnInfo {
+    pub fn new(peer: SocketAddr, local_port: u16, https: bool) -> Self {
+        Self { peer, local_port, https, sni: None, client: ClientSide::new(peer.ip(), https, local_port) }
+    }
 }
 
 pub struct Proxy {
@@ -72,8 +80,12 @@ static SERVER: HeaderValue = HeaderValue::from_static("ingress");
 
 /// How a request ended, for the access log.
 struct Outcome {
-    upstream: Option<String>,
+    upstream: Option<PoolKey>,
     error: Option<UpstreamError>,
+}
+
+impl Outcome {
+    const LOCAL: Outcome = Outcome { upstream: None, error: None };
 }
 
 impl Proxy {
@@ -88,20 +100,20 @@ impl Proxy {
 
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
-        let method = req.method().clone();
         let client_version = req.version();
-        let uri = req.uri().clone();
         let authority = request_authority(&req);
-        let host = authority.as_deref().and_then(request_host);
+        let host = authority.as_ref().and_then(|a| a.to_str().ok()).and_then(request_host);
         let route = {
             let snapshot = self.published.load();
-            snapshot.route(host.as_deref(), &normalize(uri.path())).cloned()
+            snapshot.route(host.as_deref(), &normalize(req.uri().path())).cloned()
         };
+        // Only what the access log needs survives the request being moved upstream.
+        let logged = self.settings.access_log.then(|| (req.method().clone(), req.uri().clone()));
         let (mut response, outcome) = match &route {
-            None => (respond::status(StatusCode::NOT_FOUND), Outcome { upstream: None, error: None }),
-            Some(route) => match self.redirect(route, &conn, host.as_deref(), &uri) {
-                Some(redirect) => (redirect, Outcome { upstream: None, error: None }),
-                None => self.forward(req, route, authority, &conn).await,
+            None => (respond::status(StatusCode::NOT_FOUND), Outcome::LOCAL),
+            Some(route) => match self.redirect(route, &conn, host.as_deref(), req.uri()) {
+                Some(redirect) => (redirect, Outcome::LOCAL),
+                None => self.forward(req, route, authority.as_ref(), &conn).await,
             },
         };
         response.headers_mut().insert(header::SERVER, SERVER.clone());
@@ -112,8 +124,8 @@ impl Proxy {
         *response.version_mut() = client_version;
         let elapsed = started.elapsed();
         let status = response.status();
-        self.metrics.observe_request(route.as_ref().map(|r| &r.labels), status.as_u16(), elapsed);
-        if self.settings.access_log {
+        self.metrics.observe_request(route.as_deref(), status.as_u16(), elapsed);
+        if let Some((method, uri)) = logged {
             tracing::info!(
                 target: "access",
                 client = %conn.peer.ip(),
@@ -123,7 +135,7 @@ impl Proxy {
                 version = ?client_version,
                 status = status.as_u16(),
                 duration_ms = %format_args!("{:.3}", elapsed.as_secs_f64() * 1000.0),
-                upstream = outcome.upstream.as_deref().unwrap_or("-"),
+                upstream = %outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
                 ingress = route.as_ref().map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
                 service = route.as_ref().map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
                 error = outcome.error.as_ref().map(ToString::to_string).as_deref().unwrap_or("-"),
@@ -150,10 +162,10 @@ impl Proxy {
         &self,
         mut req: Request<Incoming>,
         route: &Arc<Route>,
-        authority: Option<String>,
+        authority: Option<&HeaderValue>,
         conn: &ConnInfo,
     ) -> (Response<ProxyBody>, Outcome) {
-        let fail = |error: UpstreamError, upstream: Option<String>| {
+        let fail = |error: UpstreamError, upstream: Option<PoolKey>| {
             (respond::status(error.status()), Outcome { upstream, error: Some(error) })
         };
         let (key, in_flight) = match &route.backend.target {
@@ -164,22 +176,17 @@ impl Proxy {
             Target::ExternalName { host, port } => (PoolKey::Name(host.as_str().into(), *port), None),
             Target::Unavailable => return fail(UpstreamError::NoEndpoints, None),
         };
-        let upstream_name = key.to_string();
 
         let upgrade = req.version() == Version::HTTP_11 && forward::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        let host = authority.as_deref().and_then(request_host);
         forward::strip_hop_by_hop(&mut parts.headers, upgrade);
-        forward::add_forwarding(
-            &mut parts.headers,
-            ClientSide { client_ip: conn.peer.ip(), host: host.as_deref(), https: conn.https, port: conn.local_port },
-        );
+        forward::add_forwarding(&mut parts.headers, &conn.client, authority);
         forward::ensure_request_id(&mut parts.headers);
         if !parts.headers.contains_key(header::HOST) {
             // HTTP/2 carries the host in :authority; an HTTP/1.1 upstream needs a Host header.
-            if let Some(value) = authority.as_deref().and_then(|a| HeaderValue::from_str(a).ok()) {
-                parts.headers.insert(header::HOST, value);
+            if let Some(value) = authority {
+                parts.headers.insert(header::HOST, value.clone());
             }
         }
         // The upstream is spoken to in origin form; the Host header names the virtual host.
@@ -192,8 +199,8 @@ impl Proxy {
         if let Some(client_upgrade) = client_upgrade {
             let mut response = match tokio::time::timeout(timeout, self.pool.send_upgrade(&key, upstream_req)).await {
                 Ok(Ok(response)) => response,
-                Ok(Err(err)) => return fail(err, Some(upstream_name)),
-                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(upstream_name)),
+                Ok(Err(err)) => return fail(err, Some(key)),
+                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
             };
             let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
             if switching {
@@ -203,17 +210,17 @@ impl Proxy {
             forward::strip_hop_by_hop(response.headers_mut(), switching);
             // An upgrade answer carries no body; a refusal's body is dropped with its connection.
             let response = response.map(|_| Either::Right(Full::new(Bytes::new())));
-            return (response, Outcome { upstream: Some(upstream_name), error: None });
+            return (response, Outcome { upstream: Some(key), error: None });
         }
-        let mut response = match tokio::time::timeout(timeout, self.pool.send(key, upstream_req)).await {
+        let mut response = match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
             Ok(Ok(response)) => response,
-            Ok(Err(err)) => return fail(err, Some(upstream_name)),
-            Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(upstream_name)),
+            Ok(Err(err)) => return fail(err, Some(key)),
+            Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
         };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_hop_by_hop(response.headers_mut(), false);
-        (response.map(Either::Left), Outcome { upstream: Some(upstream_name), error: None })
+        (response.map(Either::Left), Outcome { upstream: Some(key), error: None })
     }
 }
 
@@ -224,12 +231,12 @@ impl Route {
 }
 
 /// The host the client asked for: the URI's authority (HTTP/2, absolute-form HTTP/1.1) or the
-/// Host header.
-fn request_authority(req: &Request<Incoming>) -> Option<String> {
+/// Host header. A header value, so passing it on costs a reference count, not a copy.
+fn request_authority(req: &Request<Incoming>) -> Option<HeaderValue> {
     if let Some(authority) = req.uri().authority() {
-        return Some(authority.as_str().to_owned());
+        return HeaderValue::from_str(authority.as_str()).ok();
     }
-    req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned)
+    req.headers().get(header::HOST).cloned()
 }
 
 /// Copies bytes both ways once client and upstream have both switched protocols.

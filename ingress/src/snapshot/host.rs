@@ -73,8 +73,9 @@ fn is_dns_name(name: &str) -> bool {
 }
 
 /// The name a request asks for, from a Host header or :authority: port removed, lowercased,
-/// one trailing dot removed. `None` if there is nothing usable.
-pub fn request_host(authority: &str) -> Option<String> {
+/// one trailing dot removed. `None` if there is nothing usable. Borrows when the name is
+/// already in that form, which is nearly always.
+pub fn request_host(authority: &str) -> Option<std::borrow::Cow<'_, str>> {
     let without_port = if let Some(rest) = authority.strip_prefix('[') {
         // An IPv6 literal never names a virtual host, but it is still the request's host.
         &authority[..rest.find(']').map(|i| i + 2)?]
@@ -85,7 +86,11 @@ pub fn request_host(authority: &str) -> Option<String> {
     if host.is_empty() {
         return None;
     }
-    Some(host.to_ascii_lowercase())
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Some(std::borrow::Cow::Owned(host.to_ascii_lowercase()))
+    } else {
+        Some(std::borrow::Cow::Borrowed(host))
+    }
 }
 
 /// Hosts to values, with the lookup order described at the top of this module.

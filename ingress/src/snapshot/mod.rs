@@ -95,6 +95,9 @@ pub struct Route {
     pub backend: Arc<Backend>,
     pub options: Arc<Options>,
     pub labels: RouteLabels,
+    /// Metric handles, filled by the proxy on the route's first request (the build leaves it
+    /// empty, so building stays pure).
+    pub stats: std::sync::OnceLock<crate::metrics::RouteStats>,
 }
 
 /// Metric labels, allocated once per snapshot rather than once per request.
@@ -406,7 +409,7 @@ impl Builder<'_> {
             ingress: ingress.name.as_str().into(),
             service: backend.service.name.as_str().into(),
         };
-        Some(Arc::new(Route { ingress: ingress.clone(), tls, backend, options: options.clone(), labels }))
+        Some(Arc::new(Route { ingress: ingress.clone(), tls, backend, options: options.clone(), labels, stats: std::sync::OnceLock::new() }))
     }
 }
 
