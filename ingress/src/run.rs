@@ -159,18 +159,15 @@ async fn start_kube(
     published: Arc<Published>,
     metrics: Arc<Metrics>,
 ) -> Result<(), RunError> {
-    let client = crate::source::kube::client(args.source.kubeconfig.as_deref()).await?;
-    tracing::info!(namespace = args.kube.watch_namespace.as_deref().unwrap_or("(all)"), "watching the Kubernetes API");
+    // Two processes on one host must not share an identity, or both would think they hold the
+    // Lease: without a pod name, the host name gets a random suffix (as client-go does).
+    let identity = args.kube.pod_name.clone().unwrap_or_else(|| format!("{}_{:08x}", hostname(), fastrand::u32(..)));
+    let client = crate::source::kube::client(args.source.kubeconfig.as_deref(), &identity).await?;
+    tracing::info!(namespace = args.kube.watch_namespace.as_deref().unwrap_or("(all)"), %identity, "watching the Kubernetes API");
     crate::source::kube::KubeSource { client: client.clone(), namespace: args.kube.watch_namespace.clone(), metrics: metrics.clone() }
         .start(events);
-    let identity = args.kube.pod_name.clone().unwrap_or_else(hostname);
     let kube_args = args.kube.clone();
-    let lease = report::leader::LeaseSettings {
-        name: kube_args.lease_name.clone(),
-        namespace: kube_args.lease_namespace.clone(),
-        duration: kube_args.lease_duration.as_secs().max(2),
-        grace: (kube_args.lease_duration.as_secs() / 3).max(1),
-    };
+    let lease = report::leader::LeaseSettings::new(&kube_args.lease_name, &kube_args.lease_namespace, kube_args.lease_duration);
     tokio::spawn(async move {
         let address = match (&kube_args.publish_address, &kube_args.node_name) {
             (Some(address), _) => Some(report::address::PublishAddress::parse(address)),

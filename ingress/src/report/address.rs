@@ -24,8 +24,14 @@ impl PublishAddress {
     /// The status entry, and its short form for comparisons and logs.
     pub fn status_entry(&self) -> IngressLoadBalancerIngress {
         match self {
-            PublishAddress::Ip(ip) => IngressLoadBalancerIngress { ip: Some(ip.to_string()), ..Default::default() },
-            PublishAddress::Hostname(h) => IngressLoadBalancerIngress { hostname: Some(h.clone()), ..Default::default() },
+            PublishAddress::Ip(ip) => IngressLoadBalancerIngress {
+                ip: Some(ip.to_string()),
+                ..Default::default()
+            },
+            PublishAddress::Hostname(h) => IngressLoadBalancerIngress {
+                hostname: Some(h.clone()),
+                ..Default::default()
+            },
         }
     }
 
@@ -56,7 +62,10 @@ pub async fn from_node(client: Client, node_name: &str) -> Option<PublishAddress
             Ok(node) => {
                 let address = node_address(&node);
                 if address.is_none() {
-                    tracing::warn!(node = node_name, "node has no ExternalIP or InternalIP; Ingress status will not be written");
+                    tracing::warn!(
+                        node = node_name,
+                        "node has no ExternalIP or InternalIP; Ingress status will not be written"
+                    );
                 }
                 return address;
             }
@@ -77,7 +86,15 @@ mod tests {
     fn node(addresses: &[(&str, &str)]) -> Node {
         Node {
             status: Some(NodeStatus {
-                addresses: Some(addresses.iter().map(|(t, a)| NodeAddress { type_: t.to_string(), address: a.to_string() }).collect()),
+                addresses: Some(
+                    addresses
+                        .iter()
+                        .map(|(t, a)| NodeAddress {
+                            type_: t.to_string(),
+                            address: a.to_string(),
+                        })
+                        .collect(),
+                ),
                 ..Default::default()
             }),
             ..Default::default()
@@ -87,13 +104,27 @@ mod tests {
     #[test]
     fn prefers_external_then_internal() {
         let cases = [
-            (vec![("InternalIP", "10.0.0.5"), ("ExternalIP", "203.0.113.5")], Some("203.0.113.5")),
-            (vec![("Hostname", "n1"), ("InternalIP", "10.0.0.5")], Some("10.0.0.5")),
+            (
+                vec![("InternalIP", "10.0.0.5"), ("ExternalIP", "203.0.113.5")],
+                Some("203.0.113.5"),
+            ),
+            (
+                vec![("Hostname", "n1"), ("InternalIP", "10.0.0.5")],
+                Some("10.0.0.5"),
+            ),
             (vec![("Hostname", "n1")], None),
         ];
         for (addresses, want) in cases {
-            assert_eq!(node_address(&node(&addresses)).map(|a| a.as_string()).as_deref(), want);
+            assert_eq!(
+                node_address(&node(&addresses))
+                    .map(|a| a.as_string())
+                    .as_deref(),
+                want
+            );
         }
-        assert_eq!(PublishAddress::parse("lb.example.com"), PublishAddress::Hostname("lb.example.com".into()));
+        assert_eq!(
+            PublishAddress::parse("lb.example.com"),
+            PublishAddress::Hostname("lb.example.com".into())
+        );
     }
 }

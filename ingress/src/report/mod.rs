@@ -2,9 +2,9 @@
 //! of a Lease so a DaemonSet of many pods writes once.
 //!
 //! ```text
-//!   Lease (leader.rs) ── leader? ──┐
-//!   published snapshots ───────────┼─> status.rs: status.loadBalancer.ingress = node address
-//!                                  └─> events.rs: one Warning Event per new diagnostic
+//!   Lease (leader.rs) ── leading? ──┐
+//!   published snapshots ────────────┼─> status.rs: status.loadBalancer.ingress = the address
+//!   retry timer (after a failure) ──┘─> events.rs: one Warning Event per new diagnostic
 //! ```
 //!
 //! Losing the Lease stops these writes and nothing else: every pod keeps serving traffic.
@@ -15,11 +15,21 @@ pub mod leader;
 pub mod status;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::Client;
 
 use crate::metrics::Metrics;
 use crate::publish::Published;
+
+/// How a pass of writes ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Everything the snapshot asks for is written (or nothing is ours to write).
+    Done,
+    /// Something failed; try again later even if nothing changes.
+    Retry,
+}
 
 pub struct Reporter {
     pub client: Client,
@@ -32,27 +42,49 @@ pub struct Reporter {
     pub identity: String,
 }
 
+/// Retries after failed writes start here and double up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
 impl Reporter {
     pub async fn run(self) {
-        let mut leader = leader::elect(self.client.clone(), self.lease.clone(), self.identity.clone());
+        let mut leader = leader::elect(
+            self.client.clone(),
+            self.lease.clone(),
+            self.identity.clone(),
+        );
         let mut snapshots = self.published.subscribe();
-        let mut status = status::StatusWriter::new(self.client.clone(), self.address.clone(), self.metrics.clone());
-        let mut events = events::EventWriter::new(self.client.clone(), &self.identity, self.metrics.clone());
+        let mut status = status::StatusWriter::new(
+            self.client.clone(),
+            self.address.clone(),
+            self.metrics.clone(),
+        );
+        let mut events =
+            events::EventWriter::new(self.client.clone(), &self.identity, self.metrics.clone());
+        let mut retry: Option<Duration> = None;
         loop {
-            let is_leader = *leader.borrow_and_update();
-            self.metrics.leader.set(i64::from(is_leader));
-            if is_leader && self.published.has_synced() {
+            let leading = *leader.borrow_and_update();
+            snapshots.borrow_and_update();
+            self.metrics.leader.set(i64::from(leading));
+            if leading && self.published.has_synced() {
                 let snapshot = self.published.load_full();
-                status.reconcile(&snapshot).await;
-                events.reconcile(&snapshot).await;
-            } else if !is_leader {
-                // A new leader starts from scratch; so do we, if we lead again later.
+                let status_pass = status.reconcile(&snapshot, &leader).await;
+                let events_pass = events.reconcile(&snapshot, &leader).await;
+                retry = if status_pass == Pass::Retry || events_pass == Pass::Retry {
+                    Some(retry.map_or(FIRST_RETRY, |d| (d * 2).min(MAX_RETRY)))
+                } else {
+                    None
+                };
+            } else if !leading {
+                // A new leader starts from what the API server says; so do we, if we lead again.
                 status.forget();
                 events.forget();
+                retry = None;
             }
             tokio::select! {
                 changed = leader.changed() => if changed.is_err() { return },
                 changed = snapshots.changed() => if changed.is_err() { return },
+                () = tokio::time::sleep(retry.unwrap_or(MAX_RETRY)), if retry.is_some() => {}
             }
         }
     }

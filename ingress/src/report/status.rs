@@ -1,9 +1,10 @@
-//! Ingress status: `status.loadBalancer.ingress` of every owned Ingress names this node's
+//! Ingress status: `status.loadBalancer.ingress` of every owned Ingress names the published
 //! address, so `kubectl get ingress` shows an ADDRESS.
 //!
 //! Writes use GET then PUT on the `status` subresource (the `update` verb only) and are made
 //! only for Ingresses whose status differs. A write is remembered until the watch shows it, so
-//! unrelated rebuilds in between do not write again.
+//! rebuilds in between do not write again; if the watch shows yet another value (someone else
+//! wrote meanwhile), it is written again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +12,9 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerStatus, IngressStatus};
 use kube::api::PostParams;
 use kube::{Api, Client};
+use tokio::sync::watch;
 
+use super::Pass;
 use super::address::PublishAddress;
 use crate::metrics::{Metrics, ResultLabels};
 use crate::snapshot::Snapshot;
@@ -21,43 +24,80 @@ pub struct StatusWriter {
     client: Client,
     address: Option<PublishAddress>,
     metrics: Arc<Metrics>,
-    /// Written, but not yet seen back through the watch.
-    pending: HashMap<ObjectKey, String>,
+    /// Written, but not yet seen back through the watch: the addresses the Ingress had before.
+    pending: HashMap<ObjectKey, Vec<String>>,
 }
 
 impl StatusWriter {
     pub fn new(client: Client, address: Option<PublishAddress>, metrics: Arc<Metrics>) -> Self {
-        Self { client, address, metrics, pending: HashMap::new() }
+        Self {
+            client,
+            address,
+            metrics,
+            pending: HashMap::new(),
+        }
     }
 
     pub fn forget(&mut self) {
         self.pending.clear();
     }
 
-    pub async fn reconcile(&mut self, snapshot: &Snapshot) {
-        let Some(address) = self.address.clone() else { return };
+    /// Brings every owned Ingress's status to the address, while `leading` stays true.
+    pub async fn reconcile(
+        &mut self,
+        snapshot: &Snapshot,
+        leading: &watch::Receiver<bool>,
+    ) -> Pass {
+        let Some(address) = self.address.clone() else {
+            return Pass::Done;
+        };
         let want = address.as_string();
-        self.pending.retain(|key, _| snapshot.ingresses.contains_key(key));
+        self.pending
+            .retain(|key, _| snapshot.ingresses.contains_key(key));
+        let mut pass = Pass::Done;
+        let mut written = 0usize;
         for (key, meta) in &snapshot.ingresses {
-            if meta.addresses == [want.clone()] {
+            if meta.addresses.len() == 1 && meta.addresses[0] == want {
                 self.pending.remove(key);
                 continue;
             }
-            if self.pending.get(key) == Some(&want) {
+            if self.pending.get(key) == Some(&meta.addresses) {
                 continue;
+            }
+            if !*leading.borrow() {
+                return Pass::Done;
             }
             match self.write(key, &address).await {
                 Ok(()) => {
-                    tracing::info!(ingress = %key, address = %want, "status updated");
-                    self.metrics.status_updates.get_or_create(&ResultLabels { result: "ok" }).inc();
-                    self.pending.insert(key.clone(), want.clone());
+                    tracing::debug!(ingress = %key, address = %want, "status updated");
+                    self.metrics
+                        .status_updates
+                        .get_or_create(&ResultLabels { result: "ok" })
+                        .inc();
+                    self.pending.insert(key.clone(), meta.addresses.clone());
+                    written += 1;
                 }
+                // Deleted since the snapshot was built; its deletion is on the way.
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(err) => {
-                    tracing::warn!(ingress = %key, %err, "cannot update status; will retry on the next change");
-                    self.metrics.status_updates.get_or_create(&ResultLabels { result: "error" }).inc();
+                    self.metrics
+                        .status_updates
+                        .get_or_create(&ResultLabels { result: "error" })
+                        .inc();
+                    tracing::warn!(ingress = %key, %err, "cannot update status; retrying with backoff");
+                    pass = Pass::Retry;
+                    // Without an answer from the API server, the other Ingresses would fail
+                    // the same way: stop here and retry the whole pass later.
+                    if !matches!(err, kube::Error::Api(_)) {
+                        break;
+                    }
                 }
             }
         }
+        if written > 0 {
+            tracing::info!(ingresses = written, address = %want, "Ingress status updated");
+        }
+        pass
     }
 
     async fn write(&self, key: &ObjectKey, address: &PublishAddress) -> Result<(), kube::Error> {
@@ -67,11 +107,18 @@ impl StatusWriter {
         loop {
             let mut ingress = api.get_status(&key.name).await?;
             ingress.status = Some(IngressStatus {
-                load_balancer: Some(IngressLoadBalancerStatus { ingress: Some(vec![address.status_entry()]) }),
+                load_balancer: Some(IngressLoadBalancerStatus {
+                    ingress: Some(vec![address.status_entry()]),
+                }),
             });
-            match api.replace_status(&key.name, &PostParams::default(), &ingress).await {
+            match api
+                .replace_status(&key.name, &PostParams::default(), &ingress)
+                .await
+            {
                 Ok(_) => return Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 409 && attempts < 3 => attempts += 1,
+                Err(kube::Error::Api(status)) if status.code == 409 && attempts < 3 => {
+                    attempts += 1
+                }
                 Err(err) => return Err(err),
             }
         }

@@ -15,13 +15,14 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
@@ -34,7 +35,13 @@ use crate::store::{Kind, Object};
 /// Secret in the cluster.
 pub const SECRET_FIELD_SELECTOR: &str = "type=kubernetes.io/tls";
 
-const ALL_KINDS: [Kind; 5] = [Kind::Ingress, Kind::IngressClass, Kind::Service, Kind::EndpointSlice, Kind::Secret];
+const ALL_KINDS: [Kind; 5] = [
+    Kind::Ingress,
+    Kind::IngressClass,
+    Kind::Service,
+    Kind::EndpointSlice,
+    Kind::Secret,
+];
 
 pub struct KubeSource {
     pub client: Client,
@@ -47,24 +54,51 @@ impl KubeSource {
     /// Starts the five watches. They run until the sender's receiver is gone.
     pub fn start(self, events: mpsc::UnboundedSender<SourceEvent>) {
         let synced = Arc::new(SyncTracker::default());
-        let namespaced = |client: &Client| -> (Api<Ingress>, Api<Service>, Api<EndpointSlice>, Api<Secret>) {
-            match &self.namespace {
-                Some(ns) => (
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client.clone(), ns),
-                ),
-                None => (Api::all(client.clone()), Api::all(client.clone()), Api::all(client.clone()), Api::all(client.clone())),
-            }
-        };
+        let namespaced =
+            |client: &Client| -> (Api<Ingress>, Api<Service>, Api<EndpointSlice>, Api<Secret>) {
+                match &self.namespace {
+                    Some(ns) => (
+                        Api::namespaced(client.clone(), ns),
+                        Api::namespaced(client.clone(), ns),
+                        Api::namespaced(client.clone(), ns),
+                        Api::namespaced(client.clone(), ns),
+                    ),
+                    None => (
+                        Api::all(client.clone()),
+                        Api::all(client.clone()),
+                        Api::all(client.clone()),
+                        Api::all(client.clone()),
+                    ),
+                }
+            };
         let (ingresses, services, slices, secrets) = namespaced(&self.client);
         let classes: Api<IngressClass> = Api::all(self.client.clone());
-        let ctx = |kind| Watch { kind, events: events.clone(), synced: synced.clone(), metrics: self.metrics.clone() };
-        tokio::spawn(ctx(Kind::Ingress).run(ingresses, watcher::Config::default(), |o| Object::Ingress(Arc::new(o))));
-        tokio::spawn(ctx(Kind::IngressClass).run(classes, watcher::Config::default(), |o| Object::IngressClass(Arc::new(o))));
-        tokio::spawn(ctx(Kind::Service).run(services, watcher::Config::default(), |o| Object::Service(Arc::new(o))));
-        tokio::spawn(ctx(Kind::EndpointSlice).run(slices, watcher::Config::default(), |o| Object::EndpointSlice(Arc::new(o))));
+        let ctx = |kind| Watch {
+            kind,
+            events: events.clone(),
+            synced: synced.clone(),
+            metrics: self.metrics.clone(),
+        };
+        tokio::spawn(
+            ctx(Kind::Ingress).run(ingresses, watcher::Config::default(), |o| {
+                Object::Ingress(Arc::new(o))
+            }),
+        );
+        tokio::spawn(
+            ctx(Kind::IngressClass).run(classes, watcher::Config::default(), |o| {
+                Object::IngressClass(Arc::new(o))
+            }),
+        );
+        tokio::spawn(
+            ctx(Kind::Service).run(services, watcher::Config::default(), |o| {
+                Object::Service(Arc::new(o))
+            }),
+        );
+        tokio::spawn(
+            ctx(Kind::EndpointSlice).run(slices, watcher::Config::default(), |o| {
+                Object::EndpointSlice(Arc::new(o))
+            }),
+        );
         tokio::spawn(ctx(Kind::Secret).run(
             secrets,
             watcher::Config::default().fields(SECRET_FIELD_SELECTOR),
@@ -101,8 +135,12 @@ impl Watch {
     where
         K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
-        let labels = KindOnlyLabels { kind: self.kind.as_str() };
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+        let labels = KindOnlyLabels {
+            kind: self.kind.as_str(),
+        };
+        let mut stream = watcher::watcher(api, config)
+            .backoff(WatchBackoff::default())
+            .boxed();
         let mut relist: Option<Vec<Object>> = None;
         while let Some(item) = stream.next().await {
             let event = match item {
@@ -125,8 +163,14 @@ impl Watch {
                 Event::InitDone => {
                     let objects = relist.take().unwrap_or_default();
                     tracing::info!(kind = %self.kind, objects = objects.len(), "listed");
-                    let ok = self.events.send(SourceEvent::ReplaceKind(self.kind, objects)).is_ok();
-                    self.metrics.kube_last_sync.get_or_create(&labels).set(crate::clock::unix_now());
+                    let ok = self
+                        .events
+                        .send(SourceEvent::ReplaceKind(self.kind, objects))
+                        .is_ok();
+                    self.metrics
+                        .kube_last_sync
+                        .get_or_create(&labels)
+                        .set(crate::clock::unix_now());
                     if self.synced.mark(self.kind) {
                         tracing::info!("all watches listed; building the first snapshot");
                         let _ = self.events.send(SourceEvent::Synced);
@@ -134,13 +178,21 @@ impl Watch {
                     ok
                 }
                 Event::Apply(object) => {
-                    self.metrics.kube_last_sync.get_or_create(&labels).set(crate::clock::unix_now());
+                    self.metrics
+                        .kube_last_sync
+                        .get_or_create(&labels)
+                        .set(crate::clock::unix_now());
                     self.events.send(SourceEvent::Apply(wrap(object))).is_ok()
                 }
                 Event::Delete(object) => {
-                    self.metrics.kube_last_sync.get_or_create(&labels).set(crate::clock::unix_now());
+                    self.metrics
+                        .kube_last_sync
+                        .get_or_create(&labels)
+                        .set(crate::clock::unix_now());
                     let key = wrap(object).key();
-                    self.events.send(SourceEvent::Delete(self.kind, key)).is_ok()
+                    self.events
+                        .send(SourceEvent::Delete(self.kind, key))
+                        .is_ok()
                 }
             };
             if !sent {
@@ -150,33 +202,98 @@ impl Watch {
     }
 }
 
-/// Builds a client from `--kubeconfig`, else `KUBECONFIG` or `~/.kube/config`, else the
-/// in-cluster service account.
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> Result<Client, KubeError> {
-    let config = match kubeconfig {
-        // A KUBECONFIG list (a:b) is merged the way kubectl merges it.
-        Some(path) if path.to_string_lossy().contains(':') => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| KubeError::Config(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| KubeError::Config(e.to_string()))?
+/// How long a failed list or watch waits before it is retried: exponential from 200 ms to 10 s,
+/// with ±25% jitter so the replicas of a DaemonSet do not retry in step. kube-rs's default goes
+/// up to 30 s; 10 s keeps the time from an API server's return to fresh routes short, at five
+/// requests per replica per 10 s while it is away.
+#[derive(Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            next: BACKOFF_FIRST,
         }
-        None => kube::Config::infer().await.map_err(|e| KubeError::Config(e.to_string()))?,
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        Some(delay.mul_f64(0.75 + fastrand::f64() / 2.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = BACKOFF_FIRST;
+    }
+}
+
+/// Builds a client from `--kubeconfig`, else `KUBECONFIG` or `~/.kube/config`, else the
+/// in-cluster service account. `instance` goes into the User-Agent (`ingress/<version>
+/// (<instance>)`), so API server audit logs tell the replicas apart.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    instance: &str,
+) -> Result<Client, KubeError> {
+    let mut config = match kubeconfig {
+        // A KUBECONFIG list (a:b) is merged the way kubectl merges it.
+        Some(path) if path.to_string_lossy().contains(':') => kube::Config::infer()
+            .await
+            .map_err(|e| KubeError::Config(e.to_string()))?,
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| KubeError::Config(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| KubeError::Config(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| KubeError::Config(e.to_string()))?,
     };
+    let agent = format!("ingress/{} ({instance})", env!("CARGO_PKG_VERSION"));
+    let agent = http::HeaderValue::from_str(&agent).unwrap_or_else(|_| {
+        http::HeaderValue::from_static(concat!("ingress/", env!("CARGO_PKG_VERSION")))
+    });
+    config.headers.push((http::header::USER_AGENT, agent));
     Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
 }
 
 /// Lists every kind once into a store: what `ingress check` reads from a cluster.
-pub async fn list_once(kubeconfig: Option<&std::path::Path>, namespace: Option<&str>) -> Result<crate::store::Store, KubeError> {
+pub async fn list_once(
+    kubeconfig: Option<&std::path::Path>,
+    namespace: Option<&str>,
+) -> Result<crate::store::Store, KubeError> {
     use kube::api::ListParams;
-    let client = client(kubeconfig).await?;
+    let client = client(kubeconfig, "check").await?;
     let mut store = crate::store::Store::default();
-    async fn list<K>(api: Api<K>, params: &ListParams, wrap: fn(K) -> Object, store: &mut crate::store::Store) -> Result<(), KubeError>
+    async fn list<K>(
+        api: Api<K>,
+        params: &ListParams,
+        wrap: fn(K) -> Object,
+        store: &mut crate::store::Store,
+    ) -> Result<(), KubeError>
     where
         K: Resource + Clone + DeserializeOwned + Debug,
     {
-        for object in api.list(params).await.map_err(|e| KubeError::Client(e.to_string()))? {
+        for object in api
+            .list(params)
+            .await
+            .map_err(|e| KubeError::Client(e.to_string()))?
+        {
             store.apply(wrap(object));
         }
         Ok(())
@@ -191,10 +308,34 @@ pub async fn list_once(kubeconfig: Option<&std::path::Path>, namespace: Option<&
             }
         };
     }
-    list::<Ingress>(scoped!(), &all, |o| Object::Ingress(Arc::new(o)), &mut store).await?;
-    list::<IngressClass>(Api::all(client.clone()), &all, |o| Object::IngressClass(Arc::new(o)), &mut store).await?;
-    list::<Service>(scoped!(), &all, |o| Object::Service(Arc::new(o)), &mut store).await?;
-    list::<EndpointSlice>(scoped!(), &all, |o| Object::EndpointSlice(Arc::new(o)), &mut store).await?;
+    list::<Ingress>(
+        scoped!(),
+        &all,
+        |o| Object::Ingress(Arc::new(o)),
+        &mut store,
+    )
+    .await?;
+    list::<IngressClass>(
+        Api::all(client.clone()),
+        &all,
+        |o| Object::IngressClass(Arc::new(o)),
+        &mut store,
+    )
+    .await?;
+    list::<Service>(
+        scoped!(),
+        &all,
+        |o| Object::Service(Arc::new(o)),
+        &mut store,
+    )
+    .await?;
+    list::<EndpointSlice>(
+        scoped!(),
+        &all,
+        |o| Object::EndpointSlice(Arc::new(o)),
+        &mut store,
+    )
+    .await?;
     list::<Secret>(scoped!(), &tls, |o| Object::Secret(Arc::new(o)), &mut store).await?;
     Ok(store)
 }
@@ -220,6 +361,26 @@ mod tests {
         assert!(!t.mark(Kind::IngressClass));
         assert!(!t.mark(Kind::Secret));
         assert!(t.mark(Kind::EndpointSlice));
-        assert!(!t.mark(Kind::EndpointSlice), "a relist later does not sync again");
+        assert!(
+            !t.mark(Kind::EndpointSlice),
+            "a relist later does not sync again"
+        );
+    }
+
+    #[test]
+    fn backoff_grows_to_its_cap_and_resets() {
+        use kube::runtime::utils::Backoff;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = b.by_ref().take(12).collect();
+        let within =
+            |d: Duration, base: Duration| d >= base.mul_f64(0.75) && d <= base.mul_f64(1.25);
+        assert!(within(delays[0], BACKOFF_FIRST), "{delays:?}");
+        assert!(within(delays[1], BACKOFF_FIRST * 2), "{delays:?}");
+        assert!(
+            delays[6..].iter().all(|d| within(*d, BACKOFF_MAX)),
+            "{delays:?}"
+        );
+        b.reset();
+        assert!(within(b.next().unwrap(), BACKOFF_FIRST));
     }
 }
