@@ -1,0 +1,384 @@
+//! Ingress status and the Lease: `kubectl get ingress` shows the ADDRESS, only the Lease holder
+//! writes it, another instance takes over when the holder goes, and losing the Lease stops
+//! status writes and nothing else.
+
+mod kube_support;
+
+use std::time::Duration;
+
+use ingress_tests::client;
+use ingress_tests::manifests::{ingress, service};
+use ingress_tests::process::Ingress;
+use ingress_tests::upstream::Backend;
+use kube_support::{
+    CLASS, Cluster, TIMEOUT, eventually, metric, status_writes, tail, wait_ready, wait_routed, who,
+};
+
+const LEASE: &str = "ingress-controller-leader";
+
+async fn address_is(cluster: &Cluster, namespace: &str, name: &str, want: &str) {
+    eventually(
+        &format!("ADDRESS of {namespace}/{name} = {want:?}"),
+        TIMEOUT,
+        async || {
+            let got = cluster.address(namespace, name).await;
+            if got == want { Ok(()) } else { Err(got) }
+        },
+    )
+    .await;
+}
+
+async fn is_leader(proc: &Ingress) -> bool {
+    metric(proc, "ingress_leader", &[]).await == Some(1.0)
+}
+
+/// `--publish-address` lands in status and in the ADDRESS column of owned Ingresses only; it
+/// is written once (not on every rebuild), and restored if someone overwrites it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publish_address_in_kubectl_get_ingress() {
+    let web = Backend::start("web");
+    let cluster = Cluster::start().await;
+    let theirs = ingress(
+        "app",
+        "theirs",
+        &[("theirs.example.com", "/", "Prefix", "web")],
+    )
+    .replace("ingressClassName: ingress", "ingressClassName: other");
+    cluster
+        .apply(
+            &(CLASS.to_string()
+                + &service("app", "web", &[&web])
+                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])
+                + &theirs),
+        )
+        .await;
+    let proc = cluster
+        .ingress()
+        .args(["--publish-address", "203.0.113.7", "--pod-name", "solo"])
+        .start();
+    wait_ready(&proc).await;
+    address_is(&cluster, "app", "web", "203.0.113.7").await;
+    assert!(is_leader(&proc).await);
+    assert_eq!(cluster.lease_holder("default", LEASE).await, "solo");
+
+    // A new Ingress gets the address; rebuilds for unrelated changes write nothing again.
+    cluster
+        .apply(&ingress(
+            "app",
+            "second",
+            &[("second.example.com", "/", "Prefix", "web")],
+        ))
+        .await;
+    address_is(&cluster, "app", "second", "203.0.113.7").await;
+    let writes = status_writes(&cluster, "solo").len();
+    for i in 0..3 {
+        cluster
+            .apply(&service("app", &format!("unrelated-{i}"), &[&web]))
+            .await;
+    }
+    let http = client::http1();
+    cluster
+        .apply(&ingress(
+            "app",
+            "probe",
+            &[("probe.example.com", "/", "Prefix", "web")],
+        ))
+        .await;
+    wait_routed(&http, &proc, "probe.example.com", "web", TIMEOUT).await;
+    address_is(&cluster, "app", "probe", "203.0.113.7").await;
+    assert_eq!(
+        status_writes(&cluster, "solo").len(),
+        writes + 1,
+        "only the new Ingress was written"
+    );
+    assert_eq!(
+        cluster.address("app", "theirs").await,
+        "",
+        "another class's Ingress is left alone"
+    );
+    assert!(
+        status_writes(&cluster, "solo")
+            .iter()
+            .all(|r| !r.path.ends_with("/theirs/status"))
+    );
+
+    // Someone else overwrites the status: the leader puts it back.
+    cluster
+        .ok(&[
+            "patch",
+            "ingress",
+            "web",
+            "-n",
+            "app",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"loadBalancer":{"ingress":[{"ip":"192.0.2.99"}]}}}"#,
+        ])
+        .await;
+    address_is(&cluster, "app", "web", "203.0.113.7").await;
+    assert!(
+        metric(&proc, "ingress_status_updates_total", &[("result", "ok")])
+            .await
+            .unwrap_or(0.0)
+            >= 4.0
+    );
+}
+
+/// Without `--publish-address`, the address is the ExternalIP (else InternalIP) of the Node
+/// named by NODE_NAME, read through the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn node_address_from_node_name() {
+    let web = Backend::start("web");
+    let cluster = Cluster::start().await;
+    cluster
+        .apply(
+            &(CLASS.to_string()
+                + &service("app", "web", &[&web])
+                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
+        )
+        .await;
+    for (node, addresses) in [
+        (
+            "node-a",
+            r#"[{"type":"InternalIP","address":"10.1.2.3"},{"type":"ExternalIP","address":"198.51.100.4"},{"type":"Hostname","address":"node-a"}]"#,
+        ),
+        (
+            "node-b",
+            r#"[{"type":"Hostname","address":"node-b"},{"type":"InternalIP","address":"10.9.9.9"}]"#,
+        ),
+    ] {
+        cluster
+            .apply(&format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {node}}}\n"
+            ))
+            .await;
+        let patch = format!(r#"{{"status":{{"addresses":{addresses}}}}}"#);
+        cluster
+            .ok(&[
+                "patch",
+                "node",
+                node,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ])
+            .await;
+    }
+    let first = cluster
+        .ingress()
+        .env("NODE_NAME", "node-a")
+        .args(["--pod-name", "on-a", "--lease-duration", "2s"])
+        .start();
+    wait_ready(&first).await;
+    address_is(&cluster, "app", "web", "198.51.100.4").await;
+    let node_reads = cluster.controller_requests(|r| r.path.starts_with("/api/v1/nodes"));
+    assert!(
+        node_reads.len() == 1 && node_reads[0].path == "/api/v1/nodes/node-a",
+        "the node is read once: {node_reads:?}"
+    );
+    // The instance on the other node takes over when the first goes, and publishes its own
+    // node's InternalIP.
+    drop(first);
+    let second = cluster
+        .ingress()
+        .env("NODE_NAME", "node-b")
+        .args(["--pod-name", "on-b", "--lease-duration", "2s"])
+        .start();
+    wait_ready(&second).await;
+    address_is(&cluster, "app", "web", "10.9.9.9").await;
+}
+
+/// Two instances: only the Lease holder writes status (the request log says who PUTs); when it
+/// stops, the other takes over and writes its own address, and traffic never depended on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_the_lease_holder_writes_status() {
+    let web = Backend::start("web");
+    let cluster = Cluster::start().await;
+    cluster
+        .apply(
+            &(CLASS.to_string()
+                + &service("app", "web", &[&web])
+                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
+        )
+        .await;
+    let start = |name: &str, address: &str| {
+        cluster
+            .ingress()
+            .args([
+                "--pod-name",
+                name,
+                "--publish-address",
+                address,
+                "--lease-duration",
+                "2s",
+            ])
+            .start()
+    };
+    let mut one = Some(start("one", "192.0.2.1"));
+    let two = start("two", "192.0.2.2");
+    wait_ready(one.as_ref().unwrap()).await;
+    wait_ready(&two).await;
+    let leader = eventually("exactly one leader", TIMEOUT, async || {
+        match (
+            is_leader(one.as_ref().unwrap()).await,
+            is_leader(&two).await,
+        ) {
+            (true, false) => Ok("one"),
+            (false, true) => Ok("two"),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let (follower, follower_address) = if leader == "one" {
+        ("two", "192.0.2.2")
+    } else {
+        ("one", "192.0.2.1")
+    };
+    let leader_address = if leader == "one" {
+        "192.0.2.1"
+    } else {
+        "192.0.2.2"
+    };
+    address_is(&cluster, "app", "web", leader_address).await;
+    assert_eq!(cluster.lease_holder("default", LEASE).await, leader);
+    cluster
+        .apply(&ingress(
+            "app",
+            "more",
+            &[("more.example.com", "/", "Prefix", "web")],
+        ))
+        .await;
+    address_is(&cluster, "app", "more", leader_address).await;
+    // Both follow the API and both serve; only the leader writes.
+    let http = client::http1();
+    for proc in [one.as_ref().unwrap(), &two] {
+        wait_routed(&http, proc, "more.example.com", "web", TIMEOUT).await;
+    }
+    assert!(status_writes(&cluster, leader).len() >= 2);
+    assert!(
+        status_writes(&cluster, follower).is_empty(),
+        "the follower wrote status"
+    );
+
+    // The leader goes away (killed: no chance to release the Lease). The follower takes over
+    // after the Lease expires and writes its own address.
+    let (survivor, gone) = if leader == "one" {
+        (two, one.take())
+    } else {
+        (one.take().unwrap(), Some(two))
+    };
+    drop(gone);
+    eventually("the follower leads", TIMEOUT, async || {
+        if is_leader(&survivor).await {
+            Ok(())
+        } else {
+            Err(tail(&survivor.logs()))
+        }
+    })
+    .await;
+    assert_eq!(cluster.lease_holder("default", LEASE).await, follower);
+    address_is(&cluster, "app", "web", follower_address).await;
+    address_is(&cluster, "app", "more", follower_address).await;
+    assert!(!status_writes(&cluster, follower).is_empty());
+    assert_eq!(who(&http, &survivor, "web.example.com", "/").await, "web");
+}
+
+/// Someone else takes the Lease: our instance stops writing status at once but keeps serving
+/// and following changes; when the intruder's claim expires, it leads and writes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_lease_stops_status_writes_and_nothing_else() {
+    let web = Backend::start("web");
+    let cluster = Cluster::start().await;
+    cluster
+        .apply(
+            &(CLASS.to_string()
+                + &service("app", "web", &[&web])
+                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
+        )
+        .await;
+    let proc = cluster
+        .ingress()
+        .args([
+            "--pod-name",
+            "ours",
+            "--publish-address",
+            "192.0.2.10",
+            "--lease-duration",
+            "3s",
+        ])
+        .start();
+    wait_ready(&proc).await;
+    address_is(&cluster, "app", "web", "192.0.2.10").await;
+
+    // An intruder claims the Lease for 6 seconds from now.
+    let now = jiff::Timestamp::now().to_string();
+    let steal = format!(
+        r#"{{"spec":{{"holderIdentity":"intruder","leaseDurationSeconds":6,"renewTime":"{now}","acquireTime":"{now}"}}}}"#
+    );
+    cluster
+        .ok(&[
+            "patch",
+            "lease",
+            LEASE,
+            "-n",
+            "default",
+            "--type=merge",
+            "-p",
+            &steal,
+        ])
+        .await;
+    eventually("leadership lost", TIMEOUT, async || {
+        if is_leader(&proc).await {
+            Err("still leader".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let writes = status_writes(&cluster, "ours").len();
+    cluster
+        .ok(&[
+            "patch",
+            "ingress",
+            "web",
+            "-n",
+            "app",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"loadBalancer":{"ingress":[{"ip":"192.0.2.99"}]}}}"#,
+        ])
+        .await;
+    // Routing goes on: a new Ingress is served, but nobody writes its status.
+    cluster
+        .apply(&ingress(
+            "app",
+            "during",
+            &[("during.example.com", "/", "Prefix", "web")],
+        ))
+        .await;
+    let http = client::http1();
+    wait_routed(&http, &proc, "during.example.com", "web", TIMEOUT).await;
+    assert_eq!(cluster.address("app", "web").await, "192.0.2.99");
+    assert_eq!(cluster.address("app", "during").await, "");
+    assert_eq!(
+        status_writes(&cluster, "ours").len(),
+        writes,
+        "status written without the Lease"
+    );
+
+    // The intruder never renews: six seconds after its claim, plus our own wait, we lead again.
+    eventually("leadership regained", Duration::from_secs(30), async || {
+        if is_leader(&proc).await {
+            Ok(())
+        } else {
+            Err(tail(&proc.logs()))
+        }
+    })
+    .await;
+    assert_eq!(cluster.lease_holder("default", LEASE).await, "ours");
+    address_is(&cluster, "app", "web", "192.0.2.10").await;
+    address_is(&cluster, "app", "during", "192.0.2.10").await;
+}
