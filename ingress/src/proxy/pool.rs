@@ -33,7 +33,9 @@ use tokio::net::TcpStream;
 
 use super::upstream::UpstreamError;
 
-type Conn = http1::Connection<TokioIo<TcpStream>, Incoming>;
+/// Boxed: the connection's state is large, and a checked-out connection travels inside the
+/// response body, which is moved several times per request.
+type Conn = Box<http1::Connection<TokioIo<TcpStream>, Incoming>>;
 
 /// Where a pooled connection goes: an endpoint address, or a DNS name for ExternalName.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -52,7 +54,7 @@ impl std::fmt::Display for PoolKey {
 }
 
 pub struct Pool {
-    idle: Mutex<HashMap<PoolKey, Vec<Idle>>>,
+    idle: Mutex<HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>>,
     settings: PoolSettings,
 }
 
@@ -83,7 +85,7 @@ pub struct Checked {
 
 impl Pool {
     pub fn new(settings: PoolSettings) -> Arc<Self> {
-        Arc::new(Self { idle: Mutex::new(HashMap::new()), settings })
+        Arc::new(Self { idle: Mutex::new(HashMap::default()), settings })
     }
 
     /// Sends `req` to `key` and returns the response, whose body keeps the connection going. A
@@ -143,7 +145,7 @@ impl Pool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(UpstreamError::from_hyper)?;
-        Ok(Checked { sender, conn, key: key.clone(), pool: self.clone(), reused: false })
+        Ok(Checked { sender, conn: Box::new(conn), key: key.clone(), pool: self.clone(), reused: false })
     }
 
     async fn open(&self, key: &PoolKey) -> Result<TcpStream, UpstreamError> {

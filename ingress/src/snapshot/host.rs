@@ -96,14 +96,18 @@ pub fn request_host(authority: &str) -> Option<std::borrow::Cow<'_, str>> {
 /// Hosts to values, with the lookup order described at the top of this module.
 #[derive(Clone, Debug)]
 pub struct HostTable<T> {
-    exact: HashMap<Box<str>, T>,
-    wildcard: HashMap<Box<str>, T>,
+    exact: HashMap<Box<str>, T, Hasher>,
+    wildcard: HashMap<Box<str>, T, Hasher>,
     any: Option<T>,
 }
 
+/// Host lookups happen on every request; keys come from configuration, and a request can only
+/// probe them, so a fast seeded hash is enough.
+type Hasher = foldhash::fast::RandomState;
+
 impl<T> Default for HostTable<T> {
     fn default() -> Self {
-        Self { exact: HashMap::new(), wildcard: HashMap::new(), any: None }
+        Self { exact: HashMap::default(), wildcard: HashMap::default(), any: None }
     }
 }
 
