@@ -79,7 +79,10 @@ impl Admin {
                     let admin = admin.clone();
                     async move { Ok::<_, Infallible>(admin.answer(&req)) }
                 });
-                if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+                if let Err(err) = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
                     tracing::debug!(%err, "admin connection error");
                 }
             });
@@ -97,24 +100,38 @@ impl Admin {
                 self.metrics.ready.set(i64::from(reason.is_none()));
                 match reason {
                     None => text(StatusCode::OK, "ready\n".into()),
-                    Some(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                    Some(why) => text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("not ready: {why}\n"),
+                    ),
                 }
             }
             "/metrics" => {
-                self.metrics.ready.set(i64::from(self.health.not_ready(&self.published).is_none()));
-                self.metrics.refresh_certificates(&self.published.load(), crate::clock::unix_now());
+                self.metrics
+                    .ready
+                    .set(i64::from(self.health.not_ready(&self.published).is_none()));
+                self.metrics
+                    .refresh_certificates(&self.published.load(), crate::clock::unix_now());
                 let mut response = text(StatusCode::OK, self.metrics.encode());
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
-                    header::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                    header::HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
                 );
                 response
             }
             "/routes" => {
                 let snapshot = self.published.load_full();
-                text(StatusCode::OK, check::render_text(&check::report(&snapshot)))
+                text(
+                    StatusCode::OK,
+                    check::render_text(&check::report(&snapshot)),
+                )
             }
-            _ => text(StatusCode::NOT_FOUND, "not found: try /healthz /readyz /metrics /routes\n".into()),
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "not found: try /healthz /readyz /metrics /routes\n".into(),
+            ),
         }
     }
 }
@@ -122,8 +139,9 @@ impl Admin {
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }

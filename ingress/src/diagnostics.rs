@@ -116,13 +116,19 @@ pub enum Subject {
 
 impl Subject {
     pub fn object(kind: Kind, key: &ObjectKey) -> Self {
-        Subject::Object { kind, key: key.clone() }
+        Subject::Object {
+            kind,
+            key: key.clone(),
+        }
     }
 
     /// The Ingress an Event should be attached to, if this is about one.
     pub fn ingress(&self) -> Option<&ObjectKey> {
         match self {
-            Subject::Object { kind: Kind::Ingress, key } => Some(key),
+            Subject::Object {
+                kind: Kind::Ingress,
+                key,
+            } => Some(key),
             _ => None,
         }
     }
@@ -159,16 +165,33 @@ pub struct Diagnostic {
 
 impl Diagnostic {
     pub fn error(kind: DiagnosticKind, subject: Subject, message: impl Into<String>) -> Self {
-        Self { severity: Severity::Error, kind, subject, message: message.into() }
+        Self {
+            severity: Severity::Error,
+            kind,
+            subject,
+            message: message.into(),
+        }
     }
 
     pub fn warning(kind: DiagnosticKind, subject: Subject, message: impl Into<String>) -> Self {
-        Self { severity: Severity::Warning, kind, subject, message: message.into() }
+        Self {
+            severity: Severity::Warning,
+            kind,
+            subject,
+            message: message.into(),
+        }
     }
 }
 
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} {}: {}", self.severity.as_str(), self.kind, self.subject, self.message)
+        write!(
+            f,
+            "{} {} {}: {}",
+            self.severity.as_str(),
+            self.kind,
+            self.subject,
+            self.message
+        )
     }
 }

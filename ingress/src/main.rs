@@ -59,7 +59,10 @@ fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
             builder
         }
     };
-    let runtime = runtime.enable_all().build().context("cannot start the tokio runtime")?;
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
     runtime.block_on(ingress::run::run(args))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -74,8 +77,13 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let store = match args.source.manifests.as_deref() {
         Some(dir) => manifests::load_dir(dir),
         None => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            runtime.block_on(ingress::source::kube::list_once(args.source.kubeconfig.as_deref(), args.watch_namespace.as_deref()))?
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(ingress::source::kube::list_once(
+                args.source.kubeconfig.as_deref(),
+                args.watch_namespace.as_deref(),
+            ))?
         }
     };
     let settings = ingress::run::build_settings(&args.source, &args.tls)?;
@@ -85,5 +93,9 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         CheckOutput::Text => print!("{}", check::render_text(&report)),
         CheckOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
     }
-    Ok(if snapshot.has_errors() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if snapshot.has_errors() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

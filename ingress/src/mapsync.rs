@@ -28,8 +28,16 @@ pub struct MapSync {
 }
 
 impl MapSync {
-    pub fn new(gate: Arc<Gate>, unnamed: UnnamedPolicy, errors: prometheus_client::metrics::counter::Counter) -> Self {
-        Self { gate, unnamed, errors }
+    pub fn new(
+        gate: Arc<Gate>,
+        unnamed: UnnamedPolicy,
+        errors: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        Self {
+            gate,
+            unnamed,
+            errors,
+        }
     }
 
     fn sync(&self, policy: &HostPolicy) {
@@ -38,7 +46,12 @@ impl MapSync {
                 if !report.rejected.is_empty() {
                     tracing::warn!(names = ?report.rejected, "host names that cannot be kernel keys (they can never match a ClientHello)");
                 }
-                tracing::debug!(generation = policy.generation, upserted = report.upserted, removed = report.removed, "kernel host map synced");
+                tracing::debug!(
+                    generation = policy.generation,
+                    upserted = report.upserted,
+                    removed = report.removed,
+                    "kernel host map synced"
+                );
             }
             Err(err) => {
                 self.errors.inc();
@@ -81,7 +94,13 @@ pub fn kernel_policy(snapshot: &Snapshot, unnamed: &UnnamedPolicy) -> HostPolicy
                     HostAction::Terminate => KernelAction::Pass,
                     HostAction::Passthrough => KernelAction::Passthrough,
                 };
-                (name.clone(), HostRule { action, route_id: 0 })
+                (
+                    name.clone(),
+                    HostRule {
+                        action,
+                        route_id: 0,
+                    },
+                )
             })
             .collect(),
         catch_all: snapshot.sni.catch_all,
@@ -108,7 +127,9 @@ struct CounterLabels {
 
 impl Collector for KernelCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(Ok(counters)) = self.0.upgrade().map(|gate| gate.counters()) else { return Ok(()) };
+        let Some(Ok(counters)) = self.0.upgrade().map(|gate| gate.counters()) else {
+            return Ok(());
+        };
         let mut family = encoder.encode_descriptor(
             // The registry adds the `ingress_` prefix.
             "ebpf_gate",

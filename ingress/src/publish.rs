@@ -127,13 +127,21 @@ pub struct Pipeline {
 impl Pipeline {
     /// Runs the pipeline on a thread of its own: a snapshot build is CPU work that must not
     /// occupy a proxy worker, and it must not depend on how many workers there are.
-    pub fn spawn(self, events: mpsc::UnboundedReceiver<SourceEvent>) -> std::io::Result<std::thread::JoinHandle<()>> {
-        std::thread::Builder::new().name("snapshot-builder".into()).spawn(move || {
-            match tokio::runtime::Builder::new_current_thread().enable_time().build() {
-                Ok(runtime) => runtime.block_on(self.run(events)),
-                Err(err) => tracing::error!(%err, "cannot start the snapshot builder"),
-            }
-        })
+    pub fn spawn(
+        self,
+        events: mpsc::UnboundedReceiver<SourceEvent>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name("snapshot-builder".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(runtime) => runtime.block_on(self.run(events)),
+                    Err(err) => tracing::error!(%err, "cannot start the snapshot builder"),
+                }
+            })
     }
 
     pub async fn run(self, mut events: mpsc::UnboundedReceiver<SourceEvent>) {
@@ -215,8 +223,12 @@ fn log_diagnostic_changes(old: &[Diagnostic], new: &[Diagnostic]) {
     let new_set: BTreeSet<&Diagnostic> = new.iter().collect();
     for d in new_set.difference(&old) {
         match d.severity {
-            Severity::Error => tracing::error!(kind = %d.kind, subject = %d.subject, "{}", d.message),
-            Severity::Warning => tracing::warn!(kind = %d.kind, subject = %d.subject, "{}", d.message),
+            Severity::Error => {
+                tracing::error!(kind = %d.kind, subject = %d.subject, "{}", d.message)
+            }
+            Severity::Warning => {
+                tracing::warn!(kind = %d.kind, subject = %d.subject, "{}", d.message)
+            }
         }
     }
     for d in old.difference(&new_set) {

@@ -29,7 +29,10 @@ pub struct ObjectKey {
 
 impl ObjectKey {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 
@@ -110,11 +113,17 @@ where
 {
     let meta = obj.metadata();
     let namespace = if namespaced {
-        meta.namespace.clone().filter(|ns| !ns.is_empty()).unwrap_or_else(|| "default".into())
+        meta.namespace
+            .clone()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| "default".into())
     } else {
         String::new()
     };
-    ObjectKey { namespace, name: meta.name.clone().unwrap_or_default() }
+    ObjectKey {
+        namespace,
+        name: meta.name.clone().unwrap_or_default(),
+    }
 }
 
 /// The controller's view of the world. Cheap to clone: objects are shared.
@@ -135,13 +144,15 @@ impl Store {
         let key = object.key();
         match object {
             Object::Ingress(o) => self.ingresses.insert(key, o).map(Object::Ingress),
-            Object::IngressClass(o) => {
-                self.ingress_classes.insert(key, o).map(Object::IngressClass)
-            }
+            Object::IngressClass(o) => self
+                .ingress_classes
+                .insert(key, o)
+                .map(Object::IngressClass),
             Object::Service(o) => self.services.insert(key, o).map(Object::Service),
-            Object::EndpointSlice(o) => {
-                self.endpoint_slices.insert(key, o).map(Object::EndpointSlice)
-            }
+            Object::EndpointSlice(o) => self
+                .endpoint_slices
+                .insert(key, o)
+                .map(Object::EndpointSlice),
             Object::Secret(o) => self.secrets.insert(key, o).map(Object::Secret),
         }
     }
@@ -213,8 +224,14 @@ mod tests {
     fn apply_replace_delete() {
         let mut store = Store::default();
         assert!(store.apply(service(Some("a"), "web")).is_none());
-        assert!(store.apply(service(Some("a"), "web")).is_some(), "same key replaces");
-        assert!(store.apply(service(None, "web")).is_none(), "no namespace is default");
+        assert!(
+            store.apply(service(Some("a"), "web")).is_some(),
+            "same key replaces"
+        );
+        assert!(
+            store.apply(service(None, "web")).is_none(),
+            "no namespace is default"
+        );
         assert!(store.contains(Kind::Service, &ObjectKey::new("default", "web")));
         assert_eq!(store.len(), 2);
         assert!(store.delete(Kind::Service, &ObjectKey::new("a", "web")));

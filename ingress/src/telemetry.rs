@@ -11,7 +11,10 @@ use crate::cli::{LogArgs, LogFormat};
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
     #[error("invalid log filter {filter:?}: {source}")]
-    Filter { filter: String, source: tracing_subscriber::filter::ParseError },
+    Filter {
+        filter: String,
+        source: tracing_subscriber::filter::ParseError,
+    },
     #[error("a global logger is already installed")]
     AlreadyInstalled,
 }
@@ -19,12 +22,17 @@ pub enum TelemetryError {
 /// Installs the global subscriber. Keep the guard alive: dropping it flushes and stops the
 /// writer thread.
 pub fn init(args: &LogArgs) -> Result<WorkerGuard, TelemetryError> {
-    let mut filter = EnvFilter::try_new(&args.log_level)
-        .map_err(|source| TelemetryError::Filter { filter: args.log_level.clone(), source })?;
-    if !args.access_log {
-        filter = filter.add_directive("access=off".parse().map_err(|source| TelemetryError::Filter {
-            filter: "access=off".into(),
+    let mut filter =
+        EnvFilter::try_new(&args.log_level).map_err(|source| TelemetryError::Filter {
+            filter: args.log_level.clone(),
             source,
+        })?;
+    if !args.access_log {
+        filter = filter.add_directive("access=off".parse().map_err(|source| {
+            TelemetryError::Filter {
+                filter: "access=off".into(),
+                source,
+            }
         })?);
     }
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
@@ -33,10 +41,19 @@ pub fn init(args: &LogArgs) -> Result<WorkerGuard, TelemetryError> {
     let registry = tracing_subscriber::registry().with(filter);
     let result = match args.log_format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(writer)
+                    .with_ansi(false),
+            )
             .try_init(),
         LogFormat::Json => registry
-            .with(tracing_subscriber::fmt::layer().json().flatten_event(true).with_writer(writer))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(writer),
+            )
             .try_init(),
     };
     result.map_err(|_| TelemetryError::AlreadyInstalled)?;

@@ -19,14 +19,30 @@ pub fn blocking_get(addr: SocketAddr, path: &str, host: &str) -> (u16, String) {
     let attempt = || -> std::io::Result<(u16, String)> {
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw)?;
         let text = String::from_utf8_lossy(&raw).into_owned();
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-        Ok((status, if chunked { dechunk(body) } else { body.to_string() }))
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let chunked = head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        Ok((
+            status,
+            if chunked {
+                dechunk(body)
+            } else {
+                body.to_string()
+            },
+        ))
     };
     attempt().unwrap_or((0, String::new()))
 }
@@ -34,7 +50,9 @@ pub fn blocking_get(addr: SocketAddr, path: &str, host: &str) -> (u16, String) {
 fn dechunk(mut body: &str) -> String {
     let mut out = String::new();
     while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || rest.len() < n {
             break;
         }
@@ -47,18 +65,24 @@ fn dechunk(mut body: &str) -> String {
 /// Finds a sample in Prometheus text output: `name{labels…} value`, where every given label
 /// pair must be present.
 pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
-        let (series, value) = line.rsplit_once(' ')?;
-        let (metric, label_text) = match series.split_once('{') {
-            Some((m, rest)) => (m, rest.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        if metric != name {
-            return None;
-        }
-        let all = labels.iter().all(|(k, v)| label_text.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
-        if all { value.parse().ok() } else { None }
-    })
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (metric, label_text) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let all = labels.iter().all(|(k, v)| {
+                label_text
+                    .split(',')
+                    .any(|pair| pair == format!("{k}=\"{v}\""))
+            });
+            if all { value.parse().ok() } else { None }
+        })
 }
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -69,7 +93,9 @@ pub fn http1() -> HttpClient {
 
 /// HTTP/2 with prior knowledge (h2c), as `curl --http2-prior-knowledge` speaks it.
 pub fn h2c() -> HttpClient {
-    Client::builder(TokioExecutor::new()).http2_only(true).build(HttpConnector::new())
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new())
 }
 
 /// A response, fully read.
@@ -91,17 +117,24 @@ impl Reply {
     }
 
     pub fn backend(&self) -> String {
-        self.echo().map(|e| e.backend).unwrap_or_else(|| format!("<{}>", self.status.as_u16()))
+        self.echo()
+            .map(|e| e.backend)
+            .unwrap_or_else(|| format!("<{}>", self.status.as_u16()))
     }
 }
 
 /// GET `url` with a Host header; panics with context on transport errors.
 pub async fn get(client: &HttpClient, url: &str, host: &str) -> Reply {
-    try_get(client, url, host).await.unwrap_or_else(|e| panic!("GET {url} (host {host}): {e}"))
+    try_get(client, url, host)
+        .await
+        .unwrap_or_else(|e| panic!("GET {url} (host {host}): {e}"))
 }
 
 pub async fn try_get(client: &HttpClient, url: &str, host: &str) -> Result<Reply, String> {
-    let req = Request::get(url).header("host", host).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let req = Request::get(url)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
     send(client, req).await
 }
 
@@ -109,5 +142,9 @@ pub async fn send(client: &HttpClient, req: Request<Full<Bytes>>) -> Result<Repl
     let response = client.request(req).await.map_err(|e| format!("{e:?}"))?;
     let (parts, body) = response.into_parts();
     let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-    Ok(Reply { status: parts.status, headers: parts.headers, body })
+    Ok(Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
 }

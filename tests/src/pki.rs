@@ -39,26 +39,48 @@ impl Ca {
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.distinguished_name.push(DnType::CommonName, name);
         let cert = params.self_signed(&key).expect("CA cert");
-        Ca { pem: cert.pem(), issuer: Issuer::new(params, key) }
+        Ca {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
     }
 
     /// A leaf for `names`, valid now (or expired in 2021).
-    pub fn leaf(&self, common_name: &str, names: &[&str], kind: KeyKind, format: KeyFormat, expired: bool) -> Leaf {
+    pub fn leaf(
+        &self,
+        common_name: &str,
+        names: &[&str],
+        kind: KeyKind,
+        format: KeyFormat,
+        expired: bool,
+    ) -> Leaf {
         let alg = match kind {
             KeyKind::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
             KeyKind::Rsa2048 => &rcgen::PKCS_RSA_SHA256,
         };
         let key = KeyPair::generate_for(alg).expect("leaf key");
-        let mut params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("leaf params");
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        let mut params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("leaf params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = if expired { rcgen::date_time_ymd(2021, 1, 1) } else { rcgen::date_time_ymd(2099, 1, 1) };
+        params.not_after = if expired {
+            rcgen::date_time_ymd(2021, 1, 1)
+        } else {
+            rcgen::date_time_ymd(2099, 1, 1)
+        };
         let cert = params.signed_by(&key, &self.issuer).expect("sign leaf");
         let key_pem = match format {
             KeyFormat::Pkcs8 => key.serialize_pem(),
             KeyFormat::Traditional => openssl_traditional(&key.serialize_pem()),
         };
-        Leaf { chain: format!("{}{}", cert.pem(), self.pem), key: key_pem, common_name: common_name.into() }
+        Leaf {
+            chain: format!("{}{}", cert.pem(), self.pem),
+            key: key_pem,
+            common_name: common_name.into(),
+        }
     }
 
     /// A rustls client config trusting only this CA, offering `alpn`.
@@ -81,7 +103,9 @@ impl Ca {
 
 fn rustls_pki_types_certs(pem: &str) -> Vec<rustls::pki_types::CertificateDer<'static>> {
     use rustls::pki_types::pem::PemObject;
-    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<_, _>>().expect("CA pem")
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .expect("CA pem")
 }
 
 /// Converts a PKCS#8 key to the traditional format with the real `openssl`, as many operators'
@@ -93,7 +117,8 @@ fn openssl_traditional(pkcs8: &str) -> String {
         .stdout(Stdio::piped())
         .spawn()
         .expect("openssl runs");
-    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), pkcs8.as_bytes()).expect("write key");
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), pkcs8.as_bytes())
+        .expect("write key");
     let out = child.wait_with_output().expect("openssl finishes");
     assert!(out.status.success(), "openssl pkey -traditional failed");
     String::from_utf8(out.stdout).expect("pem is text")

@@ -9,7 +9,10 @@ use std::sync::Mutex;
 pub fn free_port() -> u16 {
     static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     loop {
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind :0");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind :0");
         let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
         if given.get_or_insert_with(HashSet::new).insert(port) {
             return port;

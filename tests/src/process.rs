@@ -19,14 +19,18 @@ pub fn binary() -> &'static Path {
             return PathBuf::from(path);
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("workspace root");
         let status = Command::new(cargo)
             .args(["build", "-q", "-p", "ingress", "--bin", "ingress"])
             .current_dir(workspace)
             .status()
             .expect("run cargo build for the ingress binary");
         assert!(status.success(), "building the ingress binary failed");
-        let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace.join("target"));
+        let target = std::env::var("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| workspace.join("target"));
         let bin = target.join("debug").join("ingress");
         assert!(bin.exists(), "{} missing after build", bin.display());
         bin
@@ -56,7 +60,13 @@ pub struct IngressBuilder {
 
 impl Ingress {
     pub fn builder() -> IngressBuilder {
-        IngressBuilder { manifests: None, ebpf: false, args: Vec::new(), env: Vec::new(), wait_ready: true }
+        IngressBuilder {
+            manifests: None,
+            ebpf: false,
+            args: Vec::new(),
+            env: Vec::new(),
+            wait_ready: true,
+        }
     }
 
     /// Starts on `dir` with default flags and waits until ready.
@@ -98,14 +108,20 @@ impl Ingress {
             if self.admin_get("/readyz").0 == 200 {
                 return;
             }
-            assert!(Instant::now() < deadline, "ingress not ready within {timeout:?}; logs:\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "ingress not ready within {timeout:?}; logs:\n{}",
+                self.logs()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let _ = Command::new("kill").args(["-TERM", &self.pid().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
     }
 
     /// Waits for exit, returning the exit code.
@@ -180,7 +196,10 @@ impl IngressBuilder {
         let pin_dir = self.ebpf.then(|| {
             static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            PathBuf::from(format!("/sys/fs/bpf/ingress-test-{}-{n}", std::process::id()))
+            PathBuf::from(format!(
+                "/sys/fs/bpf/ingress-test-{}-{n}",
+                std::process::id()
+            ))
         });
         match &pin_dir {
             Some(dir) => {
@@ -198,7 +217,12 @@ impl IngressBuilder {
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(std::fs::File::create(&log).expect("log file")))
-            .stderr(Stdio::from(std::fs::File::options().append(true).open(&log).expect("log file")));
+            .stderr(Stdio::from(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&log)
+                    .expect("log file"),
+            ));
         for (k, v) in &self.env {
             cmd.env(k, v);
         }

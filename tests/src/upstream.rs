@@ -75,7 +75,8 @@ impl Backend {
                     let name = name.clone();
                     let counter = counter.clone();
                     tokio::spawn(async move {
-                        let service = service_fn(move |req| handle(req, name.clone(), counter.clone()));
+                        let service =
+                            service_fn(move |req| handle(req, name.clone(), counter.clone()));
                         let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                             .serve_connection_with_upgrades(TokioIo::new(stream), service)
                             .await;
@@ -83,7 +84,14 @@ impl Backend {
                 }
             });
         });
-        Backend { name: name.to_string(), addr, served, accepted, stop: Some(stop_tx), thread: Some(thread) }
+        Backend {
+            name: name.to_string(),
+            addr,
+            served,
+            accepted,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
     }
 
     /// Requests answered so far.
@@ -108,7 +116,11 @@ impl Drop for Backend {
     }
 }
 
-async fn handle(mut req: Request<Incoming>, name: Arc<str>, served: Arc<AtomicUsize>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    mut req: Request<Incoming>,
+    name: Arc<str>,
+    served: Arc<AtomicUsize>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let query: BTreeMap<String, String> = req
         .uri()
         .query()
@@ -129,9 +141,16 @@ async fn handle(mut req: Request<Incoming>, name: Arc<str>, served: Arc<AtomicUs
         served.fetch_add(1, Ordering::Relaxed);
         let mut response = Response::new(Full::new(Bytes::new()));
         *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        let upgrade = req.headers().get(header::UPGRADE).cloned().unwrap_or(header::HeaderValue::from_static("echo"));
+        let upgrade = req
+            .headers()
+            .get(header::UPGRADE)
+            .cloned()
+            .unwrap_or(header::HeaderValue::from_static("echo"));
         response.headers_mut().insert(header::UPGRADE, upgrade);
-        response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("upgrade"));
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("upgrade"),
+        );
         return Ok(response);
     }
     let method = req.method().to_string();
@@ -139,15 +158,40 @@ async fn handle(mut req: Request<Incoming>, name: Arc<str>, served: Arc<AtomicUs
     let headers = req
         .headers()
         .iter()
-        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
-    let body_len = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
-    let echo = Echo { backend: name.to_string(), method, uri, headers, body_len };
+    let body_len = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes().len())
+        .unwrap_or(0);
+    let echo = Echo {
+        backend: name.to_string(),
+        method,
+        uri,
+        headers,
+        body_len,
+    };
     served.fetch_add(1, Ordering::Relaxed);
-    let mut response = Response::new(Full::new(Bytes::from(serde_json::to_vec(&echo).unwrap_or_default())));
-    if let Some(status) = query.get("status").and_then(|s| s.parse::<u16>().ok()).and_then(|s| StatusCode::from_u16(s).ok()) {
+    let mut response = Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(&echo).unwrap_or_default(),
+    )));
+    if let Some(status) = query
+        .get("status")
+        .and_then(|s| s.parse::<u16>().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+    {
         *response.status_mut() = status;
     }
-    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     Ok(response)
 }

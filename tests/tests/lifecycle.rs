@@ -16,69 +16,148 @@ use ingress_tests::upstream::Backend;
 fn admin_endpoints_and_metrics() {
     let web = Backend::start("web");
     let dir = Scratch::new("admin");
-    dir.write("a.yaml", &(service("t", "web", &[&web]) + &ingress("t", "web", &[("m.example.com", "/", "Prefix", "web")])));
+    dir.write(
+        "a.yaml",
+        &(service("t", "web", &[&web])
+            + &ingress("t", "web", &[("m.example.com", "/", "Prefix", "web")])),
+    );
     let ingress = Ingress::start(dir.path());
     assert_eq!(ingress.admin_get("/healthz"), (200, "ok\n".into()));
     assert_eq!(ingress.admin_get("/readyz").0, 200);
     for _ in 0..3 {
-        assert_eq!(ingress_tests::client::blocking_get(ingress.http, "/", "m.example.com").0, 200);
+        assert_eq!(
+            ingress_tests::client::blocking_get(ingress.http, "/", "m.example.com").0,
+            200
+        );
     }
-    assert_eq!(ingress_tests::client::blocking_get(ingress.http, "/", "none.example.com").0, 404);
+    assert_eq!(
+        ingress_tests::client::blocking_get(ingress.http, "/", "none.example.com").0,
+        404
+    );
     let metrics = ingress.metrics();
-    let value = |name: &str, labels: &[(&str, &str)]| ingress_tests::client::metric_value(&metrics, name, labels);
-    assert_eq!(value("ingress_requests_total", &[("ingress", "web"), ("service", "web"), ("status", "200")]), Some(3.0));
-    assert_eq!(value("ingress_requests_total", &[("ingress", ""), ("status", "404")]), Some(1.0));
-    assert_eq!(value("ingress_request_duration_seconds_count", &[("ingress", "web")]), Some(3.0));
+    let value = |name: &str, labels: &[(&str, &str)]| {
+        ingress_tests::client::metric_value(&metrics, name, labels)
+    };
+    assert_eq!(
+        value(
+            "ingress_requests_total",
+            &[("ingress", "web"), ("service", "web"), ("status", "200")]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        value(
+            "ingress_requests_total",
+            &[("ingress", ""), ("status", "404")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            "ingress_request_duration_seconds_count",
+            &[("ingress", "web")]
+        ),
+        Some(3.0)
+    );
     assert!(value("ingress_snapshot_generation", &[]).is_some_and(|g| g >= 1.0));
     assert!(value("ingress_snapshot_build_seconds_count", &[]).is_some_and(|n| n >= 1.0));
-    assert_eq!(value("ingress_config_errors", &[("kind", "ServiceNotFound"), ("severity", "error")]), Some(0.0));
+    assert_eq!(
+        value(
+            "ingress_config_errors",
+            &[("kind", "ServiceNotFound"), ("severity", "error")]
+        ),
+        Some(0.0)
+    );
     let routes = ingress.admin_get("/routes").1;
-    assert!(routes.contains("m.example.com") && routes.contains("t/web:80"), "{routes}");
+    assert!(
+        routes.contains("m.example.com") && routes.contains("t/web:80"),
+        "{routes}"
+    );
 }
 
 #[test]
 fn readiness_waits_for_the_first_snapshot_and_drops_on_sigterm() {
     let slow = Backend::start("slow");
     let dir = Scratch::new("drain");
-    dir.write("a.yaml", &(service("t", "slow", &[&slow]) + &ingress("t", "slow", &[("d.example.com", "/", "Prefix", "slow")])));
-    let mut ingress = Ingress::builder().manifests(dir.path()).args(["--drain-timeout", "5s"]).start();
+    dir.write(
+        "a.yaml",
+        &(service("t", "slow", &[&slow])
+            + &ingress("t", "slow", &[("d.example.com", "/", "Prefix", "slow")])),
+    );
+    let mut ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--drain-timeout", "5s"])
+        .start();
     let http = ingress.http;
-    let in_flight = std::thread::spawn(move || ingress_tests::client::blocking_get(http, "/?delay_ms=1500", "d.example.com"));
+    let in_flight = std::thread::spawn(move || {
+        ingress_tests::client::blocking_get(http, "/?delay_ms=1500", "d.example.com")
+    });
     std::thread::sleep(Duration::from_millis(300));
     ingress.terminate();
     let deadline = Instant::now() + Duration::from_secs(1);
     while ingress.admin_get("/readyz").0 == 200 {
-        assert!(Instant::now() < deadline, "readiness stayed true after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "readiness stayed true after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     std::thread::sleep(Duration::from_millis(100));
-    assert!(std::net::TcpStream::connect(http).is_err(), "still accepting after SIGTERM");
+    assert!(
+        std::net::TcpStream::connect(http).is_err(),
+        "still accepting after SIGTERM"
+    );
     let (status, body) = in_flight.join().unwrap();
     assert_eq!(status, 200, "in-flight request finished: {body}");
-    assert_eq!(ingress.wait_exit(Duration::from_secs(5)), Some(0), "logs:\n{}", ingress.logs());
+    assert_eq!(
+        ingress.wait_exit(Duration::from_secs(5)),
+        Some(0),
+        "logs:\n{}",
+        ingress.logs()
+    );
 }
 
 #[test]
 fn drain_timeout_bounds_shutdown() {
     let slow = Backend::start("slow");
     let dir = Scratch::new("drain-timeout");
-    dir.write("a.yaml", &(service("t", "slow", &[&slow]) + &ingress("t", "slow", &[("d.example.com", "/", "Prefix", "slow")])));
-    let mut ingress = Ingress::builder().manifests(dir.path()).args(["--drain-timeout", "300ms"]).start();
+    dir.write(
+        "a.yaml",
+        &(service("t", "slow", &[&slow])
+            + &ingress("t", "slow", &[("d.example.com", "/", "Prefix", "slow")])),
+    );
+    let mut ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--drain-timeout", "300ms"])
+        .start();
     let http = ingress.http;
-    let _stuck = std::thread::spawn(move || ingress_tests::client::blocking_get(http, "/?delay_ms=10000", "d.example.com"));
+    let _stuck = std::thread::spawn(move || {
+        ingress_tests::client::blocking_get(http, "/?delay_ms=10000", "d.example.com")
+    });
     std::thread::sleep(Duration::from_millis(200));
     let started = Instant::now();
     ingress.terminate();
     assert_eq!(ingress.wait_exit(Duration::from_secs(5)), Some(0));
-    assert!(started.elapsed() < Duration::from_secs(3), "exit took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "exit took {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
 fn bad_input_is_isolated_and_reported() {
     let web = Backend::start("web");
     let dir = Scratch::new("bad");
-    dir.write("good.yaml", &(service("t", "web", &[&web]) + &ingress("t", "good", &[("good.example.com", "/", "Prefix", "web")])));
-    dir.write("broken.yaml", "apiVersion: v1\nkind: Service\nmetadata: [this is not a map\n");
+    dir.write(
+        "good.yaml",
+        &(service("t", "web", &[&web])
+            + &ingress("t", "good", &[("good.example.com", "/", "Prefix", "web")])),
+    );
+    dir.write(
+        "broken.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: [this is not a map\n",
+    );
     dir.write(
         "bad-refs.yaml",
         &ingress(
@@ -92,28 +171,72 @@ fn bad_input_is_isolated_and_reported() {
         ),
     );
     let ingress = Ingress::start(dir.path());
-    assert_eq!(ingress_tests::client::blocking_get(ingress.http, "/", "good.example.com").0, 200);
-    assert_eq!(ingress_tests::client::blocking_get(ingress.http, "/ok", "bad.example.com").0, 200);
-    assert_eq!(ingress_tests::client::blocking_get(ingress.http, "/", "bad.example.com").0, 503);
+    assert_eq!(
+        ingress_tests::client::blocking_get(ingress.http, "/", "good.example.com").0,
+        200
+    );
+    assert_eq!(
+        ingress_tests::client::blocking_get(ingress.http, "/ok", "bad.example.com").0,
+        200
+    );
+    assert_eq!(
+        ingress_tests::client::blocking_get(ingress.http, "/", "bad.example.com").0,
+        503
+    );
     for kind in ["ManifestInvalid", "ServiceNotFound", "InvalidRegex"] {
-        assert_eq!(ingress.metric("ingress_config_errors", &[("kind", kind), ("severity", "error")]), Some(1.0), "{kind}");
+        assert_eq!(
+            ingress.metric(
+                "ingress_config_errors",
+                &[("kind", kind), ("severity", "error")]
+            ),
+            Some(1.0),
+            "{kind}"
+        );
     }
     let logs = ingress.logs();
     for needle in ["ServiceNotFound", "InvalidRegex", "ManifestInvalid"] {
         assert!(logs.contains(needle), "log mentions {needle}:\n{logs}");
     }
 
-    let out = Command::new(binary()).args(["check", "--manifests"]).arg(dir.path()).output().unwrap();
+    let out = Command::new(binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "check fails on errors:\n{text}");
-    for needle in ["good.example.com", "t/web:80", "127.0.0.1:", "ServiceNotFound", "InvalidRegex", "ManifestInvalid", "broken.yaml"] {
-        assert!(text.contains(needle), "check output mentions {needle}:\n{text}");
+    for needle in [
+        "good.example.com",
+        "t/web:80",
+        "127.0.0.1:",
+        "ServiceNotFound",
+        "InvalidRegex",
+        "ManifestInvalid",
+        "broken.yaml",
+    ] {
+        assert!(
+            text.contains(needle),
+            "check output mentions {needle}:\n{text}"
+        );
     }
     std::fs::remove_file(dir.path().join("broken.yaml")).unwrap();
     std::fs::remove_file(dir.path().join("bad-refs.yaml")).unwrap();
-    let out = Command::new(binary()).args(["check", "--manifests"]).arg(dir.path()).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
-    let out = Command::new(binary()).args(["check", "--output", "json", "--manifests"]).arg(dir.path()).output().unwrap();
+    let out = Command::new(binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = Command::new(binary())
+        .args(["check", "--output", "json", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json output");
     assert_eq!(json["routes"][0]["host"], "good.example.com");
 }
@@ -124,15 +247,25 @@ fn version_says_whether_ebpf_is_embedded() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.starts_with("ingress "), "{text}");
-    assert!(text.contains("eBPF object embedded") || text.contains("userspace-only build"), "{text}");
+    assert!(
+        text.contains("eBPF object embedded") || text.contains("userspace-only build"),
+        "{text}"
+    );
 }
 
 #[test]
 fn json_logs_and_one_access_line_per_request() {
     let web = Backend::start("web");
     let dir = Scratch::new("json");
-    dir.write("a.yaml", &(service("t", "web", &[&web]) + &ingress("t", "web", &[("j.example.com", "/", "Prefix", "web")])));
-    let ingress = Ingress::builder().manifests(dir.path()).args(["--log-format", "json"]).start();
+    dir.write(
+        "a.yaml",
+        &(service("t", "web", &[&web])
+            + &ingress("t", "web", &[("j.example.com", "/", "Prefix", "web")])),
+    );
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--log-format", "json"])
+        .start();
     for i in 0..5 {
         ingress_tests::client::blocking_get(ingress.http, &format!("/req-{i}"), "j.example.com");
     }
@@ -155,7 +288,9 @@ fn json_logs_and_one_access_line_per_request() {
 async fn live_reload_under_load_loses_nothing() {
     let (old, new) = (Backend::start("old"), Backend::start("new"));
     let dir = Scratch::new("reload");
-    let config = |b: &Backend| service("t", "web", &[b]) + &ingress("t", "web", &[("r.example.com", "/", "Prefix", "web")]);
+    let config = |b: &Backend| {
+        service("t", "web", &[b]) + &ingress("t", "web", &[("r.example.com", "/", "Prefix", "web")])
+    };
     dir.write("a.yaml", &config(&old));
     let ingress = Ingress::start(dir.path());
     let http = client::http1();
@@ -166,7 +301,8 @@ async fn live_reload_under_load_loses_nothing() {
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (http, url, failures, next) = (http.clone(), url.clone(), failures.clone(), next.clone());
+        let (http, url, failures, next) =
+            (http.clone(), url.clone(), failures.clone(), next.clone());
         workers.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             while next.fetch_add(1, Ordering::Relaxed) < total {
@@ -194,9 +330,18 @@ async fn live_reload_under_load_loses_nothing() {
     for w in workers {
         order.extend(w.await.unwrap());
     }
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "zero failed requests across the reload");
+    assert_eq!(
+        failures.load(Ordering::Relaxed),
+        0,
+        "zero failed requests across the reload"
+    );
     assert_eq!(order.len(), total);
-    assert!(old.served() > 0 && new.served() > 0, "old {} new {}", old.served(), new.served());
+    assert!(
+        old.served() > 0 && new.served() > 0,
+        "old {} new {}",
+        old.served(),
+        new.served()
+    );
     // After the change has settled, everything goes to the new backend.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = old.served();

@@ -16,7 +16,10 @@ use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
 fn one_route(dir: &Scratch, backend: &Backend, host: &str) {
-    dir.write("a.yaml", &(service("t", "web", &[backend]) + &ingress("t", "web", &[(host, "/", "Prefix", "web")])));
+    dir.write(
+        "a.yaml",
+        &(service("t", "web", &[backend]) + &ingress("t", "web", &[(host, "/", "Prefix", "web")])),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -42,14 +45,25 @@ async fn forwarding_headers_and_hop_by_hop() {
     let h = |name: &str| echo.headers.get(name).cloned();
     assert_eq!(echo.uri, "/x?y=1");
     assert_eq!(h("host").as_deref(), Some("h.example.com"));
-    assert_eq!(h("x-forwarded-for").as_deref(), Some("203.0.113.9, 127.0.0.1"));
+    assert_eq!(
+        h("x-forwarded-for").as_deref(),
+        Some("203.0.113.9, 127.0.0.1")
+    );
     assert_eq!(h("x-real-ip").as_deref(), Some("127.0.0.1"));
-    assert_eq!(h("x-forwarded-proto").as_deref(), Some("http"), "a client cannot claim https");
+    assert_eq!(
+        h("x-forwarded-proto").as_deref(),
+        Some("http"),
+        "a client cannot claim https"
+    );
     assert_eq!(h("x-forwarded-host").as_deref(), Some("h.example.com"));
     assert_eq!(h("x-forwarded-port"), Some(ingress.http.port().to_string()));
     assert_eq!(h("x-keep").as_deref(), Some("kept"));
     assert!(h("x-request-id").is_some_and(|id| id.len() == 32));
-    assert_eq!(h("x-drop-me"), None, "headers named in Connection are hop-by-hop");
+    assert_eq!(
+        h("x-drop-me"),
+        None,
+        "headers named in Connection are hop-by-hop"
+    );
     assert_eq!(h("proxy-authorization"), None);
 }
 
@@ -62,15 +76,28 @@ async fn http2_downstream() {
     // Speak h2c directly over a socket so :authority names the virtual host while the bytes go
     // to loopback, as a real client resolving h2.example.com to this node would.
     let stream = tokio::net::TcpStream::connect(ingress.http).await.unwrap();
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
     tokio::spawn(connection);
-    let req = Request::post("http://h2.example.com/upload").body(Full::new(Bytes::from(vec![7u8; 100_000]))).unwrap();
+    let req = Request::post("http://h2.example.com/upload")
+        .body(Full::new(Bytes::from(vec![7u8; 100_000])))
+        .unwrap();
     let response = sender.send_request(req).await.unwrap();
     assert_eq!(response.version(), http::Version::HTTP_2);
     let status = response.status();
-    let body = http_body_util::BodyExt::collect(response.into_body()).await.unwrap().to_bytes();
-    let reply = ingress_tests::client::Reply { status, headers: Default::default(), body };
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let reply = ingress_tests::client::Reply {
+        status,
+        headers: Default::default(),
+        body,
+    };
     assert_eq!(reply.status, 200, "{}", reply.text());
     let echo = reply.echo().unwrap();
     assert_eq!(echo.body_len, 100_000);
@@ -84,7 +111,9 @@ async fn websocket_upgrade_round_trips() {
     one_route(&dir, &web, "ws.example.com");
     let ingress = Ingress::start(dir.path());
     let mut stream = TcpStream::connect(ingress.http).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     write!(
         stream,
         "GET /chat HTTP/1.1\r\nHost: ws.example.com\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
@@ -99,7 +128,11 @@ async fn websocket_upgrade_round_trips() {
     let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: websocket"), "{head}");
-    for message in [&b"hello"[..], &[0u8, 255, 1, 254][..], &vec![b'x'; 50_000][..]] {
+    for message in [
+        &b"hello"[..],
+        &[0u8, 255, 1, 254][..],
+        &vec![b'x'; 50_000][..],
+    ] {
         stream.write_all(message).unwrap();
         let mut echoed = vec![0u8; message.len()];
         stream.read_exact(&mut echoed).unwrap();
@@ -128,7 +161,10 @@ async fn upstream_failures_map_to_status_codes() {
             ],
         );
     dir.write("a.yaml", &yaml);
-    let ingress = Ingress::builder().manifests(dir.path()).args(["--upstream-response-timeout", "300ms"]).start();
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--upstream-response-timeout", "300ms"])
+        .start();
     let http = client::http1();
     let status = |path: &'static str| {
         let http = http.clone();
@@ -138,12 +174,19 @@ async fn upstream_failures_map_to_status_codes() {
     assert_eq!(status("/slow?delay_ms=10").await, 200);
     let started = Instant::now();
     assert_eq!(status("/slow?delay_ms=2000").await, 504);
-    assert!(started.elapsed() < Duration::from_millis(1500), "timed out late: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "timed out late: {:?}",
+        started.elapsed()
+    );
     assert_eq!(status("/closed").await, 502);
     assert_eq!(status("/empty").await, 503);
     assert_eq!(status("/missing").await, 503);
     let logs = ingress.logs();
-    assert!(logs.contains("status=504") && logs.contains("status=502"), "access log records failures:\n{logs}");
+    assert!(
+        logs.contains("status=504") && logs.contains("status=502"),
+        "access log records failures:\n{logs}"
+    );
 }
 
 #[test]
@@ -153,27 +196,43 @@ fn slow_headers_time_out_and_huge_headers_are_refused() {
     one_route(&dir, &web, "l.example.com");
     let ingress = Ingress::builder()
         .manifests(dir.path())
-        .args(["--header-read-timeout", "300ms", "--max-header-size", "8192"])
+        .args([
+            "--header-read-timeout",
+            "300ms",
+            "--max-header-size",
+            "8192",
+        ])
         .start();
 
     // A client that never finishes its headers is cut off.
     let mut slow = TcpStream::connect(ingress.http).unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    slow.write_all(b"GET / HTTP/1.1\r\nHost: l.example.com\r\n").unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: l.example.com\r\n")
+        .unwrap();
     let started = Instant::now();
     let mut buf = Vec::new();
     let _ = slow.read_to_end(&mut buf);
     let waited = started.elapsed();
-    assert!(waited < Duration::from_secs(3), "slow client held the connection for {waited:?}");
+    assert!(
+        waited < Duration::from_secs(3),
+        "slow client held the connection for {waited:?}"
+    );
 
     // A head larger than the limit gets 431.
     let mut big = TcpStream::connect(ingress.http).unwrap();
     big.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let filler = "a".repeat(16 * 1024);
-    let _ = write!(big, "GET / HTTP/1.1\r\nHost: l.example.com\r\nX-Big: {filler}\r\n\r\n");
+    let _ = write!(
+        big,
+        "GET / HTTP/1.1\r\nHost: l.example.com\r\nX-Big: {filler}\r\n\r\n"
+    );
     let mut reply = String::new();
     let _ = big.read_to_string(&mut reply);
-    assert!(reply.starts_with("HTTP/1.1 431"), "got {:?}", reply.lines().next());
+    assert!(
+        reply.starts_with("HTTP/1.1 431"),
+        "got {:?}",
+        reply.lines().next()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -189,17 +248,26 @@ async fn upstream_connections_are_kept_alive_and_reused() {
     }
     // HEAD answers have no body to read to the end; the connection must still go back.
     for _ in 0..5 {
-        let req = Request::head(ingress.url("/")).header("host", "k.example.com").body(Full::new(Bytes::new())).unwrap();
+        let req = Request::head(ingress.url("/"))
+            .header("host", "k.example.com")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
         assert_eq!(send(&http, req).await.unwrap().status, 200);
     }
     assert_eq!(web.served(), 55);
-    assert_eq!(web.connections(), 1, "sequential requests share one upstream connection");
+    assert_eq!(
+        web.connections(),
+        1,
+        "sequential requests share one upstream connection"
+    );
 
     // Concurrent requests open more connections, which are then reused too.
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let (http, url) = (http.clone(), ingress.url("/?delay_ms=50"));
-        tasks.push(tokio::spawn(async move { get(&http, &url, "k.example.com").await.status }));
+        tasks.push(tokio::spawn(async move {
+            get(&http, &url, "k.example.com").await.status
+        }));
     }
     for t in tasks {
         assert_eq!(t.await.unwrap(), 200);
@@ -209,5 +277,9 @@ async fn upstream_connections_are_kept_alive_and_reused() {
     for _ in 0..20 {
         get(&http, &ingress.url("/"), "k.example.com").await;
     }
-    assert_eq!(web.connections(), after_burst, "no new connections once the pool is warm");
+    assert_eq!(
+        web.connections(),
+        after_burst,
+        "no new connections once the pool is warm"
+    );
 }

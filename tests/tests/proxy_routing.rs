@@ -11,7 +11,13 @@ use ingress_tests::upstream::Backend;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hosts_paths_and_precedence() {
-    let (a, b, c, d, e) = (Backend::start("a"), Backend::start("b"), Backend::start("c"), Backend::start("d"), Backend::start("e"));
+    let (a, b, c, d, e) = (
+        Backend::start("a"),
+        Backend::start("b"),
+        Backend::start("c"),
+        Backend::start("d"),
+        Backend::start("e"),
+    );
     let dir = Scratch::new("routing");
     let mut yaml = String::new();
     for (name, backend) in [("a", &a), ("b", &b), ("c", &c), ("d", &d), ("e", &e)] {
@@ -24,7 +30,12 @@ async fn hosts_paths_and_precedence() {
             ("foo.example.com", "/", "Prefix", "a"),
             ("foo.example.com", "/api", "Prefix", "b"),
             ("foo.example.com", "/api/exact", "Exact", "c"),
-            ("foo.example.com", "/api/v[0-9]+/items", "ImplementationSpecific", "d"),
+            (
+                "foo.example.com",
+                "/api/v[0-9]+/items",
+                "ImplementationSpecific",
+                "d",
+            ),
             ("*.wild.example.com", "/", "Prefix", "c"),
             ("", "/", "Prefix", "e"),
         ],
@@ -57,9 +68,15 @@ async fn hosts_paths_and_precedence() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn default_backend_and_404() {
-    let (fallback, hosted, web) = (Backend::start("fallback"), Backend::start("hosted"), Backend::start("web"));
+    let (fallback, hosted, web) = (
+        Backend::start("fallback"),
+        Backend::start("hosted"),
+        Backend::start("web"),
+    );
     let dir = Scratch::new("defaults");
-    let mut yaml = service("t", "fallback", &[&fallback]) + &service("t", "hosted", &[&hosted]) + &service("t", "web", &[&web]);
+    let mut yaml = service("t", "fallback", &[&fallback])
+        + &service("t", "hosted", &[&hosted])
+        + &service("t", "web", &[&web]);
     yaml += r#"
 ---
 apiVersion: networking.k8s.io/v1
@@ -77,12 +94,29 @@ spec:
     dir.write("a.yaml", &yaml);
     let ingress = Ingress::start(dir.path());
     let http = client::http1();
-    assert_eq!(get(&http, &ingress.url("/web/x"), "hosted.example.com").await.backend(), "web");
-    assert_eq!(get(&http, &ingress.url("/other"), "hosted.example.com").await.backend(), "hosted");
+    assert_eq!(
+        get(&http, &ingress.url("/web/x"), "hosted.example.com")
+            .await
+            .backend(),
+        "web"
+    );
+    assert_eq!(
+        get(&http, &ingress.url("/other"), "hosted.example.com")
+            .await
+            .backend(),
+        "hosted"
+    );
     let not_found = get(&http, &ingress.url("/"), "nobody.example.com").await;
     assert_eq!(not_found.status, 404);
-    assert!(not_found.body.len() < 64, "short 404 body: {}", not_found.text());
-    assert_eq!(not_found.headers.get("server").map(|v| v.as_bytes()), Some(&b"ingress"[..]));
+    assert!(
+        not_found.body.len() < 64,
+        "short 404 body: {}",
+        not_found.text()
+    );
+    assert_eq!(
+        not_found.headers.get("server").map(|v| v.as_bytes()),
+        Some(&b"ingress"[..])
+    );
 
     // An Ingress with only a defaultBackend catches every other host.
     dir.write(
@@ -96,7 +130,10 @@ spec:
             assert_eq!(reply.backend(), "fallback");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "catch-all never applied");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "catch-all never applied"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
@@ -128,9 +165,17 @@ spec: {controller: k8s.io/ingress-nginx}
     yaml += &one("by-class-object", "  ingressClassName: fast\n", "");
     yaml += &one("by-flag-name", "  ingressClassName: ingress\n", "");
     yaml += &one("by-default", "", "");
-    yaml += &one("by-legacy", "", "  annotations: {kubernetes.io/ingress.class: ingress}\n");
+    yaml += &one(
+        "by-legacy",
+        "",
+        "  annotations: {kubernetes.io/ingress.class: ingress}\n",
+    );
     yaml += &one("other-class", "  ingressClassName: nginx\n", "");
-    yaml += &one("other-legacy", "", "  annotations: {kubernetes.io/ingress.class: nginx}\n");
+    yaml += &one(
+        "other-legacy",
+        "",
+        "  annotations: {kubernetes.io/ingress.class: nginx}\n",
+    );
     dir.write("a.yaml", &yaml);
     let ingress = Ingress::start(dir.path());
     let http = client::http1();
@@ -187,8 +232,18 @@ spec:
     dir.write("a.yaml", &yaml);
     let ingress = Ingress::start(dir.path());
     let http = client::http1();
-    assert_eq!(get(&http, &ingress.url("/"), "app.example.com").await.backend(), "one");
-    assert_eq!(get(&http, &ingress.url("/metrics"), "app.example.com").await.backend(), "two");
+    assert_eq!(
+        get(&http, &ingress.url("/"), "app.example.com")
+            .await
+            .backend(),
+        "one"
+    );
+    assert_eq!(
+        get(&http, &ingress.url("/metrics"), "app.example.com")
+            .await
+            .backend(),
+        "two"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -196,14 +251,28 @@ async fn load_spreads_across_endpoints() {
     let backends: Vec<Backend> = (0..3).map(|i| Backend::start(&format!("b{i}"))).collect();
     let dir = Scratch::new("spread");
     let refs: Vec<&Backend> = backends.iter().collect();
-    dir.write("a.yaml", &(service("t", "web", &refs) + &ingress("t", "web", &[("spread.example.com", "/", "Prefix", "web")])));
+    dir.write(
+        "a.yaml",
+        &(service("t", "web", &refs)
+            + &ingress("t", "web", &[("spread.example.com", "/", "Prefix", "web")])),
+    );
     let ingress = Ingress::start(dir.path());
     let http = client::http1();
     for _ in 0..300 {
-        assert_eq!(get(&http, &ingress.url("/"), "spread.example.com").await.status, 200);
+        assert_eq!(
+            get(&http, &ingress.url("/"), "spread.example.com")
+                .await
+                .status,
+            200
+        );
     }
     for b in &backends {
-        assert!(b.served() >= 50, "{} served only {} of 300", b.name, b.served());
+        assert!(
+            b.served() >= 50,
+            "{} served only {} of 300",
+            b.name,
+            b.served()
+        );
     }
 }
 
@@ -213,7 +282,8 @@ async fn external_name_resolves_through_dns() {
     let dir = Scratch::new("extname");
     let yaml = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: ext, namespace: t}}\nspec: {{type: ExternalName, externalName: localhost}}\n{}",
-        ingress("t", "ext", &[("ext.example.com", "/", "Prefix", "ext")]).replace("number: 80", &format!("number: {}", web.addr.port()))
+        ingress("t", "ext", &[("ext.example.com", "/", "Prefix", "ext")])
+            .replace("number: 80", &format!("number: {}", web.addr.port()))
     );
     dir.write("a.yaml", &yaml);
     let ingress = Ingress::start(dir.path());
@@ -225,11 +295,23 @@ async fn external_name_resolves_through_dns() {
 fn curl_sees_routes_and_status_codes() {
     let web = Backend::start("curl-web");
     let dir = Scratch::new("curl");
-    dir.write("a.yaml", &(service("t", "web", &[&web]) + &ingress("t", "web", &[("curl.example.com", "/", "Prefix", "web")])));
+    dir.write(
+        "a.yaml",
+        &(service("t", "web", &[&web])
+            + &ingress("t", "web", &[("curl.example.com", "/", "Prefix", "web")])),
+    );
     let ingress = Ingress::start(dir.path());
     let curl = |host: &str, extra: &[&str]| -> String {
         let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code} %{http_version}", "-H", &format!("Host: {host}")])
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{http_version}",
+                "-H",
+                &format!("Host: {host}"),
+            ])
             .args(extra)
             .arg(ingress.url("/"))
             .output()
@@ -237,6 +319,9 @@ fn curl_sees_routes_and_status_codes() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(curl("curl.example.com", &[]), "200 1.1");
-    assert_eq!(curl("curl.example.com", &["--http2-prior-knowledge"]), "200 2");
+    assert_eq!(
+        curl("curl.example.com", &["--http2-prior-knowledge"]),
+        "200 2"
+    );
     assert_eq!(curl("nope.example.com", &[]), "404 1.1");
 }

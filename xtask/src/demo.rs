@@ -32,13 +32,21 @@ const BACKENDS: [(&str, u16); 3] = [("hello-1", 9101), ("hello-2", 9102), ("api-
 pub fn run(args: &Args) -> Result<()> {
     if !args.no_setup {
         if let Err(err) = crate::setup::run() {
-            eprintln!("setup failed ({err:#}); continuing, the build may fall back to userspace-only");
+            eprintln!(
+                "setup failed ({err:#}); continuing, the build may fall back to userspace-only"
+            );
         }
     }
-    let build = crate::build::Args { release: args.release, route: RouteArg { route: None } };
+    let build = crate::build::Args {
+        release: args.release,
+        route: RouteArg { route: None },
+    };
     let ws = Workspace::locate()?;
     let binary = match crate::build::run(&build) {
-        Ok(()) => ws.target_dir.join(if args.release { "release" } else { "debug" }).join("ingress"),
+        Ok(()) => ws
+            .target_dir
+            .join(if args.release { "release" } else { "debug" })
+            .join("ingress"),
         Err(err) => {
             eprintln!("building with eBPF failed ({err:#}); building the userspace-only binary");
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -48,11 +56,14 @@ pub fn run(args: &Args) -> Result<()> {
                 cmd.arg("--release");
             }
             anyhow::ensure!(cmd.status()?.success(), "cargo build -p ingress failed");
-            ws.target_dir.join(if args.release { "release" } else { "debug" }).join("ingress")
+            ws.target_dir
+                .join(if args.release { "release" } else { "debug" })
+                .join("ingress")
         }
     };
     for (name, port) in BACKENDS {
-        let listener = TcpListener::bind(("127.0.0.1", port)).with_context(|| format!("demo backend {name} on 127.0.0.1:{port}"))?;
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .with_context(|| format!("demo backend {name} on 127.0.0.1:{port}"))?;
         std::thread::spawn(move || serve(listener, name));
     }
     println!(
@@ -65,7 +76,16 @@ pub fn run(args: &Args) -> Result<()> {
     let status = Command::new(&binary)
         .arg("--manifests")
         .arg(ws.root.join("deploy").join("examples"))
-        .args(["--bind", "127.0.0.1", "--http-port", "8080", "--https-port", "8443", "--admin-port", "10254"])
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--http-port",
+            "8080",
+            "--https-port",
+            "8443",
+            "--admin-port",
+            "10254",
+        ])
         .status()
         .with_context(|| format!("running {}", binary.display()))?;
     anyhow::ensure!(status.success(), "ingress exited with {status}");
@@ -111,7 +131,11 @@ fn answer(stream: TcpStream, name: &str) -> std::io::Result<()> {
             "hello from {name}\nrequest: {}\nhost: {host}\nx-forwarded-for: {forwarded_for}\n",
             request_line.trim_end()
         );
-        write!(writer, "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}", body.len())?;
+        write!(
+            writer,
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
         if close {
             return Ok(());
         }

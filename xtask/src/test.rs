@@ -28,19 +28,33 @@ pub fn run(args: &Args) -> Result<()> {
         cmd.current_dir(&ws.root);
         cmd
     };
-    step("cargo fmt --check", cargo().args(["fmt", "--all", "--check"]))?;
-    step("clippy (host crates)", cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    step(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--check"]),
+    )?;
+    step(
+        "clippy (host crates)",
+        cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+    )?;
     match crate::clippy_ebpf::run(&RouteArg { route: None }) {
         Ok(()) => {}
         Err(err) if !ci => eprintln!("warning: clippy for the eBPF crate skipped: {err:#}"),
         Err(err) => return Err(err.context("clippy for the eBPF crate")),
     }
-    match crate::build::run(&crate::build::Args { release: false, route: RouteArg { route: None } }) {
+    match crate::build::run(&crate::build::Args {
+        release: false,
+        route: RouteArg { route: None },
+    }) {
         Ok(()) => {}
-        Err(err) if !ci => eprintln!("warning: no eBPF toolchain ({err:#}); kernel tests will report themselves skipped"),
+        Err(err) if !ci => eprintln!(
+            "warning: no eBPF toolchain ({err:#}); kernel tests will report themselves skipped"
+        ),
         Err(err) => return Err(err.context("building the eBPF object")),
     }
-    step("cargo test", cargo().arg("test").arg("--").args(&args.cargo_test_args))?;
+    step(
+        "cargo test",
+        cargo().arg("test").arg("--").args(&args.cargo_test_args),
+    )?;
     Ok(())
 }
 

@@ -34,7 +34,8 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 
 fn connection_has(headers: &HeaderMap, token: &str) -> bool {
     headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
     })
 }
 
@@ -44,7 +45,11 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // Most messages carry none of these; one pass over the names is cheaper than eight
     // hash lookups that find nothing.
-    if !keep_upgrade && !headers.keys().any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE) {
+    if !keep_upgrade
+        && !headers
+            .keys()
+            .any(|name| HOP_BY_HOP.contains(name) || name == header::UPGRADE)
+    {
         return;
     }
     let listed: Vec<HeaderName> = headers
@@ -80,8 +85,14 @@ pub struct ClientSide {
 
 impl ClientSide {
     pub fn new(client_ip: IpAddr, https: bool, port: u16) -> Self {
-        let value = |s: String| HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-        Self { client_ip: value(client_ip.to_string()), https, port: value(port.to_string()) }
+        let value = |s: String| {
+            HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+        };
+        Self {
+            client_ip: value(client_ip.to_string()),
+            https,
+            port: value(port.to_string()),
+        }
     }
 }
 
@@ -136,7 +147,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
@@ -150,12 +164,55 @@ mod tests {
     #[test]
     fn hop_by_hop_table() {
         let cases: &[(&[(&str, &str)], bool, &[&str])] = &[
-            (&[("connection", "keep-alive"), ("keep-alive", "timeout=5"), ("accept", "*/*")], false, &["accept"]),
-            (&[("connection", "x-secret, close"), ("x-secret", "1"), ("x-other", "2")], false, &["x-other"]),
-            (&[("te", "trailers"), ("trailer", "x"), ("transfer-encoding", "chunked")], false, &[]),
-            (&[("proxy-authorization", "basic x"), ("proxy-connection", "keep-alive")], false, &[]),
-            (&[("upgrade", "websocket"), ("connection", "Upgrade")], false, &[]),
-            (&[("upgrade", "websocket"), ("connection", "Upgrade"), ("sec-websocket-key", "k")], true, &["connection", "sec-websocket-key", "upgrade"]),
+            (
+                &[
+                    ("connection", "keep-alive"),
+                    ("keep-alive", "timeout=5"),
+                    ("accept", "*/*"),
+                ],
+                false,
+                &["accept"],
+            ),
+            (
+                &[
+                    ("connection", "x-secret, close"),
+                    ("x-secret", "1"),
+                    ("x-other", "2"),
+                ],
+                false,
+                &["x-other"],
+            ),
+            (
+                &[
+                    ("te", "trailers"),
+                    ("trailer", "x"),
+                    ("transfer-encoding", "chunked"),
+                ],
+                false,
+                &[],
+            ),
+            (
+                &[
+                    ("proxy-authorization", "basic x"),
+                    ("proxy-connection", "keep-alive"),
+                ],
+                false,
+                &[],
+            ),
+            (
+                &[("upgrade", "websocket"), ("connection", "Upgrade")],
+                false,
+                &[],
+            ),
+            (
+                &[
+                    ("upgrade", "websocket"),
+                    ("connection", "Upgrade"),
+                    ("sec-websocket-key", "k"),
+                ],
+                true,
+                &["connection", "sec-websocket-key", "upgrade"],
+            ),
         ];
         for (input, keep_upgrade, want) in cases {
             let mut h = headers(input);
@@ -166,7 +223,10 @@ mod tests {
 
     #[test]
     fn upgrade_detection() {
-        assert!(is_upgrade(&headers(&[("upgrade", "websocket"), ("connection", "keep-alive, Upgrade")])));
+        assert!(is_upgrade(&headers(&[
+            ("upgrade", "websocket"),
+            ("connection", "keep-alive, Upgrade")
+        ])));
         assert!(!is_upgrade(&headers(&[("upgrade", "websocket")])));
         assert!(!is_upgrade(&headers(&[("connection", "upgrade")])));
     }
@@ -177,21 +237,54 @@ mod tests {
         let plain = ClientSide::new(ip, false, 80);
         let tls = ClientSide::new(ip, true, 443);
         let host = HeaderValue::from_static("shop.example.com:8080");
-        let cases: &[(&[(&str, &str)], &ClientSide, Option<&HeaderValue>, &[(&str, &str)])] = &[
-            (&[], &plain, Some(&host), &[
-                ("x-forwarded-for", "192.0.2.7"), ("x-real-ip", "192.0.2.7"), ("x-forwarded-proto", "http"),
-                ("x-forwarded-host", "shop.example.com:8080"), ("x-forwarded-port", "80"), ("x-forwarded-scheme", "http"),
-            ]),
-            (&[("x-forwarded-for", "10.0.0.1")], &plain, Some(&host), &[("x-forwarded-for", "10.0.0.1, 192.0.2.7")]),
-            (&[("x-forwarded-proto", "https"), ("x-real-ip", "1.1.1.1")], &plain, Some(&host), &[("x-forwarded-proto", "http"), ("x-real-ip", "192.0.2.7")]),
-            (&[], &tls, Some(&host), &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")]),
+        let cases: &[(
+            &[(&str, &str)],
+            &ClientSide,
+            Option<&HeaderValue>,
+            &[(&str, &str)],
+        )] = &[
+            (
+                &[],
+                &plain,
+                Some(&host),
+                &[
+                    ("x-forwarded-for", "192.0.2.7"),
+                    ("x-real-ip", "192.0.2.7"),
+                    ("x-forwarded-proto", "http"),
+                    ("x-forwarded-host", "shop.example.com:8080"),
+                    ("x-forwarded-port", "80"),
+                    ("x-forwarded-scheme", "http"),
+                ],
+            ),
+            (
+                &[("x-forwarded-for", "10.0.0.1")],
+                &plain,
+                Some(&host),
+                &[("x-forwarded-for", "10.0.0.1, 192.0.2.7")],
+            ),
+            (
+                &[("x-forwarded-proto", "https"), ("x-real-ip", "1.1.1.1")],
+                &plain,
+                Some(&host),
+                &[("x-forwarded-proto", "http"), ("x-real-ip", "192.0.2.7")],
+            ),
+            (
+                &[],
+                &tls,
+                Some(&host),
+                &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")],
+            ),
             (&[("x-forwarded-host", "evil")], &plain, None, &[]),
         ];
         for (input, client, host, want) in cases {
             let mut h = headers(input);
             add_forwarding(&mut h, client, *host);
             for (k, v) in *want {
-                assert_eq!(h.get(*k).and_then(|v| v.to_str().ok()), Some(*v), "{input:?} {k}");
+                assert_eq!(
+                    h.get(*k).and_then(|v| v.to_str().ok()),
+                    Some(*v),
+                    "{input:?} {k}"
+                );
             }
             if host.is_none() {
                 assert!(h.get("x-forwarded-host").is_none());

@@ -45,7 +45,11 @@ pub fn http_server(settings: &HttpSettings) -> auto::Builder<TokioExecutor> {
 pub trait Handshake: Send + Sync + 'static {
     type Io: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static;
     /// `None` closes the connection (the reason is logged and counted by the implementation).
-    fn handshake(&self, stream: TcpStream, conn: ConnInfo) -> impl Future<Output = Option<(Self::Io, ConnInfo)>> + Send;
+    fn handshake(
+        &self,
+        stream: TcpStream,
+        conn: ConnInfo,
+    ) -> impl Future<Output = Option<(Self::Io, ConnInfo)>> + Send;
 }
 
 /// Plain HTTP: nothing to do.
@@ -75,8 +79,14 @@ impl<H: Handshake> Listener<H> {
         drain_timeout: Duration,
     ) {
         let graceful = GracefulShutdown::new();
-        let labels = ListenerLabels { listener: self.name };
-        let local_port = self.listener.local_addr().map(|a| a.port()).unwrap_or_default();
+        let labels = ListenerLabels {
+            listener: self.name,
+        };
+        let local_port = self
+            .listener
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or_default();
         loop {
             let (stream, peer) = tokio::select! {
                 () = stop.cancelled() => break,
@@ -112,9 +122,19 @@ impl<H: Handshake> Listener<H> {
             });
         }
         drop(self.listener);
-        tracing::info!(listener = self.name, "stopped accepting; draining open connections");
-        if tokio::time::timeout(drain_timeout, graceful.shutdown()).await.is_err() {
-            tracing::warn!(listener = self.name, ?drain_timeout, "drain timeout reached; closing remaining connections");
+        tracing::info!(
+            listener = self.name,
+            "stopped accepting; draining open connections"
+        );
+        if tokio::time::timeout(drain_timeout, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                listener = self.name,
+                ?drain_timeout,
+                "drain timeout reached; closing remaining connections"
+            );
         }
     }
 }

@@ -65,7 +65,13 @@ pub struct ConnInfo {
 
 impl ConnInfo {
     pub fn new(peer: SocketAddr, local_port: u16, https: bool) -> Self {
-        Self { peer, local_port, https, sni: None, client: ClientSide::new(peer.ip(), https, local_port) }
+        Self {
+            peer,
+            local_port,
+            https,
+            sni: None,
+            client: ClientSide::new(peer.ip(), https, local_port),
+        }
     }
 }
 
@@ -85,7 +91,10 @@ struct Outcome {
 }
 
 impl Outcome {
-    const LOCAL: Outcome = Outcome { upstream: None, error: None };
+    const LOCAL: Outcome = Outcome {
+        upstream: None,
+        error: None,
+    };
 }
 
 impl Proxy {
@@ -95,20 +104,37 @@ impl Proxy {
             idle_timeout: Duration::from_secs(55),
             max_idle_per_endpoint: 256,
         });
-        Self { published, pool, metrics, settings }
+        Self {
+            published,
+            pool,
+            metrics,
+            settings,
+        }
     }
 
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: Arc<ConnInfo>) -> Result<Response<ProxyBody>, Infallible> {
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        conn: Arc<ConnInfo>,
+    ) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
         let client_version = req.version();
         let authority = request_authority(&req);
-        let host = authority.as_ref().and_then(|a| a.to_str().ok()).and_then(request_host);
+        let host = authority
+            .as_ref()
+            .and_then(|a| a.to_str().ok())
+            .and_then(request_host);
         let route = {
             let snapshot = self.published.load();
-            snapshot.route(host.as_deref(), &normalize(req.uri().path())).cloned()
+            snapshot
+                .route(host.as_deref(), &normalize(req.uri().path()))
+                .cloned()
         };
         // Only what the access log needs survives the request being moved upstream.
-        let logged = self.settings.access_log.then(|| (req.method().clone(), req.uri().clone()));
+        let logged = self
+            .settings
+            .access_log
+            .then(|| (req.method().clone(), req.uri().clone()));
         let (mut response, outcome) = match &route {
             None => (respond::status(StatusCode::NOT_FOUND), Outcome::LOCAL),
             Some(route) => match self.redirect(route, &conn, host.as_deref(), req.uri()) {
@@ -116,15 +142,21 @@ impl Proxy {
                 None => self.forward(req, route, authority.as_ref(), &conn).await,
             },
         };
-        response.headers_mut().insert(header::SERVER, SERVER.clone());
+        response
+            .headers_mut()
+            .insert(header::SERVER, SERVER.clone());
         if let (true, Some(hsts)) = (conn.https, &self.settings.hsts) {
-            response.headers_mut().entry(header::STRICT_TRANSPORT_SECURITY).or_insert_with(|| hsts.clone());
+            response
+                .headers_mut()
+                .entry(header::STRICT_TRANSPORT_SECURITY)
+                .or_insert_with(|| hsts.clone());
         }
         // The upstream may speak HTTP/1.0; the client gets the version it asked with.
         *response.version_mut() = client_version;
         let elapsed = started.elapsed();
         let status = response.status();
-        self.metrics.observe_request(route.as_deref(), status.as_u16(), elapsed);
+        self.metrics
+            .observe_request(route.as_deref(), status.as_u16(), elapsed);
         if let Some((method, uri)) = logged {
             tracing::info!(
                 target: "access",
@@ -145,7 +177,13 @@ impl Proxy {
     }
 
     /// HTTP to HTTPS redirects (`ssl-redirect`, `force-ssl-redirect`).
-    fn redirect(&self, route: &Route, conn: &ConnInfo, host: Option<&str>, uri: &Uri) -> Option<Response<ProxyBody>> {
+    fn redirect(
+        &self,
+        route: &Route,
+        conn: &ConnInfo,
+        host: Option<&str>,
+        uri: &Uri,
+    ) -> Option<Response<ProxyBody>> {
         if conn.https || !route.redirects_to_https() {
             return None;
         }
@@ -166,14 +204,22 @@ impl Proxy {
         conn: &ConnInfo,
     ) -> (Response<ProxyBody>, Outcome) {
         let fail = |error: UpstreamError, upstream: Option<PoolKey>| {
-            (respond::status(error.status()), Outcome { upstream, error: Some(error) })
+            (
+                respond::status(error.status()),
+                Outcome {
+                    upstream,
+                    error: Some(error),
+                },
+            )
         };
         let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => match route.backend.pick() {
                 Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
                 None => return fail(UpstreamError::NoEndpoints, None),
             },
-            Target::ExternalName { host, port } => (PoolKey::Name(host.as_str().into(), *port), None),
+            Target::ExternalName { host, port } => {
+                (PoolKey::Name(host.as_str().into(), *port), None)
+            }
             Target::Unavailable => return fail(UpstreamError::NoEndpoints, None),
         };
 
@@ -190,18 +236,28 @@ impl Proxy {
             }
         }
         // The upstream is spoken to in origin form; the Host header names the virtual host.
-        let origin = parts.uri.path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let origin = parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         parts.uri = Uri::from(origin);
         parts.version = Version::HTTP_11;
         let upstream_req = Request::from_parts(parts, body);
 
-        let timeout = route.options.read_timeout.unwrap_or(self.settings.response_timeout);
+        let timeout = route
+            .options
+            .read_timeout
+            .unwrap_or(self.settings.response_timeout);
         if let Some(client_upgrade) = client_upgrade {
-            let mut response = match tokio::time::timeout(timeout, self.pool.send_upgrade(&key, upstream_req)).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(err)) => return fail(err, Some(key)),
-                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
-            };
+            let mut response =
+                match tokio::time::timeout(timeout, self.pool.send_upgrade(&key, upstream_req))
+                    .await
+                {
+                    Ok(Ok(response)) => response,
+                    Ok(Err(err)) => return fail(err, Some(key)),
+                    Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+                };
             let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
             if switching {
                 let upstream_upgrade = hyper::upgrade::on(&mut response);
@@ -210,17 +266,30 @@ impl Proxy {
             forward::strip_hop_by_hop(response.headers_mut(), switching);
             // An upgrade answer carries no body; a refusal's body is dropped with its connection.
             let response = response.map(|_| Either::Right(Full::new(Bytes::new())));
-            return (response, Outcome { upstream: Some(key), error: None });
+            return (
+                response,
+                Outcome {
+                    upstream: Some(key),
+                    error: None,
+                },
+            );
         }
-        let mut response = match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(err)) => return fail(err, Some(key)),
-            Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
-        };
+        let mut response =
+            match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(err)) => return fail(err, Some(key)),
+                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+            };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_hop_by_hop(response.headers_mut(), false);
-        (response.map(Either::Left), Outcome { upstream: Some(key), error: None })
+        (
+            response.map(Either::Left),
+            Outcome {
+                upstream: Some(key),
+                error: None,
+            },
+        )
     }
 }
 
@@ -240,7 +309,11 @@ fn request_authority(req: &Request<Incoming>) -> Option<HeaderValue> {
 }
 
 /// Copies bytes both ways once client and upstream have both switched protocols.
-async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade, in_flight: Option<crate::snapshot::backend::InFlight>) {
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    in_flight: Option<crate::snapshot::backend::InFlight>,
+) {
     let (client, upstream) = match tokio::try_join!(client, upstream) {
         Ok(pair) => pair,
         Err(err) => {

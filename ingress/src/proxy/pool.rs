@@ -85,22 +85,37 @@ pub struct Checked {
 
 impl Pool {
     pub fn new(settings: PoolSettings) -> Arc<Self> {
-        Arc::new(Self { idle: Mutex::new(HashMap::default()), settings })
+        Arc::new(Self {
+            idle: Mutex::new(HashMap::default()),
+            settings,
+        })
     }
 
     /// Sends `req` to `key` and returns the response, whose body keeps the connection going. A
     /// request that a reused connection could not even start is retried once on a new one.
-    pub async fn send(self: &Arc<Self>, key: PoolKey, req: Request<Incoming>) -> Result<Response<UpstreamBody>, UpstreamError> {
+    pub async fn send(
+        self: &Arc<Self>,
+        key: PoolKey,
+        req: Request<Incoming>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let mut checked = self.checkout(&key).await?;
         let outcome = checked.send(req).await;
         match outcome {
-            Ok(response) => Ok(response.map(|body| UpstreamBody { body, checked: Some(checked), done: false })),
+            Ok(response) => Ok(response.map(|body| UpstreamBody {
+                body,
+                checked: Some(checked),
+                done: false,
+            })),
             Err(mut err) if checked.reused => match err.take_message() {
                 Some(req) => {
                     drop(checked);
                     let mut fresh = self.connect(&key).await?;
                     match fresh.send(req).await {
-                        Ok(response) => Ok(response.map(|body| UpstreamBody { body, checked: Some(fresh), done: false })),
+                        Ok(response) => Ok(response.map(|body| UpstreamBody {
+                            body,
+                            checked: Some(fresh),
+                            done: false,
+                        })),
                         Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
                     }
                 }
@@ -112,23 +127,41 @@ impl Pool {
 
     /// For protocol upgrades: a fresh connection driven by its own task, so the upgraded stream
     /// outlives the request.
-    pub async fn send_upgrade(&self, key: &PoolKey, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send_upgrade(
+        &self,
+        key: &PoolKey,
+        req: Request<Incoming>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let stream = self.open(key).await?;
-        let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await.map_err(UpstreamError::from_hyper)?;
+        let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::from_hyper)?;
         tokio::spawn(async move {
             if let Err(err) = conn.with_upgrades().await {
                 tracing::debug!(%err, "upgraded upstream connection ended");
             }
         });
-        sender.send_request(req).await.map_err(UpstreamError::from_hyper)
+        sender
+            .send_request(req)
+            .await
+            .map_err(UpstreamError::from_hyper)
     }
 
     async fn checkout(self: &Arc<Self>, key: &PoolKey) -> Result<Checked, UpstreamError> {
         while let Some(mut idle) = self.pop(key) {
             // Let the connection notice a close that arrived while it sat idle.
             let closed = (&mut idle.conn).now_or_never().is_some();
-            if !closed && idle.sender.is_ready() && idle.since.elapsed() < self.settings.idle_timeout {
-                return Ok(Checked { sender: idle.sender, conn: idle.conn, key: key.clone(), pool: self.clone(), reused: true });
+            if !closed
+                && idle.sender.is_ready()
+                && idle.since.elapsed() < self.settings.idle_timeout
+            {
+                return Ok(Checked {
+                    sender: idle.sender,
+                    conn: idle.conn,
+                    key: key.clone(),
+                    pool: self.clone(),
+                    reused: true,
+                });
             }
         }
         self.connect(key).await
@@ -145,7 +178,13 @@ impl Pool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(UpstreamError::from_hyper)?;
-        Ok(Checked { sender, conn: Box::new(conn), key: key.clone(), pool: self.clone(), reused: false })
+        Ok(Checked {
+            sender,
+            conn: Box::new(conn),
+            key: key.clone(),
+            pool: self.clone(),
+            reused: false,
+        })
     }
 
     async fn open(&self, key: &PoolKey) -> Result<TcpStream, UpstreamError> {
@@ -159,27 +198,41 @@ impl Pool {
             let _ = stream.set_nodelay(true);
             Ok(stream)
         };
-        tokio::time::timeout(self.settings.connect_timeout, connect).await.map_err(|_| UpstreamError::ConnectTimeout)?
+        tokio::time::timeout(self.settings.connect_timeout, connect)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout)?
     }
 
     fn checkin(&self, checked: Checked) {
-        let Checked { sender, conn, key, .. } = checked;
+        let Checked {
+            sender, conn, key, ..
+        } = checked;
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(key).or_default();
         if list.len() < self.settings.max_idle_per_endpoint {
-            list.push(Idle { sender, conn, since: Instant::now() });
+            list.push(Idle {
+                sender,
+                conn,
+                since: Instant::now(),
+            });
         }
     }
 
     /// Idle connections held right now, for tests and metrics.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().map(|i| i.values().map(Vec::len).sum()).unwrap_or(0)
+        self.idle
+            .lock()
+            .map(|i| i.values().map(Vec::len).sum())
+            .unwrap_or(0)
     }
 }
 
 impl Checked {
     /// Polls the connection while waiting for the response head.
-    async fn send(&mut self, req: Request<Incoming>) -> Result<Response<Incoming>, TrySendError<Request<Incoming>>> {
+    async fn send(
+        &mut self,
+        req: Request<Incoming>,
+    ) -> Result<Response<Incoming>, TrySendError<Request<Incoming>>> {
         let response = self.sender.try_send_request(req);
         let mut response = std::pin::pin!(response);
         let conn = &mut self.conn;
@@ -225,7 +278,10 @@ impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
         if let Some(checked) = this.checked.as_mut() {
             if let Poll::Ready(result) = Pin::new(&mut checked.conn).poll(cx) {

@@ -12,9 +12,10 @@ pub fn status(code: StatusCode) -> Response<ProxyBody> {
     let body = Bytes::from(format!("{} {reason}\n", code.as_u16()));
     let mut response = Response::new(Either::Right(Full::new(body)));
     *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 

@@ -25,7 +25,9 @@ impl UpstreamError {
         match self {
             UpstreamError::NoEndpoints => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamError::Connect(_) | UpstreamError::Protocol(_) => StatusCode::BAD_GATEWAY,
-            UpstreamError::ConnectTimeout | UpstreamError::ResponseTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamError::ConnectTimeout | UpstreamError::ResponseTimeout(_) => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
         }
     }
 

@@ -49,7 +49,9 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
         match value.trim().parse::<u64>() {
             Ok(s) if (1..=86_400).contains(&s) => Some(Duration::from_secs(s)),
             _ => {
-                errors.push(format!("{key}: {value:?} is not a whole number of seconds in 1..=86400"));
+                errors.push(format!(
+                    "{key}: {value:?} is not a whole number of seconds in 1..=86400"
+                ));
                 None
             }
         }
@@ -60,7 +62,9 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
 
 fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
     [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
-        annotations.get_key_value(&format!("{prefix}{name}")).map(|(k, v)| (k.as_str(), v.as_str()))
+        annotations
+            .get_key_value(&format!("{prefix}{name}"))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     })
 }
 
@@ -69,7 +73,10 @@ mod tests {
     use super::*;
 
     fn parse_pairs(pairs: &[(&str, &str)]) -> (Options, Vec<String>) {
-        let map: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         parse(Some(&map))
     }
 
@@ -79,15 +86,54 @@ mod tests {
         let o = |s: &str| format!("{PREFIX}{s}");
         let cases: Vec<(Vec<(String, &str)>, Options, usize)> = vec![
             (vec![], Options::default(), 0),
-            (vec![(n("ssl-redirect"), "false")], Options { ssl_redirect: Some(false), ..Default::default() }, 0),
-            (vec![(n("ssl-redirect"), "false"), (o("ssl-redirect"), "true")], Options { ssl_redirect: Some(true), ..Default::default() }, 0),
-            (vec![(n("force-ssl-redirect"), "true")], Options { force_ssl_redirect: true, ..Default::default() }, 0),
-            (vec![(o("ssl-passthrough"), "true")], Options { ssl_passthrough: true, ..Default::default() }, 0),
+            (
+                vec![(n("ssl-redirect"), "false")],
+                Options {
+                    ssl_redirect: Some(false),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("ssl-redirect"), "false"), (o("ssl-redirect"), "true")],
+                Options {
+                    ssl_redirect: Some(true),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("force-ssl-redirect"), "true")],
+                Options {
+                    force_ssl_redirect: true,
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("ssl-passthrough"), "true")],
+                Options {
+                    ssl_passthrough: true,
+                    ..Default::default()
+                },
+                0,
+            ),
             (vec![(n("ssl-passthrough"), "yes")], Options::default(), 1),
-            (vec![(n("proxy-read-timeout"), "120")], Options { read_timeout: Some(Duration::from_secs(120)), ..Default::default() }, 0),
+            (
+                vec![(n("proxy-read-timeout"), "120")],
+                Options {
+                    read_timeout: Some(Duration::from_secs(120)),
+                    ..Default::default()
+                },
+                0,
+            ),
             (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
             (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
-            (vec![("example.com/other".to_string(), "x")], Options::default(), 0),
+            (
+                vec![("example.com/other".to_string(), "x")],
+                Options::default(),
+                0,
+            ),
         ];
         for (pairs, want, errors) in cases {
             let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();

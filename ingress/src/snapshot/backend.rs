@@ -41,7 +41,10 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub fn new(addr: SocketAddr) -> Self {
-        Self { addr, in_flight: AtomicU32::new(0) }
+        Self {
+            addr,
+            in_flight: AtomicU32::new(0),
+        }
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -68,7 +71,10 @@ impl Drop for InFlight {
 pub enum Target {
     Endpoints(Vec<Arc<Endpoint>>),
     /// Resolved through DNS when a connection is made.
-    ExternalName { host: String, port: u16 },
+    ExternalName {
+        host: String,
+        port: u16,
+    },
     /// The Service or its port does not exist; requests get 503.
     Unavailable,
 }
@@ -103,7 +109,11 @@ impl Backend {
                     b += 1;
                 }
                 let (ea, eb) = (&endpoints[a], &endpoints[b]);
-                Some(if eb.in_flight() < ea.in_flight() { eb } else { ea })
+                Some(if eb.in_flight() < ea.in_flight() {
+                    eb
+                } else {
+                    ea
+                })
             }
         }
     }
@@ -128,23 +138,49 @@ impl<'a> Resolver<'a> {
     pub fn new(store: &'a Store) -> Self {
         let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
         for (key, slice) in &store.endpoint_slices {
-            let service = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
+            let service = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL));
             if let Some(service) = service {
-                slices.entry((key.namespace.as_str(), service.as_str())).or_default().push(slice);
+                slices
+                    .entry((key.namespace.as_str(), service.as_str()))
+                    .or_default()
+                    .push(slice);
             }
         }
-        Self { store, slices, cache: HashMap::new() }
+        Self {
+            store,
+            slices,
+            cache: HashMap::new(),
+        }
     }
 
     /// The backend for `service`:`port`, and the problem with it, if any. Callers attach the
     /// problem to their own Ingress.
-    pub fn resolve(&mut self, service: ObjectKey, port: PortRef) -> (Arc<Backend>, Option<&Problem>) {
-        let Self { store, slices, cache } = self;
-        let (backend, problem) = cache.entry((service, port)).or_insert_with_key(|(service, port)| {
-            let (target, problem) = resolve_target(store, slices, service, port);
-            let backend = Backend { service: service.clone(), port: port.clone(), target };
-            (Arc::new(backend), problem)
-        });
+    pub fn resolve(
+        &mut self,
+        service: ObjectKey,
+        port: PortRef,
+    ) -> (Arc<Backend>, Option<&Problem>) {
+        let Self {
+            store,
+            slices,
+            cache,
+        } = self;
+        let (backend, problem) =
+            cache
+                .entry((service, port))
+                .or_insert_with_key(|(service, port)| {
+                    let (target, problem) = resolve_target(store, slices, service, port);
+                    let backend = Backend {
+                        service: service.clone(),
+                        port: port.clone(),
+                        target,
+                    };
+                    (Arc::new(backend), problem)
+                });
         (backend.clone(), problem.as_ref())
     }
 }
@@ -159,22 +195,45 @@ fn resolve_target(
 ) -> (Target, Option<Problem>) {
     let Some(service) = store.services.get(service_key) else {
         let message = format!("service {service_key} not found");
-        return (Target::Unavailable, Some(Problem { kind: DiagnosticKind::ServiceNotFound, message }));
+        return (
+            Target::Unavailable,
+            Some(Problem {
+                kind: DiagnosticKind::ServiceNotFound,
+                message,
+            }),
+        );
     };
     let spec = service.spec.as_ref();
     let service_port = find_port(service, port);
     if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
-        let external = spec.and_then(|s| s.external_name.clone()).unwrap_or_default();
+        let external = spec
+            .and_then(|s| s.external_name.clone())
+            .unwrap_or_default();
         let number = match (service_port, port) {
             (Some(p), _) => Some(p.port),
             (None, PortRef::Number(n)) => Some(*n),
             (None, PortRef::Name(_)) => None,
         };
-        return match (external.is_empty(), number.and_then(|n| u16::try_from(n).ok())) {
-            (false, Some(port)) => (Target::ExternalName { host: external, port }, None),
+        return match (
+            external.is_empty(),
+            number.and_then(|n| u16::try_from(n).ok()),
+        ) {
+            (false, Some(port)) => (
+                Target::ExternalName {
+                    host: external,
+                    port,
+                },
+                None,
+            ),
             (true, _) => {
                 let message = format!("service {service_key} is ExternalName without externalName");
-                (Target::Unavailable, Some(Problem { kind: DiagnosticKind::UnsupportedBackend, message }))
+                (
+                    Target::Unavailable,
+                    Some(Problem {
+                        kind: DiagnosticKind::UnsupportedBackend,
+                        message,
+                    }),
+                )
             }
             (false, None) => (Target::Unavailable, Some(port_problem(service_key, port))),
         };
@@ -193,7 +252,11 @@ fn resolve_target(
 /// Ready endpoints of every slice of the Service, matched to the Service port by name, as the
 /// EndpointSlice controller names them. Deduplicated: an address can be in two slices while the
 /// controller moves it.
-fn ready_endpoints(slices: &SliceIndex<'_>, service: &ObjectKey, port: &ServicePort) -> Vec<Arc<Endpoint>> {
+fn ready_endpoints(
+    slices: &SliceIndex<'_>,
+    service: &ObjectKey,
+    port: &ServicePort,
+) -> Vec<Arc<Endpoint>> {
     let port_name = port.name.as_deref().unwrap_or("");
     let mut addrs: Vec<SocketAddr> = Vec::new();
     let slices = slices.get(&(service.namespace.as_str(), service.name.as_str()));
@@ -202,16 +265,25 @@ fn ready_endpoints(slices: &SliceIndex<'_>, service: &ObjectKey, port: &ServiceP
             continue;
         }
         let number = slice.ports.iter().flatten().find_map(|p| {
-            (p.name.as_deref().unwrap_or("") == port_name).then_some(p.port).flatten()
+            (p.name.as_deref().unwrap_or("") == port_name)
+                .then_some(p.port)
+                .flatten()
         });
         let Some(number) = number.and_then(|n| u16::try_from(n).ok()) else {
             continue;
         };
         for endpoint in slice.endpoints.iter().flatten() {
             // The API says an unknown readiness should be read as ready.
-            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let ready = endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.ready)
+                .unwrap_or(true);
             // Addresses of one endpoint are fungible; the first is enough.
-            let ip = endpoint.addresses.first().and_then(|a| a.parse::<IpAddr>().ok());
+            let ip = endpoint
+                .addresses
+                .first()
+                .and_then(|a| a.parse::<IpAddr>().ok());
             if let (true, Some(ip)) = (ready, ip) {
                 addrs.push(SocketAddr::new(ip, number));
             }
@@ -219,7 +291,10 @@ fn ready_endpoints(slices: &SliceIndex<'_>, service: &ObjectKey, port: &ServiceP
     }
     addrs.sort();
     addrs.dedup();
-    addrs.into_iter().map(|a| Arc::new(Endpoint::new(a))).collect()
+    addrs
+        .into_iter()
+        .map(|a| Arc::new(Endpoint::new(a)))
+        .collect()
 }
 
 fn find_port<'s>(service: &'s Service, port: &PortRef) -> Option<&'s ServicePort> {

@@ -29,7 +29,9 @@ impl fmt::Display for HostPattern {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HostError {
-    #[error("host {0:?} is not a valid DNS name (lowercase RFC 1123 labels, at most 253 characters)")]
+    #[error(
+        "host {0:?} is not a valid DNS name (lowercase RFC 1123 labels, at most 253 characters)"
+    )]
     Invalid(String),
     #[error("host {0:?}: a wildcard may only be the whole first label, as in *.example.com")]
     BadWildcard(String),
@@ -66,7 +68,8 @@ fn is_dns_name(name: &str) -> bool {
             let b = label.as_bytes();
             !b.is_empty()
                 && b.len() <= 63
-                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
                 && b[0] != b'-'
                 && b[b.len() - 1] != b'-'
         })
@@ -80,7 +83,9 @@ pub fn request_host(authority: &str) -> Option<std::borrow::Cow<'_, str>> {
         // An IPv6 literal never names a virtual host, but it is still the request's host.
         &authority[..rest.find(']').map(|i| i + 2)?]
     } else {
-        authority.rsplit_once(':').map_or(authority, |(host, _port)| host)
+        authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _port)| host)
     };
     let host = without_port.strip_suffix('.').unwrap_or(without_port);
     if host.is_empty() {
@@ -107,7 +112,11 @@ type Hasher = foldhash::fast::RandomState;
 
 impl<T> Default for HostTable<T> {
     fn default() -> Self {
-        Self { exact: HashMap::default(), wildcard: HashMap::default(), any: None }
+        Self {
+            exact: HashMap::default(),
+            wildcard: HashMap::default(),
+            any: None,
+        }
     }
 }
 
@@ -161,7 +170,11 @@ impl<T> HostTable<T> {
         exact
             .into_iter()
             .map(|(h, v)| (HostPattern::Exact(h.to_string()), v))
-            .chain(wildcard.into_iter().map(|(h, v)| (HostPattern::Wildcard(h.to_string()), v)))
+            .chain(
+                wildcard
+                    .into_iter()
+                    .map(|(h, v)| (HostPattern::Wildcard(h.to_string()), v)),
+            )
             .chain(self.any.iter().map(|v| (HostPattern::Any, v)))
     }
 }
@@ -175,15 +188,29 @@ mod tests {
         let ok = [
             (None, HostPattern::Any),
             (Some(""), HostPattern::Any),
-            (Some("foo.bar.com"), HostPattern::Exact("foo.bar.com".into())),
+            (
+                Some("foo.bar.com"),
+                HostPattern::Exact("foo.bar.com".into()),
+            ),
             (Some("*.foo.com"), HostPattern::Wildcard("foo.com".into())),
             (Some("a-b.c1"), HostPattern::Exact("a-b.c1".into())),
         ];
         for (input, want) in ok {
             assert_eq!(parse_pattern(input), Ok(want), "{input:?}");
         }
-        let bad = ["Foo.com", "foo..com", "-a.com", "a-.com", "foo.*.com", "*foo.com", "*", "*.",
-            "10.0.0.1", "a_b.com", "foo.com:80"];
+        let bad = [
+            "Foo.com",
+            "foo..com",
+            "-a.com",
+            "a-.com",
+            "foo.*.com",
+            "*foo.com",
+            "*",
+            "*.",
+            "10.0.0.1",
+            "a_b.com",
+            "foo.com:80",
+        ];
         for input in bad {
             assert!(parse_pattern(Some(input)).is_err(), "{input}");
         }

@@ -70,9 +70,17 @@ impl IngressMeta {
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|lb| lb.ingress.as_ref())
-            .map(|entries| entries.iter().filter_map(|e| e.ip.clone().or_else(|| e.hostname.clone())).collect())
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter_map(|e| e.ip.clone().or_else(|| e.hostname.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
-        Self { uid: ingress.metadata.uid.clone(), addresses }
+        Self {
+            uid: ingress.metadata.uid.clone(),
+            addresses,
+        }
     }
 }
 
@@ -127,7 +135,9 @@ impl Snapshot {
     }
 
     pub fn has_errors(&self) -> bool {
-        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+        self.diagnostics
+            .iter()
+            .any(|d| d.severity == Severity::Error)
     }
 
     /// Diagnostic counts by kind and severity, for the `ingress_config_errors` gauge.
@@ -158,14 +168,18 @@ impl Snapshot {
         diagnostics.sort();
         diagnostics.dedup();
         let mut hosts = HostTable::default();
-        let mut sni = sni::SniPolicy { catch_all: builder.default_backend.is_some(), ..Default::default() };
+        let mut sni = sni::SniPolicy {
+            catch_all: builder.default_backend.is_some(),
+            ..Default::default()
+        };
         for (pattern, host) in builder.hosts {
             match &pattern {
                 HostPattern::Exact(name) => {
                     sni.names.insert(name.clone(), sni::HostAction::Terminate);
                 }
                 HostPattern::Wildcard(parent) => {
-                    sni.names.insert(format!("*.{parent}"), sni::HostAction::Terminate);
+                    sni.names
+                        .insert(format!("*.{parent}"), sni::HostAction::Terminate);
                 }
                 HostPattern::Any => sni.catch_all = true,
             }
@@ -183,7 +197,8 @@ impl Snapshot {
                     sni.names.insert(name.clone(), sni::HostAction::Passthrough);
                 }
                 HostPattern::Wildcard(parent) => {
-                    sni.names.insert(format!("*.{parent}"), sni::HostAction::Passthrough);
+                    sni.names
+                        .insert(format!("*.{parent}"), sni::HostAction::Passthrough);
                 }
                 HostPattern::Any => {}
             }
@@ -194,7 +209,10 @@ impl Snapshot {
             hosts,
             default_backend: builder.default_backend,
             diagnostics,
-            ingresses: owned.into_iter().map(|(k, ing)| (k.clone(), IngressMeta::of(ing))).collect(),
+            ingresses: owned
+                .into_iter()
+                .map(|(k, ing)| (k.clone(), IngressMeta::of(ing)))
+                .collect(),
             tls,
             sni,
             passthrough,
@@ -203,7 +221,10 @@ impl Snapshot {
 }
 
 /// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
-fn owned_ingresses<'s>(store: &'s Store, class: &ClassSelector) -> Vec<(&'s ObjectKey, &'s Ingress)> {
+fn owned_ingresses<'s>(
+    store: &'s Store,
+    class: &ClassSelector,
+) -> Vec<(&'s ObjectKey, &'s Ingress)> {
     let mut owned: Vec<(&ObjectKey, &Ingress)> = store
         .ingresses
         .iter()
@@ -237,14 +258,20 @@ impl Builder<'_> {
         let subject = Subject::object(Kind::Ingress, key);
         let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
         for message in errors {
-            self.diagnostics.push(Diagnostic::error(DiagnosticKind::InvalidAnnotation, subject.clone(), message));
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
         }
         let options = Arc::new(options);
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
         let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
-        let default_route =
-            spec.default_backend.as_ref().and_then(|b| self.route(key, b, &options, false));
+        let default_route = spec
+            .default_backend
+            .as_ref()
+            .and_then(|b| self.route(key, b, &options, false));
 
         if options.ssl_passthrough {
             self.add_passthrough(key, rules, default_route.as_ref(), &options);
@@ -256,7 +283,10 @@ impl Builder<'_> {
                 (Some(_), Some(existing)) => self.diagnostics.push(Diagnostic::error(
                     DiagnosticKind::ConflictingRule,
                     subject.clone(),
-                    format!("the default backend is already set by Ingress {}; this one is ignored", existing.ingress),
+                    format!(
+                        "the default backend is already set by Ingress {}; this one is ignored",
+                        existing.ingress
+                    ),
                 )),
                 (None, _) => {}
             }
@@ -266,7 +296,11 @@ impl Builder<'_> {
             let pattern = match host::parse_pattern(rule.host.as_deref()) {
                 Ok(p) => p,
                 Err(err) => {
-                    self.diagnostics.push(Diagnostic::error(DiagnosticKind::InvalidHost, subject.clone(), err.to_string()));
+                    self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidHost,
+                        subject.clone(),
+                        err.to_string(),
+                    ));
                     continue;
                 }
             };
@@ -275,7 +309,11 @@ impl Builder<'_> {
             if host.default_backend.is_none() {
                 host.default_backend = default_route.clone();
             }
-            let paths = rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default();
+            let paths = rule
+                .http
+                .as_ref()
+                .map(|h| h.paths.as_slice())
+                .unwrap_or_default();
             for http_path in paths {
                 // ingress-nginx reads a missing path as "/"; the API server requires one for
                 // Exact and Prefix, so only hand-written manifests lack it.
@@ -303,7 +341,11 @@ impl Builder<'_> {
                             "host {pattern} path {path} ({}) is already defined by Ingress {first}; this rule is ignored",
                             kind.as_str()
                         );
-                        self.diagnostics.push(Diagnostic::error(DiagnosticKind::ConflictingRule, subject.clone(), message));
+                        self.diagnostics.push(Diagnostic::error(
+                            DiagnosticKind::ConflictingRule,
+                            subject.clone(),
+                            message,
+                        ));
                     }
                     continue;
                 }
@@ -312,7 +354,11 @@ impl Builder<'_> {
                     continue;
                 };
                 if let Some(host) = self.hosts.get_mut(&pattern) {
-                    host.rules.push(PathRule { path, kind, target: route });
+                    host.rules.push(PathRule {
+                        path,
+                        kind,
+                        target: route,
+                    });
                 }
             }
         }
@@ -343,8 +389,15 @@ impl Builder<'_> {
                 // Reported once by the HTTP rule processing.
                 Err(_) => continue,
             };
-            let paths = rule.http.as_ref().map(|h| h.paths.as_slice()).unwrap_or_default();
-            let chosen = paths.iter().find(|p| p.path.as_deref().unwrap_or("/") == "/").or(paths.first());
+            let paths = rule
+                .http
+                .as_ref()
+                .map(|h| h.paths.as_slice())
+                .unwrap_or_default();
+            let chosen = paths
+                .iter()
+                .find(|p| p.path.as_deref().unwrap_or("/") == "/")
+                .or(paths.first());
             if paths.len() > 1 || chosen.is_some_and(|p| p.path.as_deref().unwrap_or("/") != "/") {
                 self.diagnostics.push(Diagnostic::warning(
                     DiagnosticKind::PassthroughPathsIgnored,
@@ -373,7 +426,13 @@ impl Builder<'_> {
 
     /// A route to `backend` for `ingress`, recording any problem on the Ingress. `None` only if
     /// the backend reference itself is unusable; a missing Service still routes (to a 503).
-    fn route(&mut self, ingress: &ObjectKey, backend: &IngressBackend, options: &Arc<Options>, tls: bool) -> Option<Arc<Route>> {
+    fn route(
+        &mut self,
+        ingress: &ObjectKey,
+        backend: &IngressBackend,
+        options: &Arc<Options>,
+        tls: bool,
+    ) -> Option<Arc<Route>> {
         let subject = Subject::object(Kind::Ingress, ingress);
         let Some(service) = &backend.service else {
             self.diagnostics.push(Diagnostic::error(
@@ -384,7 +443,9 @@ impl Builder<'_> {
             return None;
         };
         let port = match service.port.as_ref() {
-            Some(p) if p.name.as_deref().is_some_and(|n| !n.is_empty()) => PortRef::Name(p.name.clone().unwrap_or_default()),
+            Some(p) if p.name.as_deref().is_some_and(|n| !n.is_empty()) => {
+                PortRef::Name(p.name.clone().unwrap_or_default())
+            }
             Some(p) if p.number.is_some() => PortRef::Number(p.number.unwrap_or_default()),
             _ => {
                 self.diagnostics.push(Diagnostic::error(
@@ -402,14 +463,26 @@ impl Builder<'_> {
                 DiagnosticKind::NoReadyEndpoints => Severity::Warning,
                 _ => Severity::Error,
             };
-            self.diagnostics.push(Diagnostic { severity, kind: problem.kind, subject, message: problem.message.clone() });
+            self.diagnostics.push(Diagnostic {
+                severity,
+                kind: problem.kind,
+                subject,
+                message: problem.message.clone(),
+            });
         }
         let labels = RouteLabels {
             namespace: ingress.namespace.as_str().into(),
             ingress: ingress.name.as_str().into(),
             service: backend.service.name.as_str().into(),
         };
-        Some(Arc::new(Route { ingress: ingress.clone(), tls, backend, options: options.clone(), labels, stats: std::sync::OnceLock::new() }))
+        Some(Arc::new(Route {
+            ingress: ingress.clone(),
+            tls,
+            backend,
+            options: options.clone(),
+            labels,
+            stats: std::sync::OnceLock::new(),
+        }))
     }
 }
 

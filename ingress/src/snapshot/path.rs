@@ -61,7 +61,10 @@ pub fn compile(path: &str, path_type: &str) -> Result<PathKind, PathError> {
             .size_limit(REGEX_SIZE_LIMIT)
             .build()
             .map(PathKind::Regex)
-            .map_err(|e| PathError::Regex { path: path.into(), reason: e.to_string() }),
+            .map_err(|e| PathError::Regex {
+                path: path.into(),
+                reason: e.to_string(),
+            }),
         other => Err(PathError::UnknownType(other.into())),
     }
 }
@@ -110,7 +113,9 @@ impl<T> PathMatcher<T> {
     pub fn new(mut rules: Vec<PathRule<T>>) -> Self {
         // Stable sort: equal keys keep insertion order, which is the "older wins" tie-break.
         rules.sort_by(|a, b| {
-            b.declared_len().cmp(&a.declared_len()).then(b.kind.rank().cmp(&a.kind.rank()))
+            b.declared_len()
+                .cmp(&a.declared_len())
+                .then(b.kind.rank().cmp(&a.kind.rank()))
         });
         Self { rules }
     }
@@ -151,10 +156,8 @@ fn prefix_matches(prefix: &str, request: &str) -> bool {
 /// percent-escapes of unreserved characters decoded. The request is still forwarded with the
 /// path the client sent; this only keeps `/public/../admin` from routing as `/public`.
 pub fn normalize(path: &str) -> std::borrow::Cow<'_, str> {
-    let needs_work = path.contains("//")
-        || path.contains("/.")
-        || path.contains('%')
-        || !path.starts_with('/');
+    let needs_work =
+        path.contains("//") || path.contains("/.") || path.contains('%') || !path.starts_with('/');
     if !needs_work {
         return std::borrow::Cow::Borrowed(path);
     }
@@ -248,14 +251,26 @@ mod tests {
             (&[(p, "/aaa/bbb")], "/aaa/bbb/", Some(0)),
             (&[(p, "/aaa/bbb")], "/aaa/bbbxyz", None),
             (&[(p, "/"), (p, "/aaa")], "/aaa/ccc", Some(1)),
-            (&[(p, "/"), (p, "/aaa"), (p, "/aaa/bbb")], "/aaa/bbb", Some(2)),
+            (
+                &[(p, "/"), (p, "/aaa"), (p, "/aaa/bbb")],
+                "/aaa/bbb",
+                Some(2),
+            ),
             (&[(p, "/"), (p, "/aaa"), (p, "/aaa/bbb")], "/ccc", Some(0)),
             (&[(p, "/aaa")], "/ccc", None),
             (&[(e, "/foo"), (p, "/foo")], "/foo", Some(0)),
             (&[(p, "/foo"), (e, "/foo")], "/foo", Some(1)),
             (&[(p, "/foo"), (e, "/foo")], "/foo/x", Some(0)),
-            (&[(p, "/aaa/bbb"), (e, "/aaa/bbb/ccc")], "/aaa/bbb/ccc", Some(1)),
-            (&[(p, "/aaa/bbb"), (e, "/aaa/bbb/ccc")], "/aaa/bbb/ccc/", Some(0)),
+            (
+                &[(p, "/aaa/bbb"), (e, "/aaa/bbb/ccc")],
+                "/aaa/bbb/ccc",
+                Some(1),
+            ),
+            (
+                &[(p, "/aaa/bbb"), (e, "/aaa/bbb/ccc")],
+                "/aaa/bbb/ccc/",
+                Some(0),
+            ),
         ];
         for (rules, request, want) in cases {
             let m = matcher(rules);
@@ -274,7 +289,11 @@ mod tests {
             (&[(i, "(?i)/API")], "/api", Some(0)),
             (&[(i, "/API")], "/api", None),
             // Longest declared path first, regardless of type.
-            (&[(i, "/a.*"), ("Prefix", "/abc/def")], "/abc/def/g", Some(1)),
+            (
+                &[(i, "/a.*"), ("Prefix", "/abc/def")],
+                "/abc/def/g",
+                Some(1),
+            ),
             (&[("Prefix", "/ab"), (i, "/abc.*")], "/abcd", Some(1)),
             // Equal length: Prefix beats a regex.
             (&[(i, "/abc"), ("Prefix", "/abc")], "/abc", Some(1)),
@@ -287,13 +306,28 @@ mod tests {
 
     #[test]
     fn invalid_rules() {
-        assert_eq!(compile("foo", "Prefix").unwrap_err(), PathError::NotAbsolute("foo".into()));
-        assert_eq!(compile("", "Exact").unwrap_err(), PathError::NotAbsolute("".into()));
-        assert!(matches!(compile("/a(", "ImplementationSpecific"), Err(PathError::Regex { .. })));
-        assert!(matches!(compile("/a", "Glob"), Err(PathError::UnknownType(_))));
+        assert_eq!(
+            compile("foo", "Prefix").unwrap_err(),
+            PathError::NotAbsolute("foo".into())
+        );
+        assert_eq!(
+            compile("", "Exact").unwrap_err(),
+            PathError::NotAbsolute("".into())
+        );
+        assert!(matches!(
+            compile("/a(", "ImplementationSpecific"),
+            Err(PathError::Regex { .. })
+        ));
+        assert!(matches!(
+            compile("/a", "Glob"),
+            Err(PathError::UnknownType(_))
+        ));
         let huge = format!("/{}", "(a|b)*".repeat(5000));
         assert!(
-            matches!(compile(&huge, "ImplementationSpecific"), Err(PathError::Regex { .. })),
+            matches!(
+                compile(&huge, "ImplementationSpecific"),
+                Err(PathError::Regex { .. })
+            ),
             "an expensive regex is refused"
         );
     }

@@ -66,8 +66,14 @@ pub enum GateReason {
 }
 
 impl GateReason {
-    pub const ALL: [GateReason; 6] =
-        [GateReason::Pass, GateReason::Unknown, GateReason::NoSni, GateReason::Malformed, GateReason::NotTls, GateReason::Passthrough];
+    pub const ALL: [GateReason; 6] = [
+        GateReason::Pass,
+        GateReason::Unknown,
+        GateReason::NoSni,
+        GateReason::Malformed,
+        GateReason::NotTls,
+        GateReason::Passthrough,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,12 +115,20 @@ impl Default for UnnamedPolicy {
     /// ingress-nginx serves the default certificate to clients without SNI; garbage and plain
     /// HTTP on the HTTPS port have nothing to gain from a handshake.
     fn default() -> Self {
-        Self { no_sni: Admit::Accept, malformed: Admit::Reject, not_tls: Admit::Reject }
+        Self {
+            no_sni: Admit::Accept,
+            malformed: Admit::Reject,
+            not_tls: Admit::Reject,
+        }
     }
 }
 
 /// The decision for one connection's first record.
-pub fn decide(policy: &SniPolicy, unnamed: &UnnamedPolicy, hello: &Result<ClientHello<'_>, Reject>) -> (Verdict, GateReason) {
+pub fn decide(
+    policy: &SniPolicy,
+    unnamed: &UnnamedPolicy,
+    hello: &Result<ClientHello<'_>, Reject>,
+) -> (Verdict, GateReason) {
     match client_hello::gate(hello) {
         Ok(name) => match policy.lookup(name.as_str()) {
             Some(HostAction::Terminate) => (Verdict::Pass, GateReason::Pass),
@@ -128,7 +142,11 @@ pub fn decide(policy: &SniPolicy, unnamed: &UnnamedPolicy, hello: &Result<Client
                 Reason::Malformed => (unnamed.malformed, GateReason::Malformed),
                 Reason::NotTls => (unnamed.not_tls, GateReason::NotTls),
             };
-            let verdict = if admit == Admit::Accept { Verdict::Pass } else { Verdict::Drop };
+            let verdict = if admit == Admit::Accept {
+                Verdict::Pass
+            } else {
+                Verdict::Drop
+            };
             (verdict, reason)
         }
     }
@@ -139,12 +157,21 @@ mod tests {
     use super::*;
 
     fn policy(names: &[(&str, HostAction)], catch_all: bool) -> SniPolicy {
-        SniPolicy { names: names.iter().map(|(n, a)| (n.to_string(), *a)).collect(), catch_all }
+        SniPolicy {
+            names: names.iter().map(|(n, a)| (n.to_string(), *a)).collect(),
+            catch_all,
+        }
     }
 
     #[test]
     fn lookup_table() {
-        let p = policy(&[("a.example.com", HostAction::Terminate), ("*.w.example.com", HostAction::Passthrough)], false);
+        let p = policy(
+            &[
+                ("a.example.com", HostAction::Terminate),
+                ("*.w.example.com", HostAction::Passthrough),
+            ],
+            false,
+        );
         let cases = [
             ("a.example.com", Some(HostAction::Terminate)),
             ("x.w.example.com", Some(HostAction::Passthrough)),
@@ -161,13 +188,33 @@ mod tests {
     #[test]
     fn unnamed_cases_follow_configuration() {
         let p = policy(&[], false);
-        let strict = UnnamedPolicy { no_sni: Admit::Reject, malformed: Admit::Reject, not_tls: Admit::Reject };
-        let lax = UnnamedPolicy { no_sni: Admit::Accept, malformed: Admit::Accept, not_tls: Admit::Accept };
+        let strict = UnnamedPolicy {
+            no_sni: Admit::Reject,
+            malformed: Admit::Reject,
+            not_tls: Admit::Reject,
+        };
+        let lax = UnnamedPolicy {
+            no_sni: Admit::Accept,
+            malformed: Admit::Accept,
+            not_tls: Admit::Accept,
+        };
         let not_tls: Result<ClientHello<'_>, Reject> = Err(Reject::NotTls);
         let malformed: Result<ClientHello<'_>, Reject> = Err(Reject::NotClientHello);
-        assert_eq!(decide(&p, &strict, &not_tls), (Verdict::Drop, GateReason::NotTls));
-        assert_eq!(decide(&p, &lax, &not_tls), (Verdict::Pass, GateReason::NotTls));
-        assert_eq!(decide(&p, &strict, &malformed), (Verdict::Drop, GateReason::Malformed));
-        assert_eq!(decide(&p, &UnnamedPolicy::default(), &malformed), (Verdict::Drop, GateReason::Malformed));
+        assert_eq!(
+            decide(&p, &strict, &not_tls),
+            (Verdict::Drop, GateReason::NotTls)
+        );
+        assert_eq!(
+            decide(&p, &lax, &not_tls),
+            (Verdict::Pass, GateReason::NotTls)
+        );
+        assert_eq!(
+            decide(&p, &strict, &malformed),
+            (Verdict::Drop, GateReason::Malformed)
+        );
+        assert_eq!(
+            decide(&p, &UnnamedPolicy::default(), &malformed),
+            (Verdict::Drop, GateReason::Malformed)
+        );
     }
 }

@@ -8,16 +8,29 @@ use crate::source::manifests;
 
 fn settings() -> BuildSettings {
     static SELF_SIGNED: std::sync::LazyLock<Arc<crate::tls::certs::Certificate>> =
-        std::sync::LazyLock::new(|| Arc::new(crate::tls::certs::self_signed().expect("self-signed")));
+        std::sync::LazyLock::new(|| {
+            Arc::new(crate::tls::certs::self_signed().expect("self-signed"))
+        });
     BuildSettings {
-        class: ClassSelector { ingress_class: "ingress".into(), controller_class: "ingress.rs/controller".into() },
-        tls: tls::TlsSettings { default_certificate: None, self_signed: SELF_SIGNED.clone(), now: 1_900_000_000 },
+        class: ClassSelector {
+            ingress_class: "ingress".into(),
+            controller_class: "ingress.rs/controller".into(),
+        },
+        tls: tls::TlsSettings {
+            default_certificate: None,
+            self_signed: SELF_SIGNED.clone(),
+            now: 1_900_000_000,
+        },
     }
 }
 
 fn store_of(yaml: &str) -> Store {
     let parsed = manifests::parse_file(Path::new("test.yaml"), yaml);
-    assert!(parsed.diagnostics.is_empty(), "test manifests must parse: {:?}", parsed.diagnostics);
+    assert!(
+        parsed.diagnostics.is_empty(),
+        "test manifests must parse: {:?}",
+        parsed.diagnostics
+    );
     let mut store = Store::default();
     for object in parsed.objects {
         store.apply(object);
@@ -135,10 +148,21 @@ fn endpoints_are_ready_deduplicated_and_matched_by_port_name() {
     let snap = build(&format!("{SERVICES}{SHOP}"));
     let addrs = |host: &str, path: &str| -> Vec<String> {
         let route = snap.route(Some(host), path).expect("routed");
-        route.backend.endpoints().iter().map(|e| e.addr.to_string()).collect()
+        route
+            .backend
+            .endpoints()
+            .iter()
+            .map(|e| e.addr.to_string())
+            .collect()
     };
-    assert_eq!(addrs("shop.example.com", "/"), ["10.0.0.1:8080", "10.0.0.3:8080", "10.0.0.4:8080"]);
-    assert_eq!(addrs("shop.example.com", "/api/exact"), ["10.0.0.1:9090", "10.0.0.3:9090"]);
+    assert_eq!(
+        addrs("shop.example.com", "/"),
+        ["10.0.0.1:8080", "10.0.0.3:8080", "10.0.0.4:8080"]
+    );
+    assert_eq!(
+        addrs("shop.example.com", "/api/exact"),
+        ["10.0.0.1:9090", "10.0.0.3:9090"]
+    );
     assert_eq!(addrs("shop.example.com", "/api"), ["10.0.1.1:3000"]);
 }
 
@@ -181,13 +205,19 @@ spec:
         ]
     );
     for d in &snap.diagnostics {
-        assert_eq!(d.subject.ingress(), Some(&ObjectKey::new("shop", "broken")), "{d}");
+        assert_eq!(
+            d.subject.ingress(),
+            Some(&ObjectKey::new("shop", "broken")),
+            "{d}"
+        );
     }
     // The older Ingress keeps /api; the broken one's good path is still served; the missing
     // Service still routes, to a backend with nothing behind it (503).
     assert_eq!(routed(&snap, "shop.example.com", "/api"), "shop/api:8080");
     assert_eq!(routed(&snap, "shop.example.com", "/ok"), "shop/web:80");
-    let missing = snap.route(Some("shop.example.com"), "/missing").expect("routed");
+    let missing = snap
+        .route(Some("shop.example.com"), "/missing")
+        .expect("routed");
     assert!(matches!(missing.backend.target, Target::Unavailable));
     assert_eq!(routed(&snap, "shop.example.com", "/cart"), "shop/web:http");
 }
@@ -299,7 +329,9 @@ spec:
     assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
     let route = snap.route(Some("ext.example.com"), "/").expect("routed");
     match &route.backend.target {
-        Target::ExternalName { host, port } => assert_eq!((host.as_str(), *port), ("backend.internal.example", 8443)),
+        Target::ExternalName { host, port } => {
+            assert_eq!((host.as_str(), *port), ("backend.internal.example", 8443))
+        }
         other => panic!("expected ExternalName, got {other:?}"),
     }
 }
@@ -334,8 +366,21 @@ fn build_is_deterministic() {
     let store = store_of(&format!("{SERVICES}{SHOP}"));
     let a = Snapshot::build(&store, &settings(), 1);
     let b = Snapshot::build(&store, &settings(), 1);
-    assert_eq!(format!("{:?}", a.diagnostics), format!("{:?}", b.diagnostics));
-    let hosts = |s: &Snapshot| s.hosts.iter().map(|(p, v)| format!("{p} {:?}", v.paths.rules().iter().map(|r| &r.path).collect::<Vec<_>>())).collect::<Vec<_>>();
+    assert_eq!(
+        format!("{:?}", a.diagnostics),
+        format!("{:?}", b.diagnostics)
+    );
+    let hosts = |s: &Snapshot| {
+        s.hosts
+            .iter()
+            .map(|(p, v)| {
+                format!(
+                    "{p} {:?}",
+                    v.paths.rules().iter().map(|r| &r.path).collect::<Vec<_>>()
+                )
+            })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(hosts(&a), hosts(&b));
 }
 
@@ -348,16 +393,30 @@ mod tls_table {
 
     fn pem(names: &[&str], expired: bool) -> (String, String) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = if expired { rcgen::date_time_ymd(2021, 1, 1) } else { rcgen::date_time_ymd(2099, 1, 1) };
+        params.not_after = if expired {
+            rcgen::date_time_ymd(2021, 1, 1)
+        } else {
+            rcgen::date_time_ymd(2099, 1, 1)
+        };
         (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
     }
 
     fn secret(store: &mut Store, name: &str, crt: &str, key: &str) {
-        let data = [("tls.crt".to_string(), ByteString(crt.as_bytes().to_vec())), ("tls.key".to_string(), ByteString(key.as_bytes().to_vec()))].into();
+        let data = [
+            ("tls.crt".to_string(), ByteString(crt.as_bytes().to_vec())),
+            ("tls.key".to_string(), ByteString(key.as_bytes().to_vec())),
+        ]
+        .into();
         store.apply(crate::store::Object::Secret(Arc::new(Secret {
-            metadata: ObjectMeta { name: Some(name.into()), namespace: Some("shop".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            },
             type_: Some("kubernetes.io/tls".into()),
             data: Some(data),
             ..Default::default()
@@ -436,7 +495,11 @@ spec:
         for (sni, want) in cases {
             assert_eq!(served(&snap, sni), want, "{sni}");
         }
-        assert_eq!(snap.tls.loaded.len(), 2, "good and wild are the loaded certificates in use");
+        assert_eq!(
+            snap.tls.loaded.len(),
+            2,
+            "good and wild are the loaded certificates in use"
+        );
         // Hosts listed under spec.tls redirect to HTTPS; others do not.
         assert!(snap.route(Some("good.example.com"), "/").unwrap().tls);
         assert!(snap.route(Some("a.wild.example.com"), "/").unwrap().tls);
@@ -501,13 +564,31 @@ spec:
     let snap = build(&yaml);
     let mut got = kinds(&snap);
     got.sort();
-    assert_eq!(got, vec![DiagnosticKind::InvalidAnnotation, DiagnosticKind::PassthroughPathsIgnored], "{:#?}", snap.diagnostics);
-    let target = |sni: &str| snap.passthrough.lookup_named(sni).map(|r| format!("{}:{}", r.backend.service, r.backend.port));
+    assert_eq!(
+        got,
+        vec![
+            DiagnosticKind::InvalidAnnotation,
+            DiagnosticKind::PassthroughPathsIgnored
+        ],
+        "{:#?}",
+        snap.diagnostics
+    );
+    let target = |sni: &str| {
+        snap.passthrough
+            .lookup_named(sni)
+            .map(|r| format!("{}:{}", r.backend.service, r.backend.port))
+    };
     assert_eq!(target("db.example.com").as_deref(), Some("shop/api:8080"));
     assert_eq!(target("a.mtls.example.com").as_deref(), Some("shop/web:80"));
     assert_eq!(target("other.example.com"), None);
-    assert_eq!(snap.sni.lookup("db.example.com"), Some(sni::HostAction::Passthrough));
-    assert_eq!(snap.sni.lookup("x.mtls.example.com"), Some(sni::HostAction::Passthrough));
+    assert_eq!(
+        snap.sni.lookup("db.example.com"),
+        Some(sni::HostAction::Passthrough)
+    );
+    assert_eq!(
+        snap.sni.lookup("x.mtls.example.com"),
+        Some(sni::HostAction::Passthrough)
+    );
     // The host-less rule still serves plain HTTP, so the gate admits every name.
     assert!(snap.sni.catch_all);
 }

@@ -37,7 +37,8 @@ pub struct TlsTable {
 impl TlsTable {
     /// The certificate for a handshake. `sni` must already be lowercase.
     pub fn resolve(&self, sni: Option<&str>) -> Option<&Arc<Certificate>> {
-        sni.and_then(|name| self.hosts.lookup_named(name)).or(self.default.as_ref())
+        sni.and_then(|name| self.hosts.lookup_named(name))
+            .or(self.default.as_ref())
     }
 }
 
@@ -50,27 +51,51 @@ pub struct TlsBuilder<'s> {
 
 impl<'s> TlsBuilder<'s> {
     pub fn new(store: &'s Store, settings: &'s TlsSettings) -> Self {
-        Self { store, settings, loaded: HashMap::new(), hosts: BTreeMap::new() }
+        Self {
+            store,
+            settings,
+            loaded: HashMap::new(),
+            hosts: BTreeMap::new(),
+        }
     }
 
     /// Adds one Ingress's `spec.tls`; returns the host patterns it declares TLS for (with or
     /// without a usable certificate: those redirect to HTTPS either way).
-    pub fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress, diagnostics: &mut Vec<Diagnostic>) -> Vec<HostPattern> {
+    pub fn add_ingress(
+        &mut self,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        diagnostics: &mut Vec<Diagnostic>,
+    ) -> Vec<HostPattern> {
         let subject = Subject::object(Kind::Ingress, key);
-        let Some(spec) = &ingress.spec else { return Vec::new() };
+        let Some(spec) = &ingress.spec else {
+            return Vec::new();
+        };
         let rule_hosts = || -> Vec<String> {
-            spec.rules.iter().flatten().filter_map(|r| r.host.clone()).collect()
+            spec.rules
+                .iter()
+                .flatten()
+                .filter_map(|r| r.host.clone())
+                .collect()
         };
         let mut declared = Vec::new();
         for entry in spec.tls.iter().flatten() {
             // Without `hosts`, an entry applies to every host of the Ingress's rules.
-            let names = entry.hosts.clone().filter(|h| !h.is_empty()).unwrap_or_else(rule_hosts);
+            let names = entry
+                .hosts
+                .clone()
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(rule_hosts);
             let patterns: Vec<HostPattern> = names
                 .iter()
                 .filter_map(|name| match host::parse_pattern(Some(name)) {
                     Ok(p) => Some(p),
                     Err(err) => {
-                        diagnostics.push(Diagnostic::error(DiagnosticKind::InvalidHost, subject.clone(), format!("spec.tls: {err}")));
+                        diagnostics.push(Diagnostic::error(
+                            DiagnosticKind::InvalidHost,
+                            subject.clone(),
+                            format!("spec.tls: {err}"),
+                        ));
                         None
                     }
                 })
@@ -86,7 +111,10 @@ impl<'s> TlsBuilder<'s> {
                     diagnostics.push(Diagnostic::error(
                         cert_error_kind(&err),
                         subject.clone(),
-                        format!("secret {secret_key}: {err}; hosts {} use the default certificate", list(&patterns)),
+                        format!(
+                            "secret {secret_key}: {err}; hosts {} use the default certificate",
+                            list(&patterns)
+                        ),
                     ));
                     continue;
                 }
@@ -135,7 +163,9 @@ impl<'s> TlsBuilder<'s> {
             .entry(secret_key.clone())
             .or_insert_with(|| match store.secrets.get(secret_key) {
                 None => Err(LoadError::NotFound),
-                Some(secret) => certs::from_secret(secret_key, secret).map(Arc::new).map_err(LoadError::Cert),
+                Some(secret) => certs::from_secret(secret_key, secret)
+                    .map(Arc::new)
+                    .map_err(LoadError::Cert),
             })
             .clone()
     }
@@ -151,7 +181,9 @@ impl<'s> TlsBuilder<'s> {
                             diagnostics.push(Diagnostic::warning(
                                 DiagnosticKind::CertificateExpired,
                                 subject,
-                                format!("--default-certificate: certificate {problem}; served anyway"),
+                                format!(
+                                    "--default-certificate: certificate {problem}; served anyway"
+                                ),
                             ));
                         }
                         cert
@@ -160,7 +192,9 @@ impl<'s> TlsBuilder<'s> {
                         diagnostics.push(Diagnostic::error(
                             cert_error_kind(&err),
                             subject,
-                            format!("--default-certificate: {err}; serving the self-signed certificate"),
+                            format!(
+                                "--default-certificate: {err}; serving the self-signed certificate"
+                            ),
                         ));
                         self.settings.self_signed.clone()
                     }
@@ -175,10 +209,16 @@ impl<'s> TlsBuilder<'s> {
             }
             hosts.insert(pattern, cert);
         }
-        if !matches!(default.source, certs::CertSource::SelfSigned) && !loaded.iter().any(|c| Arc::ptr_eq(c, &default)) {
+        if !matches!(default.source, certs::CertSource::SelfSigned)
+            && !loaded.iter().any(|c| Arc::ptr_eq(c, &default))
+        {
             loaded.push(default.clone());
         }
-        TlsTable { hosts, default: Some(default), loaded }
+        TlsTable {
+            hosts,
+            default: Some(default),
+            loaded,
+        }
     }
 }
 

@@ -7,12 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
-use k8s_openapi::ByteString;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Subject};
@@ -53,8 +53,13 @@ pub fn load_dir(dir: &Path) -> Store {
 
 /// Whether a changed path can affect what `load_dir` reads.
 pub fn is_manifest(path: &Path) -> bool {
-    path.extension().and_then(|e| e.to_str()).is_some_and(|e| EXTENSIONS.contains(&e))
-        && !path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'))
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| EXTENSIONS.contains(&e))
+        && !path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'))
 }
 
 /// The manifest files under `dir`, recursively, in a stable order so that "first wins" is
@@ -66,7 +71,10 @@ fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     while let Some(current) = pending.pop() {
         for entry in std::fs::read_dir(&current)? {
             let path = entry?.path();
-            let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+            let hidden = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'));
             if hidden {
                 continue;
             }
@@ -124,7 +132,13 @@ pub fn parse_file(path: &Path, text: &str) -> ParsedFile {
 }
 
 fn parse_value(path: &Path, place: &str, value: Value, parsed: &mut ParsedFile) {
-    let field = |name: &str| value.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let field = |name: &str| {
+        value
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     let invalid = |message: String| {
         Diagnostic::error(DiagnosticKind::ManifestInvalid, file_subject(path), message)
@@ -140,18 +154,21 @@ fn parse_value(path: &Path, place: &str, value: Value, parsed: &mut ParsedFile) 
             }
             return;
         }
-        ("networking.k8s.io/v1", "Ingress") => typed::<Ingress>(value).map(|(o, w)| {
-            (Object::Ingress(Arc::new(o)), w)
-        }),
-        ("networking.k8s.io/v1", "IngressClass") => typed::<IngressClass>(value)
-            .map(|(o, w)| (Object::IngressClass(Arc::new(o)), w)),
+        ("networking.k8s.io/v1", "Ingress") => {
+            typed::<Ingress>(value).map(|(o, w)| (Object::Ingress(Arc::new(o)), w))
+        }
+        ("networking.k8s.io/v1", "IngressClass") => {
+            typed::<IngressClass>(value).map(|(o, w)| (Object::IngressClass(Arc::new(o)), w))
+        }
         ("v1", "Service") => {
             typed::<Service>(value).map(|(o, w)| (Object::Service(Arc::new(o)), w))
         }
-        ("discovery.k8s.io/v1", "EndpointSlice") => typed::<EndpointSlice>(value)
-            .map(|(o, w)| (Object::EndpointSlice(Arc::new(o)), w)),
-        ("v1", "Secret") => typed::<Secret>(value)
-            .map(|(o, w)| (Object::Secret(Arc::new(merge_string_data(o))), w)),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            typed::<EndpointSlice>(value).map(|(o, w)| (Object::EndpointSlice(Arc::new(o)), w))
+        }
+        ("v1", "Secret") => {
+            typed::<Secret>(value).map(|(o, w)| (Object::Secret(Arc::new(merge_string_data(o))), w))
+        }
         (_, "Ingress" | "IngressClass") if api_version != "networking.k8s.io/v1" => {
             parsed.diagnostics.push(Diagnostic::error(
                 DiagnosticKind::UnsupportedKind,
@@ -171,19 +188,26 @@ fn parse_value(path: &Path, place: &str, value: Value, parsed: &mut ParsedFile) 
     match result {
         Ok((object, unknown)) => {
             if object.key().name.is_empty() {
-                parsed.diagnostics.push(invalid(format!("{place}: {kind} has no metadata.name")));
+                parsed
+                    .diagnostics
+                    .push(invalid(format!("{place}: {kind} has no metadata.name")));
                 return;
             }
             for field in unknown {
                 parsed.diagnostics.push(Diagnostic::warning(
                     DiagnosticKind::ManifestInvalid,
                     file_subject(path),
-                    format!("{place}: {kind} {}: unknown field {field} is ignored", object.key()),
+                    format!(
+                        "{place}: {kind} {}: unknown field {field} is ignored",
+                        object.key()
+                    ),
                 ));
             }
             parsed.objects.push(object);
         }
-        Err(err) => parsed.diagnostics.push(invalid(format!("{place}: {kind}: {err}"))),
+        Err(err) => parsed
+            .diagnostics
+            .push(invalid(format!("{place}: {kind}: {err}"))),
     }
 }
 
@@ -205,7 +229,11 @@ pub fn unknown_fields(original: &Value, typed: &Value, at: String, out: &mut Vec
     match (original, typed) {
         (Value::Object(orig), Value::Object(kept)) => {
             for (name, value) in orig {
-                let here = if at.is_empty() { name.clone() } else { format!("{at}.{name}") };
+                let here = if at.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{at}.{name}")
+                };
                 match kept.get(name) {
                     Some(kept_value) => unknown_fields(value, kept_value, here, out),
                     None if value.is_null() => {}
@@ -252,7 +280,9 @@ fn add_to_store(store: &mut Store, path: &Path, parsed: ParsedFile) {
 }
 
 fn file_subject(path: &Path) -> Subject {
-    Subject::File { path: path.display().to_string() }
+    Subject::File {
+        path: path.display().to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -301,9 +331,24 @@ metadata: {name: web}
     #[test]
     fn table_of_bad_documents() {
         let cases: &[(&str, &str, DiagnosticKind, &str)] = &[
-            ("a.yaml", "kind: [unclosed", DiagnosticKind::ManifestInvalid, "document 1"),
-            ("a.yaml", "apiVersion: v1\nkind: Service\n", DiagnosticKind::ManifestInvalid, "no metadata.name"),
-            ("a.yaml", "metadata: {name: x}\n", DiagnosticKind::ManifestInvalid, "missing apiVersion"),
+            (
+                "a.yaml",
+                "kind: [unclosed",
+                DiagnosticKind::ManifestInvalid,
+                "document 1",
+            ),
+            (
+                "a.yaml",
+                "apiVersion: v1\nkind: Service\n",
+                DiagnosticKind::ManifestInvalid,
+                "no metadata.name",
+            ),
+            (
+                "a.yaml",
+                "metadata: {name: x}\n",
+                DiagnosticKind::ManifestInvalid,
+                "missing apiVersion",
+            ),
             (
                 "a.yaml",
                 "apiVersion: networking.k8s.io/v1beta1\nkind: Ingress\nmetadata: {name: x}\n",
@@ -316,12 +361,22 @@ metadata: {name: web}
                 DiagnosticKind::ManifestInvalid,
                 "Service",
             ),
-            ("a.json", "{\"apiVersion\": ", DiagnosticKind::ManifestInvalid, "document 1"),
+            (
+                "a.json",
+                "{\"apiVersion\": ",
+                DiagnosticKind::ManifestInvalid,
+                "document 1",
+            ),
         ];
         for (file, text, kind, needle) in cases {
             let parsed = parse_file(Path::new(file), text);
             assert!(parsed.objects.is_empty(), "{text}");
-            assert_eq!(parsed.diagnostics.len(), 1, "{text}: {:?}", parsed.diagnostics);
+            assert_eq!(
+                parsed.diagnostics.len(),
+                1,
+                "{text}: {:?}",
+                parsed.diagnostics
+            );
             let d = &parsed.diagnostics[0];
             assert_eq!(d.kind, *kind, "{text}");
             assert!(d.message.contains(needle), "{text}: {}", d.message);
@@ -345,7 +400,9 @@ spec:
         assert_eq!(parsed.objects.len(), 1);
         assert_eq!(parsed.diagnostics.len(), 1);
         assert!(
-            parsed.diagnostics[0].message.contains("spec.rules[0].http.paths[0].pathtype"),
+            parsed.diagnostics[0]
+                .message
+                .contains("spec.rules[0].http.paths[0].pathtype"),
             "{}",
             parsed.diagnostics[0].message
         );
@@ -358,7 +415,9 @@ spec:
              "stringData":{"tls.crt":"C","tls.key":"K"}}]}"#;
         let parsed = parse_file(Path::new("l.json"), text);
         assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
-        let Some(Object::Secret(secret)) = parsed.objects.first() else { panic!("no secret") };
+        let Some(Object::Secret(secret)) = parsed.objects.first() else {
+            panic!("no secret")
+        };
         let data = secret.data.as_ref().expect("data");
         assert_eq!(data.get("tls.crt").map(|b| b.0.as_slice()), Some(&b"C"[..]));
     }
@@ -377,6 +436,12 @@ spec:
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(store.services.len(), 1);
         let kinds: Vec<_> = store.source_diagnostics.iter().map(|d| d.kind).collect();
-        assert_eq!(kinds, vec![DiagnosticKind::ManifestInvalid, DiagnosticKind::DuplicateObject]);
+        assert_eq!(
+            kinds,
+            vec![
+                DiagnosticKind::ManifestInvalid,
+                DiagnosticKind::DuplicateObject
+            ]
+        );
     }
 }

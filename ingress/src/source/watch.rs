@@ -17,7 +17,10 @@ const SETTLE: Duration = Duration::from_millis(50);
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
     #[error("cannot watch {path}: {source}")]
-    Watch { path: PathBuf, source: notify::Error },
+    Watch {
+        path: PathBuf,
+        source: notify::Error,
+    },
 }
 
 /// Keeps the watch alive; dropping it stops following the directory.
@@ -26,7 +29,10 @@ pub struct DirWatch {
 }
 
 /// Reads `dir` once, sends it as the initial, synced state, then follows it.
-pub fn start(dir: &Path, events: mpsc::UnboundedSender<SourceEvent>) -> Result<DirWatch, WatchError> {
+pub fn start(
+    dir: &Path,
+    events: mpsc::UnboundedSender<SourceEvent>,
+) -> Result<DirWatch, WatchError> {
     let (changed_tx, mut changed_rx) = mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let relevant = match &event {
@@ -37,10 +43,16 @@ pub fn start(dir: &Path, events: mpsc::UnboundedSender<SourceEvent>) -> Result<D
             let _ = changed_tx.send(());
         }
     })
-    .map_err(|source| WatchError::Watch { path: dir.to_path_buf(), source })?;
+    .map_err(|source| WatchError::Watch {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     watcher
         .watch(dir, RecursiveMode::Recursive)
-        .map_err(|source| WatchError::Watch { path: dir.to_path_buf(), source })?;
+        .map_err(|source| WatchError::Watch {
+            path: dir.to_path_buf(),
+            source,
+        })?;
 
     let _ = events.send(SourceEvent::Replace(manifests::load_dir(dir)));
     let _ = events.send(SourceEvent::Synced);

@@ -66,7 +66,9 @@ pub fn provider() -> &'static Arc<rustls::crypto::CryptoProvider> {
 pub fn from_secret(key: &ObjectKey, secret: &Secret) -> Result<Certificate, CertError> {
     let data = secret.data.as_ref();
     let field = |name: &'static str| {
-        data.and_then(|d| d.get(name)).map(|b| b.0.as_slice()).ok_or(CertError::MissingField(name))
+        data.and_then(|d| d.get(name))
+            .map(|b| b.0.as_slice())
+            .ok_or(CertError::MissingField(name))
     };
     let mut cert = from_pem(field(TLS_CRT)?, field(TLS_KEY)?)?;
     cert.source = CertSource::Secret(key.clone());
@@ -76,11 +78,17 @@ pub fn from_secret(key: &ObjectKey, secret: &Secret) -> Result<Certificate, Cert
 pub fn from_pem(crt: &[u8], key: &[u8]) -> Result<Certificate, CertError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(crt)
         .collect::<Result<_, _>>()
-        .map_err(|e| CertError::Pem { field: TLS_CRT, reason: e.to_string() })?;
+        .map_err(|e| CertError::Pem {
+            field: TLS_CRT,
+            reason: e.to_string(),
+        })?;
     if chain.is_empty() {
         return Err(CertError::NoCertificate);
     }
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| CertError::Pem { field: TLS_KEY, reason: e.to_string() })?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| CertError::Pem {
+        field: TLS_KEY,
+        reason: e.to_string(),
+    })?;
     let certified = CertifiedKey::from_der(chain, key, provider()).map_err(|e| match e {
         rustls::Error::InconsistentKeys(_) => CertError::KeyMismatch,
         other => CertError::UnsupportedKey(other.to_string()),
@@ -89,10 +97,16 @@ pub fn from_pem(crt: &[u8], key: &[u8]) -> Result<Certificate, CertError> {
 }
 
 fn describe(certified: CertifiedKey, source: CertSource) -> Result<Certificate, CertError> {
-    let leaf = certified.end_entity_cert().map_err(|e| CertError::BadCertificate(e.to_string()))?;
-    let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref()).map_err(|e| CertError::BadCertificate(e.to_string()))?;
+    let leaf = certified
+        .end_entity_cert()
+        .map_err(|e| CertError::BadCertificate(e.to_string()))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .map_err(|e| CertError::BadCertificate(e.to_string()))?;
     let validity = parsed.validity();
-    let (not_before, not_after) = (validity.not_before.timestamp(), validity.not_after.timestamp());
+    let (not_before, not_after) = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
     let dns_names = parsed
         .subject_alternative_name()
         .ok()
@@ -108,7 +122,13 @@ fn describe(certified: CertifiedKey, source: CertSource) -> Result<Certificate, 
                 .collect()
         })
         .unwrap_or_default();
-    Ok(Certificate { key: Arc::new(certified), source, not_before, not_after, dns_names })
+    Ok(Certificate {
+        key: Arc::new(certified),
+        source,
+        not_before,
+        not_after,
+        dns_names,
+    })
 }
 
 impl Certificate {
@@ -117,7 +137,10 @@ impl Certificate {
     pub fn covers(&self, host: &HostPattern) -> bool {
         match host {
             HostPattern::Exact(h) => self.dns_names.iter().any(|n| name_matches(n, h)),
-            HostPattern::Wildcard(parent) => self.dns_names.iter().any(|n| n.strip_prefix("*.") == Some(parent)),
+            HostPattern::Wildcard(parent) => self
+                .dns_names
+                .iter()
+                .any(|n| n.strip_prefix("*.") == Some(parent)),
             HostPattern::Any => true,
         }
     }
@@ -125,9 +148,15 @@ impl Certificate {
     /// `Some(reason)` if the certificate is not valid at `now` (Unix seconds).
     pub fn validity_problem(&self, now: i64) -> Option<String> {
         if now > self.not_after {
-            Some(format!("expired {} ago", humantime::format_duration(secs(now - self.not_after))))
+            Some(format!(
+                "expired {} ago",
+                humantime::format_duration(secs(now - self.not_after))
+            ))
         } else if now < self.not_before {
-            Some(format!("not valid for another {}", humantime::format_duration(secs(self.not_before - now))))
+            Some(format!(
+                "not valid for another {}",
+                humantime::format_duration(secs(self.not_before - now))
+            ))
         } else {
             None
         }
@@ -151,10 +180,17 @@ fn name_matches(san: &str, host: &str) -> bool {
 /// The certificate served when nothing else applies and no `--default-certificate` is given:
 /// self-signed, ECDSA P-256, for `ingress.local`, like ingress-nginx's fake certificate.
 pub fn self_signed() -> Result<Certificate, CertError> {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(|e| CertError::Generate(e.to_string()))?;
-    let mut params = rcgen::CertificateParams::new(vec!["ingress.local".to_string()]).map_err(|e| CertError::Generate(e.to_string()))?;
-    params.distinguished_name.push(rcgen::DnType::CommonName, "Ingress Controller Fake Certificate");
-    let cert = params.self_signed(&key).map_err(|e| CertError::Generate(e.to_string()))?;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| CertError::Generate(e.to_string()))?;
+    let mut params = rcgen::CertificateParams::new(vec!["ingress.local".to_string()])
+        .map_err(|e| CertError::Generate(e.to_string()))?;
+    params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        "Ingress Controller Fake Certificate",
+    );
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| CertError::Generate(e.to_string()))?;
     from_pem(cert.pem().as_bytes(), key.serialize_pem().as_bytes())
 }
 
@@ -164,7 +200,9 @@ mod tests {
 
     fn generate(names: &[&str], not_after: (i32, u8, u8)) -> (String, String) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let mut params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
         let cert = params.self_signed(&key).unwrap();
@@ -177,8 +215,16 @@ mod tests {
         let cert = from_pem(crt.as_bytes(), key.as_bytes()).unwrap();
         assert_eq!(cert.dns_names, ["a.example.com", "*.b.example.com"]);
         assert_eq!(cert.validity_problem(cert.not_before + 10), None);
-        assert!(cert.validity_problem(cert.not_after + 86_400).unwrap().starts_with("expired 1day"));
-        assert!(cert.validity_problem(cert.not_before - 60).unwrap().starts_with("not valid for another"));
+        assert!(
+            cert.validity_problem(cert.not_after + 86_400)
+                .unwrap()
+                .starts_with("expired 1day")
+        );
+        assert!(
+            cert.validity_problem(cert.not_before - 60)
+                .unwrap()
+                .starts_with("not valid for another")
+        );
     }
 
     #[test]
@@ -186,12 +232,43 @@ mod tests {
         let (crt, key) = generate(&["a.example.com"], (2099, 1, 1));
         let (_, other_key) = generate(&["a.example.com"], (2099, 1, 1));
         let cases: Vec<(&[u8], &[u8], fn(&CertError) -> bool)> = vec![
-            (crt.as_bytes(), other_key.as_bytes(), |e| *e == CertError::KeyMismatch),
+            (crt.as_bytes(), other_key.as_bytes(), |e| {
+                *e == CertError::KeyMismatch
+            }),
             (b"", key.as_bytes(), |e| *e == CertError::NoCertificate),
-            (b"not pem at all", key.as_bytes(), |e| *e == CertError::NoCertificate),
-            (crt.as_bytes(), b"", |e| matches!(e, CertError::Pem { field: "tls.key", .. })),
-            (crt.as_bytes(), crt.as_bytes(), |e| matches!(e, CertError::Pem { field: "tls.key", .. })),
-            (b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", key.as_bytes(), |e| matches!(e, CertError::UnsupportedKey(_) | CertError::BadCertificate(_) | CertError::KeyMismatch)),
+            (b"not pem at all", key.as_bytes(), |e| {
+                *e == CertError::NoCertificate
+            }),
+            (crt.as_bytes(), b"", |e| {
+                matches!(
+                    e,
+                    CertError::Pem {
+                        field: "tls.key",
+                        ..
+                    }
+                )
+            }),
+            (crt.as_bytes(), crt.as_bytes(), |e| {
+                matches!(
+                    e,
+                    CertError::Pem {
+                        field: "tls.key",
+                        ..
+                    }
+                )
+            }),
+            (
+                b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+                key.as_bytes(),
+                |e| {
+                    matches!(
+                        e,
+                        CertError::UnsupportedKey(_)
+                            | CertError::BadCertificate(_)
+                            | CertError::KeyMismatch
+                    )
+                },
+            ),
         ];
         for (i, (crt, key, check)) in cases.into_iter().enumerate() {
             let err = from_pem(crt, key).expect_err(&format!("case {i} must fail"));
@@ -207,7 +284,10 @@ mod tests {
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = rcgen::Issuer::new(ca_params, ca_key);
         let leaf_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let leaf = rcgen::CertificateParams::new(vec!["leaf.example.com".to_string()]).unwrap().signed_by(&leaf_key, &issuer).unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["leaf.example.com".to_string()])
+            .unwrap()
+            .signed_by(&leaf_key, &issuer)
+            .unwrap();
         let chain = format!("{}{}", leaf.pem(), ca.pem());
         let cert = from_pem(chain.as_bytes(), leaf_key.serialize_pem().as_bytes()).unwrap();
         assert_eq!(cert.key.cert.len(), 2);

@@ -28,13 +28,18 @@ impl ResolvesServerCert for CertResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let snapshot = self.published.load();
         let name = hello.server_name().map(str::to_ascii_lowercase);
-        snapshot.tls.resolve(name.as_deref()).map(|cert| cert.key.clone())
+        snapshot
+            .tls
+            .resolve(name.as_deref())
+            .map(|cert| cert.key.clone())
     }
 }
 
 /// The server configuration: TLS 1.3 and 1.2 with the provider's AEAD suites only, ALPN h2 then
 /// http/1.1, stateless resumption tickets whose keys rotate, and a session cache for TLS 1.2.
-pub fn server_config(published: Arc<Published>) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+pub fn server_config(
+    published: Arc<Published>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
     let mut config = rustls::ServerConfig::builder_with_provider(super::certs::provider().clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .with_no_client_auth()

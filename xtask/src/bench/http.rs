@@ -15,14 +15,32 @@ pub fn run(bench: &Bench) -> Result<()> {
 }
 
 /// Interleaves nginx and ingress runs and prints the medians and the ratio.
-pub fn compare(title: &str, bench: &Bench, nginx_url: &str, ingress_url: &str, header: Option<&str>) -> Result<()> {
+pub fn compare(
+    title: &str,
+    bench: &Bench,
+    nginx_url: &str,
+    ingress_url: &str,
+    header: Option<&str>,
+) -> Result<()> {
     let warm = std::time::Duration::from_secs(1);
     wrk::run(nginx_url, rig::HOST, warm, bench.connections, header)?;
     wrk::run(ingress_url, rig::HOST, warm, bench.connections, header)?;
     let (mut n, mut i) = (Vec::new(), Vec::new());
     for _ in 0..bench.rounds {
-        n.push(wrk::run(nginx_url, rig::HOST, bench.duration, bench.connections, header)?);
-        i.push(wrk::run(ingress_url, rig::HOST, bench.duration, bench.connections, header)?);
+        n.push(wrk::run(
+            nginx_url,
+            rig::HOST,
+            bench.duration,
+            bench.connections,
+            header,
+        )?);
+        i.push(wrk::run(
+            ingress_url,
+            rig::HOST,
+            bench.duration,
+            bench.connections,
+            header,
+        )?);
     }
     let summary = |runs: &[wrk::Load]| {
         (
@@ -33,11 +51,29 @@ pub fn compare(title: &str, bench: &Bench, nginx_url: &str, ingress_url: &str, h
     };
     let (nr, n50, n99) = summary(&n);
     let (ir, i50, i99) = summary(&i);
-    println!("\n## {title} ({} connections, median of {} rounds)", bench.connections, bench.rounds);
-    println!("{:<10} {:>12} {:>10} {:>10}", "proxy", "requests/s", "p50 ms", "p99 ms");
+    println!(
+        "\n## {title} ({} connections, median of {} rounds)",
+        bench.connections, bench.rounds
+    );
+    println!(
+        "{:<10} {:>12} {:>10} {:>10}",
+        "proxy", "requests/s", "p50 ms", "p99 ms"
+    );
     println!("{:<10} {:>12.0} {:>10.3} {:>10.3}", "nginx", nr, n50, n99);
     println!("{:<10} {:>12.0} {:>10.3} {:>10.3}", "ingress", ir, i50, i99);
-    println!("ratio ingress/nginx: requests/s {:.2}x, p99 {:.2}x (lower is better)", ir / nr, i99 / n99);
-    println!("rounds (requests/s): nginx {:?} ingress {:?}", n.iter().map(|l| l.requests_per_sec.round()).collect::<Vec<_>>(), i.iter().map(|l| l.requests_per_sec.round()).collect::<Vec<_>>());
+    println!(
+        "ratio ingress/nginx: requests/s {:.2}x, p99 {:.2}x (lower is better)",
+        ir / nr,
+        i99 / n99
+    );
+    println!(
+        "rounds (requests/s): nginx {:?} ingress {:?}",
+        n.iter()
+            .map(|l| l.requests_per_sec.round())
+            .collect::<Vec<_>>(),
+        i.iter()
+            .map(|l| l.requests_per_sec.round())
+            .collect::<Vec<_>>()
+    );
     Ok(())
 }

@@ -7,11 +7,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 pub fn cpus() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 pub fn require(tool: &str) -> Result<()> {
-    let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).stdout(Stdio::null()).status()?.success();
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()?
+        .success();
     if !found {
         bail!("{tool} is not installed; run `cargo xtask setup`");
     }
@@ -38,7 +44,12 @@ impl Running {
     pub fn start(name: &'static str, mut cmd: Command, log: &Path) -> Result<Running> {
         let out = std::fs::File::create(log)?;
         let err = out.try_clone()?;
-        let child = cmd.stdin(Stdio::null()).stdout(out).stderr(err).spawn().with_context(|| format!("starting {name}"))?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
         Ok(Running { child })
     }
 
@@ -60,9 +71,13 @@ impl Running {
     pub fn cpu_time(&self) -> Result<Duration> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
         // Fields after the parenthesised command name; utime and stime are 14 and 15 (1-based).
-        let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("bad stat")?;
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .context("bad stat")?;
         let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0) + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+            + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         Ok(Duration::from_millis(ticks * 1000 / hz))
@@ -81,7 +96,16 @@ pub fn wait_http(url: &str, host: &str, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let out = Command::new("curl")
-            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", "-H", &format!("Host: {host}"), url])
+            .args([
+                "-sk",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-H",
+                &format!("Host: {host}"),
+                url,
+            ])
             .output()?;
         if out.stdout == b"200" {
             return Ok(());
@@ -101,5 +125,9 @@ pub fn fetch(url: &str) -> Result<String> {
 
 /// The value of an unlabelled Prometheus sample.
 pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }

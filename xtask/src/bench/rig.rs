@@ -30,8 +30,23 @@ impl Rig {
         let dir = bench.scratch("rig")?;
         let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
         let status = Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "30"])
-            .args(["-subj", &format!("/CN={HOST}"), "-addext", &format!("subjectAltName=DNS:{HOST}")])
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "30",
+            ])
+            .args([
+                "-subj",
+                &format!("/CN={HOST}"),
+                "-addext",
+                &format!("subjectAltName=DNS:{HOST}"),
+            ])
             .arg("-keyout")
             .arg(&key)
             .arg("-out")
@@ -39,15 +54,20 @@ impl Rig {
             .output()?;
         anyhow::ensure!(status.status.success(), "openssl req failed");
 
-        write(&dir.join("upstream.conf"), &format!(
-            "worker_processes 1; daemon off; pid {d}/upstream.pid; error_log {d}/upstream-error.log;\n\
+        write(
+            &dir.join("upstream.conf"),
+            &format!(
+                "worker_processes 1; daemon off; pid {d}/upstream.pid; error_log {d}/upstream-error.log;\n\
              events {{ worker_connections 8192; }}\n\
              http {{ access_log off; server {{ listen 127.0.0.1:{UPSTREAM_PORT} backlog=4096; keepalive_requests 100000000;\n\
              location / {{ return 200 \"hello from the upstream\\n\"; }} }} }}\n",
-            d = dir.display()
-        ))?;
-        write(&dir.join("proxy.conf"), &format!(
-            "worker_processes 1; daemon off; pid {d}/proxy.pid; error_log {d}/proxy-error.log;\n\
+                d = dir.display()
+            ),
+        )?;
+        write(
+            &dir.join("proxy.conf"),
+            &format!(
+                "worker_processes 1; daemon off; pid {d}/proxy.pid; error_log {d}/proxy-error.log;\n\
              events {{ worker_connections 8192; }}\n\
              http {{ access_log off;\n\
              upstream backend {{ server 127.0.0.1:{UPSTREAM_PORT}; keepalive 128; }}\n\
@@ -57,45 +77,79 @@ impl Rig {
              location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
              proxy_set_header Host $host; proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
              proxy_set_header X-Real-IP $remote_addr; proxy_set_header X-Forwarded-Proto $scheme; }} }} }}\n",
-            d = dir.display(),
-            cert = cert.display(),
-            key = key.display()
-        ))?;
+                d = dir.display(),
+                cert = cert.display(),
+                key = key.display()
+            ),
+        )?;
         let mut upstream_cmd = procs::pinned(1, "nginx");
-        upstream_cmd.args(["-p", &dir.to_string_lossy(), "-c"]).arg(dir.join("upstream.conf"));
+        upstream_cmd
+            .args(["-p", &dir.to_string_lossy(), "-c"])
+            .arg(dir.join("upstream.conf"));
         let upstream = Running::start("upstream", upstream_cmd, &dir.join("upstream.log"))?;
         let mut nginx_cmd = procs::pinned(0, "nginx");
-        nginx_cmd.args(["-p", &dir.to_string_lossy(), "-c"]).arg(dir.join("proxy.conf"));
+        nginx_cmd
+            .args(["-p", &dir.to_string_lossy(), "-c"])
+            .arg(dir.join("proxy.conf"));
         let nginx = Running::start("nginx", nginx_cmd, &dir.join("nginx.log"))?;
 
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
         let indent = |path: &PathBuf| -> Result<String> {
-            Ok(std::fs::read_to_string(path)?.lines().map(|l| format!("    {l}\n")).collect())
+            Ok(std::fs::read_to_string(path)?
+                .lines()
+                .map(|l| format!("    {l}\n"))
+                .collect())
         };
-        write(&manifests.join("bench.yaml"), &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
+        write(
+            &manifests.join("bench.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream}}}}\n\
              addressType: IPv4\nports: [{{name: http, port: {UPSTREAM_PORT}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
              apiVersion: v1\nkind: Secret\nmetadata: {{name: bench-tls, namespace: bench}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{crt}  tls.key: |\n{key}---\n\
              apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: bench, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/ssl-redirect: \"false\"}}}}\n\
              spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{HOST}], secretName: bench-tls}}]\n  rules:\n  - host: {HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
-            crt = indent(&cert)?,
-            key = indent(&key)?
-        ))?;
+                crt = indent(&cert)?,
+                key = indent(&key)?
+            ),
+        )?;
         let mut ingress_cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
         ingress_cmd
             .arg("--manifests")
             .arg(&manifests)
-            .args(["--bind", "127.0.0.1", "--worker-threads", "1", "--access-log", "false", "--log-level", "warn"])
-            .args(["--http-port", &INGRESS_HTTP.to_string(), "--https-port", &INGRESS_HTTPS.to_string(), "--admin-port", &INGRESS_ADMIN.to_string()])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--worker-threads",
+                "1",
+                "--access-log",
+                "false",
+                "--log-level",
+                "warn",
+            ])
+            .args([
+                "--http-port",
+                &INGRESS_HTTP.to_string(),
+                "--https-port",
+                &INGRESS_HTTPS.to_string(),
+                "--admin-port",
+                &INGRESS_ADMIN.to_string(),
+            ])
             .args(extra_args);
         let ingress = Running::start("ingress", ingress_cmd, &dir.join("ingress.log"))?;
 
         let timeout = Duration::from_secs(20);
-        procs::wait_http(&format!("http://127.0.0.1:{UPSTREAM_PORT}/"), HOST, timeout).context("upstream")?;
-        procs::wait_http(&format!("http://127.0.0.1:{NGINX_HTTP}/"), HOST, timeout).context("nginx")?;
-        procs::wait_http(&format!("http://127.0.0.1:{INGRESS_HTTP}/"), HOST, timeout).context("ingress")?;
-        Ok(Rig { _upstream: upstream, nginx, ingress })
+        procs::wait_http(&format!("http://127.0.0.1:{UPSTREAM_PORT}/"), HOST, timeout)
+            .context("upstream")?;
+        procs::wait_http(&format!("http://127.0.0.1:{NGINX_HTTP}/"), HOST, timeout)
+            .context("nginx")?;
+        procs::wait_http(&format!("http://127.0.0.1:{INGRESS_HTTP}/"), HOST, timeout)
+            .context("ingress")?;
+        Ok(Rig {
+            _upstream: upstream,
+            nginx,
+            ingress,
+        })
     }
 }

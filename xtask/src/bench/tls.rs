@@ -23,21 +23,44 @@ pub fn run(bench: &Bench) -> Result<()> {
         &format!("https://127.0.0.1:{}/", rig::INGRESS_HTTPS),
         None,
     )?;
-    let rate: u32 = if bench.duration.as_secs() < 6 { 300 } else { 500 };
+    let rate: u32 = if bench.duration.as_secs() < 6 {
+        300
+    } else {
+        500
+    };
     let seconds: u32 = if bench.duration.as_secs() < 6 { 4 } else { 8 };
     let (mut n, mut i) = (Vec::new(), Vec::new());
     for _ in 0..bench.rounds {
-        n.push(new_connections(&rig.nginx, rig::NGINX_HTTPS, rate, seconds)?);
-        i.push(new_connections(&rig.ingress, rig::INGRESS_HTTPS, rate, seconds)?);
+        n.push(new_connections(
+            &rig.nginx,
+            rig::NGINX_HTTPS,
+            rate,
+            seconds,
+        )?);
+        i.push(new_connections(
+            &rig.ingress,
+            rig::INGRESS_HTTPS,
+            rate,
+            seconds,
+        )?);
     }
     let per_cpu = |runs: &[Handshakes]| median(runs.iter().map(|h| h.per_cpu_second).collect());
     let ok = |runs: &[Handshakes]| median(runs.iter().map(|h| h.succeeded as f64).collect());
     let (np, ip) = (per_cpu(&n), per_cpu(&i));
-    println!("\n## New TLS 1.3 connections ({rate}/s for {seconds}s, one request each, median of {} rounds)", bench.rounds);
-    println!("{:<10} {:>14} {:>22}", "proxy", "succeeded", "handshakes/CPU-second");
+    println!(
+        "\n## New TLS 1.3 connections ({rate}/s for {seconds}s, one request each, median of {} rounds)",
+        bench.rounds
+    );
+    println!(
+        "{:<10} {:>14} {:>22}",
+        "proxy", "succeeded", "handshakes/CPU-second"
+    );
     println!("{:<10} {:>14.0} {:>22.0}", "nginx", ok(&n), np);
     println!("{:<10} {:>14.0} {:>22.0}", "ingress", ok(&i), ip);
-    println!("ratio ingress/nginx: handshakes per CPU-second {:.2}x", ip / np);
+    println!(
+        "ratio ingress/nginx: handshakes per CPU-second {:.2}x",
+        ip / np
+    );
     drop(rig);
     Ok(())
 }
@@ -51,7 +74,14 @@ fn new_connections(proxy: &Running, port: u16, rate: u32, seconds: u32) -> Resul
     let total = rate * seconds;
     let before = proxy.cpu_time()?;
     let out = procs::pinned(1, "h2load")
-        .args(["--h1", "-t1", &format!("-c{total}"), &format!("-n{total}"), &format!("-r{}", rate / 10), "--rate-period=0.1s"])
+        .args([
+            "--h1",
+            "-t1",
+            &format!("-c{total}"),
+            &format!("-n{total}"),
+            &format!("-r{}", rate / 10),
+            "--rate-period=0.1s",
+        ])
         .arg(format!("--connect-to=127.0.0.1:{port}"))
         .args(["-H", &format!("host: {}", rig::HOST)])
         .arg(format!("https://{}:{port}/", rig::HOST))
@@ -63,8 +93,14 @@ fn new_connections(proxy: &Running, port: u16, rate: u32, seconds: u32) -> Resul
     let succeeded = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("requests:"))
-        .and_then(|l| l.split(',').find_map(|p| p.trim().strip_suffix(" succeeded").map(str::to_string)))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|p| p.trim().strip_suffix(" succeeded").map(str::to_string))
+        })
         .and_then(|v| v.trim().parse().ok())
         .with_context(|| format!("unexpected h2load output:\n{text}"))?;
-    Ok(Handshakes { succeeded, per_cpu_second: succeeded as f64 / cpu.as_secs_f64().max(0.001) })
+    Ok(Handshakes {
+        succeeded,
+        per_cpu_second: succeeded as f64 / cpu.as_secs_f64().max(0.001),
+    })
 }

@@ -14,27 +14,50 @@ pub struct Load {
 }
 
 /// Runs wrk (one thread, pinned next to the upstream) against `url` with a Host header.
-pub fn run(url: &str, host: &str, duration: Duration, connections: u32, extra_header: Option<&str>) -> Result<Load> {
+pub fn run(
+    url: &str,
+    host: &str,
+    duration: Duration,
+    connections: u32,
+    extra_header: Option<&str>,
+) -> Result<Load> {
     let mut cmd = procs::pinned(1, "wrk");
-    cmd.args(["-t1", &format!("-c{connections}"), &format!("-d{}s", duration.as_secs().max(1)), "--latency"])
-        .args(["-H", &format!("Host: {host}")]);
+    cmd.args([
+        "-t1",
+        &format!("-c{connections}"),
+        &format!("-d{}s", duration.as_secs().max(1)),
+        "--latency",
+    ])
+    .args(["-H", &format!("Host: {host}")]);
     if let Some(h) = extra_header {
         cmd.args(["-H", h]);
     }
     let out = cmd.arg(url).output().context("running wrk")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    parse(&text).with_context(|| format!("unexpected wrk output:\n{text}{}", String::from_utf8_lossy(&out.stderr)))
+    parse(&text).with_context(|| {
+        format!(
+            "unexpected wrk output:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 pub fn parse(text: &str) -> Option<Load> {
-    let rps = text.lines().find_map(|l| l.trim().strip_prefix("Requests/sec:")).and_then(|v| v.trim().parse().ok())?;
+    let rps = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())?;
     let percentile = |p: &str| {
         text.lines()
             .map(str::trim)
             .find_map(|l| l.strip_prefix(p).map(str::trim))
             .and_then(duration_ms)
     };
-    Some(Load { requests_per_sec: rps, p50_ms: percentile("50%")?, p99_ms: percentile("99%")? })
+    Some(Load {
+        requests_per_sec: rps,
+        p50_ms: percentile("50%")?,
+        p99_ms: percentile("99%")?,
+    })
 }
 
 /// wrk prints durations as `628.00us`, `1.33ms` or `2.10s`.
