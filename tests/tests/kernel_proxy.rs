@@ -1,0 +1,2150 @@
+//! The kernel SNI gate through the real proxy, as root. Each test makes its own server and
+//! client network namespaces joined by a veth link (MTU 1500, one MSS per packet), starts the
+//! real `ingress` binary in the server namespace on ports 80, 443 and 10254 with manifests it
+//! writes, and drives it from the client namespace with curl, openssl, rustls and raw writers.
+//!
+//! ```text
+//!   client ns 10.231.0.2                 veth               server ns 10.231.0.1
+//!   curl, openssl s_client,  ───────────────────────────►  ingress :443 --mode ebpf|userspace
+//!   rustls, raw bytes                                        └► test backend on 127.0.0.1
+//!                                  the test thread lives here: admin :10254, bpftool, pins
+//! ```
+//!
+//! Most scenarios run in both modes, because a client must not be able to tell them apart; the
+//! kernel's own counters (`ingress_ebpf_gate_total`) are checked in eBPF mode.
+//!
+//! Without root, kernel BTF or an embedded eBPF object the tests print a loud skip notice and
+//! pass — unless CI=true, where that is a failure.
+
+// Setup helpers fail the test with a message, as the test bodies do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use ingress::client_hello;
+use ingress_tests::client::{blocking_get, metric_value};
+use ingress_tests::manifests::service;
+use ingress_tests::netns::{NetPair, SERVER_IP};
+use ingress_tests::pki::{Ca, KeyFormat, KeyKind, Leaf, secret_yaml};
+use ingress_tests::process::binary;
+use ingress_tests::scratch::Scratch;
+use ingress_tests::upstream::Backend;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::TlsConnector;
+
+/// Ports inside the server namespace; each test has its own, so the real ones are free.
+#[derive(Clone, Copy)]
+struct Ports {
+    http: u16,
+    https: u16,
+    admin: u16,
+}
+
+const MAIN: Ports = Ports {
+    http: 80,
+    https: 443,
+    admin: 10254,
+};
+/// A second proxy beside the first, for comparing the modes on identical input.
+const SECOND: Ports = Ports {
+    http: 8080,
+    https: 8443,
+    admin: 10255,
+};
+const STEP: Duration = Duration::from_secs(5);
+const READY: Duration = Duration::from_secs(30);
+const KNOWN: &str = "known.test";
+const WILDCARD: &str = "*.wild.test";
+/// Every name the site's certificate covers; the tests serve subsets of them.
+const CERT_NAMES: [&str; 6] = [
+    KNOWN,
+    WILDCARD,
+    "stay.test",
+    "new.test",
+    "gone.test",
+    "chromium.example.test",
+];
+/// The capabilities deploy/daemonset.yaml grants, in setpriv's spelling.
+const DAEMONSET_CAPS: [&str; 4] = ["bpf", "perfmon", "net_admin", "net_bind_service"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Ebpf,
+    Userspace,
+}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Mode::Ebpf => "ebpf",
+            Mode::Userspace => "userspace",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Skipping
+
+/// Skips (or, under CI=true, fails) when this machine cannot run kernel tests.
+fn skip_or_fail(why: &str) {
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("kernel proxy test cannot run under CI=true: {why}");
+    }
+    eprintln!("\n**************** SKIPPED kernel proxy test: {why} ****************\n");
+}
+
+fn preflight() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip_or_fail("not root");
+        return false;
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        skip_or_fail("the kernel has no BTF");
+        return false;
+    }
+    let version = Command::new(binary())
+        .arg("version")
+        .output()
+        .expect("ingress version");
+    let version = String::from_utf8_lossy(&version.stdout);
+    if !version.contains("(eBPF object embedded)") {
+        skip_or_fail(&format!(
+            "the ingress binary carries no eBPF object ({}); run `cargo xtask build` first",
+            version.trim()
+        ));
+        return false;
+    }
+    true
+}
+
+// ---------------------------------------------------------------------------------------------
+// The site: namespaces, a backend, a certificate, manifests, and proxies started on them
+
+/// A per-test pin directory, removed on drop.
+struct PinDir(PathBuf);
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Field order is drop order: the backend stops and the files go before the namespaces.
+struct Site {
+    backend: Backend,
+    leaf: Leaf,
+    ca_file: PathBuf,
+    clients: Clients,
+    dir: Scratch,
+    pins: PinDir,
+    pair: NetPair,
+}
+
+impl Site {
+    /// Namespaces, backend and manifests serving `hosts`. `None` when skipping. The calling
+    /// thread moves into the server namespace: the proxies it starts, the backend, the admin
+    /// scrapes and bpftool all live there; clients are made in the client namespace.
+    fn new(tag: &str, hosts: &[&str]) -> Option<Site> {
+        if !preflight() {
+            return None;
+        }
+        let pins = PinDir(PathBuf::from(format!(
+            "/sys/fs/bpf/ingress-test-proxy-{tag}-{}",
+            std::process::id()
+        )));
+        let pair = NetPair::create(tag).expect("create network namespaces");
+        pair.server.enter().expect("enter the server namespace");
+        let dir = Scratch::new(&format!("kernel-proxy-{tag}"));
+        std::fs::create_dir_all(dir.path().join("manifests")).expect("manifests dir");
+        let backend = Backend::start("web");
+        let ca = Ca::new("kernel proxy test CA");
+        let leaf = ca.leaf(
+            "site",
+            &CERT_NAMES,
+            KeyKind::EcdsaP256,
+            KeyFormat::Pkcs8,
+            false,
+        );
+        let ca_file = dir.write("ca.pem", &ca.pem);
+        let site = Site {
+            backend,
+            leaf,
+            ca_file,
+            clients: Clients::new(&ca),
+            dir,
+            pins,
+            pair,
+        };
+        site.write_hosts(hosts);
+        Some(site)
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    /// Replaces the Ingress (atomically, as a ConfigMap mount does) with one serving `hosts`.
+    fn write_hosts(&self, hosts: &[&str]) {
+        let mut yaml = service("t", "web", &[&self.backend])
+            + &secret_yaml("t", "site-tls", &self.leaf.chain, &self.leaf.key);
+        let covered: Vec<String> = hosts
+            .iter()
+            .filter(|h| CERT_NAMES.contains(h))
+            .map(|h| format!("\"{h}\""))
+            .collect();
+        yaml += &format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: site, namespace: t}}\nspec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{}], secretName: site-tls}}]\n  rules:\n",
+            covered.join(", ")
+        );
+        for host in hosts {
+            yaml += &format!(
+                "  - host: \"{host}\"\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}\n"
+            );
+        }
+        let tmp = self.dir.path().join(".site.yaml.tmp");
+        std::fs::write(&tmp, yaml).expect("write manifests");
+        std::fs::rename(&tmp, self.manifests().join("site.yaml")).expect("rename manifests");
+    }
+
+    /// The flags every proxy here runs with, then `extra`.
+    fn args(&self, mode: &str, ports: Ports, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "--manifests".into(),
+            self.manifests().display().to_string(),
+            "--mode".into(),
+            mode.into(),
+            "--bpf-pin-dir".into(),
+            self.pins.0.display().to_string(),
+            "--bind".into(),
+            "0.0.0.0".into(),
+            "--http-port".into(),
+            ports.http.to_string(),
+            "--https-port".into(),
+            ports.https.to_string(),
+            "--admin-port".into(),
+            ports.admin.to_string(),
+            "--access-log".into(),
+            "false".into(),
+            "--log-level".into(),
+            "info".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    /// Starts a proxy in `mode` on the main ports and waits until it is ready.
+    async fn start(&self, mode: Mode, extra: &[&str]) -> Proxy {
+        let proxy = self.spawn(&[], &self.args(mode.flag(), MAIN, extra), MAIN);
+        proxy.wait_ready().await;
+        proxy
+    }
+
+    /// Starts `ingress args…` (behind `wrapper…`, e.g. setpriv) without waiting.
+    fn spawn(&self, wrapper: &[String], args: &[String], ports: Ports) -> Proxy {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = self.dir.path().join(format!("ingress-{n}.log"));
+        let out = std::fs::File::create(&log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(rest).arg(binary());
+                cmd
+            }
+            None => Command::new(binary()),
+        };
+        // Spawned from this thread, so the child starts in the server namespace.
+        let child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn ingress");
+        Proxy { child, log, ports }
+    }
+
+    /// A socket in the client namespace, connected to the server's `port`.
+    async fn connect(&self, port: u16) -> TcpStream {
+        let socket = client_sockets(&self.pair, 1).pop().expect("a socket");
+        let stream = tokio::time::timeout(STEP, socket.connect(server(port)))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        stream
+    }
+
+    async fn send(&self, port: u16, chunks: &[&[u8]], pause: Duration) -> Ending {
+        send_raw(self.connect(port).await, chunks, pause).await
+    }
+
+    async fn https_get(&self, port: u16, sni: Option<&str>, host: &str) -> Outcome {
+        https_get(self.connect(port).await, &self.clients, sni, host).await
+    }
+
+    /// `curl https://<name>/` verified against the test CA; the HTTP status, or `None` if
+    /// curl failed (with its exit code).
+    async fn curl(&self, name: &str) -> Result<u16, Option<i32>> {
+        let out = self
+            .pair
+            .client
+            .command("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+            ])
+            .arg("--cacert")
+            .arg(&self.ca_file)
+            .arg("--resolve")
+            .arg(format!("{name}:{}:{SERVER_IP}", MAIN.https))
+            .arg(format!("https://{name}/"))
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(STEP * 2, out)
+            .await
+            .expect("curl finished")
+            .expect("run curl");
+        let code = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        if out.status.success() && code != 0 {
+            Ok(code)
+        } else {
+            Err(out.status.code())
+        }
+    }
+
+    /// `openssl s_client` sending one HTTP request: its stdout (empty if it was reset).
+    async fn openssl(&self, sni: Option<&str>, host: &str) -> String {
+        let mut cmd = self.pair.client.command("openssl");
+        cmd.args(["s_client", "-quiet", "-connect"])
+            .arg(format!("{SERVER_IP}:{}", MAIN.https));
+        match sni {
+            Some(name) => {
+                cmd.args(["-servername", name, "-verify_return_error", "-CAfile"])
+                    .arg(&self.ca_file);
+            }
+            None => {
+                cmd.arg("-noservername");
+            }
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run openssl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        // A reset connection makes openssl exit before it reads this: a failed write is fine.
+        let _ = stdin.write_all(request.as_bytes()).await;
+        let out = tokio::time::timeout(STEP * 2, child.wait_with_output())
+            .await
+            .expect("openssl finished")
+            .expect("openssl output");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+fn server(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(SERVER_IP), port)
+}
+
+/// `n` sockets made in the client namespace (a socket stays in the namespace it was made in).
+fn client_sockets(pair: &NetPair, n: usize) -> Vec<TcpSocket> {
+    pair.client
+        .run(move || {
+            (0..n)
+                .map(|_| TcpSocket::new_v4().expect("client socket"))
+                .collect()
+        })
+        .expect("client namespace thread")
+}
+
+// ---------------------------------------------------------------------------------------------
+// A running proxy
+
+struct Proxy {
+    child: Child,
+    log: PathBuf,
+    ports: Ports,
+}
+
+impl Proxy {
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn admin(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports.admin))
+    }
+
+    fn scrape(&self) -> Scrape {
+        let (status, body) = blocking_get(self.admin(), "/metrics", "localhost");
+        assert_eq!(status, 200, "/metrics; logs:\n{}", self.logs());
+        Scrape(body)
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + READY;
+        loop {
+            if blocking_get(self.admin(), "/readyz", "localhost").0 == 200 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ingress not ready within {READY:?}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.pid()).expect("pid");
+        // SAFETY: signalling our own child, which has not been reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill {pid}");
+    }
+
+    /// Waits for the process to end.
+    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ingress still running after {timeout:?}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One `/metrics` answer.
+struct Scrape(String);
+
+impl Scrape {
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        metric_value(&self.0, name, labels).unwrap_or(0.0)
+    }
+
+    /// The sum of every sample of `name`, whatever its labels.
+    fn sum(&self, name: &str) -> f64 {
+        self.0
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+            .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+            .sum()
+    }
+
+    /// `ingress_sni_gate_total{reason}`: the decisions the proxy acted on.
+    fn gate(&self, reason: &str) -> f64 {
+        self.value("ingress_sni_gate_total", &[("reason", reason)])
+    }
+
+    /// `ingress_ebpf_gate_total{counter}`: the kernel's own count.
+    fn kernel(&self, counter: &str) -> f64 {
+        self.value("ingress_ebpf_gate_total", &[("counter", counter)])
+    }
+
+    fn handshakes(&self) -> f64 {
+        self.sum("ingress_tls_handshakes_total")
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.lines().any(|l| l.starts_with(name))
+    }
+}
+
+const REASONS: [&str; 6] = [
+    "pass",
+    "unknown",
+    "no_sni",
+    "malformed",
+    "not_tls",
+    "passthrough",
+];
+
+/// The reasons whose counter moved between two scrapes (one, or none if nothing was decided).
+fn moved(before: &Scrape, after: &Scrape, counter: impl Fn(&Scrape, &str) -> f64) -> Vec<String> {
+    REASONS
+        .iter()
+        .filter(|r| counter(after, r) > counter(before, r))
+        .map(|r| r.to_string())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients
+
+/// How a connection that sent raw bytes ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ending {
+    /// ECONNRESET, this long after the last byte was written.
+    Reset(Duration),
+    /// FIN without data.
+    Closed,
+    /// The server sent bytes back (a ServerHello, an alert…): the first ones.
+    Answered(Vec<u8>),
+    Silent,
+}
+
+/// Writes `chunks` (pausing between them) and reports what came back.
+async fn send_raw(mut stream: TcpStream, chunks: &[&[u8]], pause: Duration) -> Ending {
+    let mut sent = Instant::now();
+    for (i, chunk) in chunks.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(pause).await;
+        }
+        sent = Instant::now();
+        if let Err(e) = stream.write_all(chunk).await {
+            return match e.kind() {
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => {
+                    Ending::Reset(sent.elapsed())
+                }
+                _ => panic!("client write: {e}"),
+            };
+        }
+    }
+    let mut buf = [0u8; 1024];
+    match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
+        Err(_) => Ending::Silent,
+        Ok(Ok(0)) => Ending::Closed,
+        Ok(Ok(n)) => Ending::Answered(buf[..n].to_vec()),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => Ending::Reset(sent.elapsed()),
+        Ok(Err(e)) => panic!("client read: {e}"),
+    }
+}
+
+/// What a client making an HTTPS request saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// The response status.
+    Served(u16),
+    /// Reset before the handshake finished.
+    Reset,
+    Failed(String),
+}
+
+/// rustls client configurations: one that verifies against the test CA, one that accepts
+/// anything (for connections without SNI, which get the default certificate).
+#[derive(Clone)]
+struct Clients {
+    verified: Arc<rustls::ClientConfig>,
+    any: Arc<rustls::ClientConfig>,
+}
+
+impl Clients {
+    fn new(ca: &Ca) -> Clients {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut any = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth();
+        any.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Clients {
+            verified: ca.client_config(&[b"http/1.1"]),
+            any: Arc::new(any),
+        }
+    }
+}
+
+/// Accepts every certificate, still checking handshake signatures.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS handshake (SNI `sni`, or none with the permissive config), then `GET /` with `Host:
+/// host` and `Connection: close`.
+async fn https_get<S>(stream: S, clients: &Clients, sni: Option<&str>, host: &str) -> Outcome
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (config, name) = match sni {
+        Some(name) => (
+            clients.verified.clone(),
+            ServerName::try_from(name.to_string()).expect("a DNS name"),
+        ),
+        // rustls sends no server_name for an IP address.
+        None => (clients.any.clone(), ServerName::IpAddress(SERVER_IP.into())),
+    };
+    let connect = TlsConnector::from(config).connect(name, stream);
+    let mut tls = match tokio::time::timeout(STEP * 2, connect).await {
+        Err(_) => return Outcome::Failed("handshake timed out".into()),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => return Outcome::Reset,
+        Ok(Err(e)) => return Outcome::Failed(format!("handshake: {e}")),
+        Ok(Ok(tls)) => tls,
+    };
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    if let Err(e) = tls.write_all(request.as_bytes()).await {
+        return Outcome::Failed(format!("write: {e}"));
+    }
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(STEP * 2, tls.read(&mut buf)).await {
+            Err(_) => return Outcome::Failed("response timed out".into()),
+            Ok(Ok(0)) => break,
+            Ok(Ok(n)) => response.extend_from_slice(&buf[..n]),
+            // Some servers close without close_notify once the response is complete.
+            Ok(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof && !response.is_empty() => {
+                break;
+            }
+            Ok(Err(e)) => return Outcome::Failed(format!("read: {e}")),
+        }
+    }
+    let text = String::from_utf8_lossy(&response);
+    match text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+    {
+        Some(status) => Outcome::Served(status),
+        None => Outcome::Failed(format!("no status line in {text:?}")),
+    }
+}
+
+/// Writes through to `inner`, but stops at each cut offset and pauses before writing more, so a
+/// ClientHello leaves in pieces, as a slow or fragmenting client sends it.
+struct Pieces<S> {
+    inner: S,
+    cuts: VecDeque<usize>,
+    written: usize,
+    pause: Duration,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Pieces<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if let Some(sleep) = this.sleep.as_mut() {
+            ready!(sleep.as_mut().poll(cx));
+            this.sleep = None;
+        }
+        let limit = match this.cuts.front() {
+            Some(&cut) => (cut - this.written).min(buf.len()),
+            None => buf.len(),
+        };
+        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, &buf[..limit]))?;
+        this.written += n;
+        if this.cuts.front() == Some(&this.written) {
+            this.cuts.pop_front();
+            this.sleep = Some(Box::pin(tokio::time::sleep(this.pause)));
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Pieces<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+fn corpus(file: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data/clienthello")
+        .join(file);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// `bytes` with every occurrence of `from` replaced by `to` (same length, so every length field
+/// stays right).
+fn renamed(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+    assert_eq!(from.len(), to.len());
+    let mut out = bytes.to_vec();
+    let mut found = 0;
+    let mut at = 0;
+    while let Some(pos) = out[at..]
+        .windows(from.len())
+        .position(|w| w == from.as_bytes())
+    {
+        let start = at + pos;
+        out[start..start + to.len()].copy_from_slice(to.as_bytes());
+        at = start + to.len();
+        found += 1;
+    }
+    assert!(found > 0, "{from} is not in the hello");
+    out
+}
+
+fn assert_fast_reset(ending: &Ending, what: &str) {
+    match ending {
+        Ending::Reset(after) => {
+            eprintln!("{what}: reset {after:?} after the last byte");
+            assert!(
+                *after < Duration::from_millis(50),
+                "{what}: reset took {after:?}"
+            );
+        }
+        other => panic!("{what}: expected a reset, got {other:?}"),
+    }
+}
+
+/// Polls `/metrics` until `done` holds (counters move a moment after a client sees the end).
+async fn scrape_until(proxy: &Proxy, what: &str, done: impl Fn(&Scrape) -> bool) -> Scrape {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let scrape = proxy.scrape();
+        if done(&scrape) {
+            return scrape;
+        }
+        assert!(Instant::now() < deadline, "{what}; metrics:\n{}", scrape.0);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Known, unknown, wildcard
+
+async fn known_names_are_served_to_curl_and_openssl(mode: Mode) {
+    let Some(site) = Site::new(&format!("known-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    assert_eq!(
+        before.value("ingress_ebpf_enabled", &[]),
+        f64::from(mode == Mode::Ebpf)
+    );
+
+    assert_eq!(
+        site.curl(KNOWN).await,
+        Ok(200),
+        "curl; logs:\n{}",
+        proxy.logs()
+    );
+    let out = site.openssl(Some(KNOWN), KNOWN).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "openssl got {out:?}");
+    assert!(
+        out.contains("\"backend\":\"web\""),
+        "the backend answered: {out:?}"
+    );
+
+    let after = scrape_until(&proxy, "two handshakes", |s| {
+        s.value("ingress_tls_handshakes_total", &[("result", "ok")]) >= 2.0
+    })
+    .await;
+    assert_eq!(after.gate("pass") - before.gate("pass"), 2.0);
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("pass") - before.kernel("pass"), 2.0);
+        assert_eq!(
+            after.kernel("sock_added") - before.kernel("sock_added"),
+            2.0
+        );
+    }
+}
+
+#[tokio::test]
+async fn known_names_are_served_to_curl_and_openssl_ebpf() {
+    known_names_are_served_to_curl_and_openssl(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn known_names_are_served_to_curl_and_openssl_userspace() {
+    known_names_are_served_to_curl_and_openssl(Mode::Userspace).await;
+}
+
+async fn an_unknown_name_is_reset_within_50_ms_before_any_handshake(mode: Mode) {
+    let Some(site) = Site::new(&format!("unknown-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+
+    // curl's own hello, naming curl.example.test, which nothing serves.
+    let ending = site
+        .send(MAIN.https, &[&corpus("curl-tls13.bin")], Duration::ZERO)
+        .await;
+    assert_fast_reset(&ending, "curl's hello for an unknown name");
+    let after = scrape_until(&proxy, "one unknown decision", |s| {
+        s.gate("unknown") > before.gate("unknown")
+    })
+    .await;
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 1.0);
+    assert_eq!(
+        after.handshakes(),
+        before.handshakes(),
+        "a handshake started"
+    );
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("unknown") - before.kernel("unknown"), 1.0);
+        assert_eq!(after.kernel("dropped") - before.kernel("dropped"), 1.0);
+    }
+
+    // Real clients see the reset as a failed connection.
+    assert_eq!(site.curl("nobody.test").await.map_err(|_| ()), Err(()));
+    assert_eq!(site.openssl(Some("nobody.test"), "nobody.test").await, "");
+    let last = scrape_until(&proxy, "three unknown decisions", |s| {
+        s.gate("unknown") >= before.gate("unknown") + 3.0
+    })
+    .await;
+    assert_eq!(
+        last.handshakes(),
+        before.handshakes(),
+        "a handshake started"
+    );
+    if mode == Mode::Ebpf {
+        assert_eq!(last.kernel("unknown") - before.kernel("unknown"), 3.0);
+    }
+    assert!(!proxy.logs().contains("ERROR"), "{}", proxy.logs());
+}
+
+#[tokio::test]
+async fn an_unknown_name_is_reset_within_50_ms_before_any_handshake_ebpf() {
+    an_unknown_name_is_reset_within_50_ms_before_any_handshake(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn an_unknown_name_is_reset_within_50_ms_before_any_handshake_userspace() {
+    an_unknown_name_is_reset_within_50_ms_before_any_handshake(Mode::Userspace).await;
+}
+
+async fn a_wildcard_admits_one_label_and_no_more(mode: Mode) {
+    let Some(site) = Site::new(&format!("wild-{}", mode.flag()), &[WILDCARD]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    let cases = [
+        ("a.wild.test", true),
+        ("A.Wild.Test", true),
+        ("b.a.wild.test", false),
+        ("wild.test", false),
+    ];
+    for (name, admitted) in cases {
+        let out = site.openssl(Some(name), name).await;
+        if admitted {
+            assert!(out.starts_with("HTTP/1.1 200"), "{name}: {out:?}");
+        } else {
+            assert_eq!(out, "", "{name} should be reset");
+        }
+    }
+    assert_eq!(site.curl("c.wild.test").await, Ok(200));
+    let after = scrape_until(&proxy, "five decisions", |s| {
+        s.gate("pass") + s.gate("unknown") >= before.gate("pass") + before.gate("unknown") + 5.0
+    })
+    .await;
+    assert_eq!(after.gate("pass") - before.gate("pass"), 3.0);
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 2.0);
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("pass") - before.kernel("pass"), 3.0);
+        assert_eq!(after.kernel("unknown") - before.kernel("unknown"), 2.0);
+    }
+}
+
+#[tokio::test]
+async fn a_wildcard_admits_one_label_and_no_more_ebpf() {
+    a_wildcard_admits_one_label_and_no_more(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_wildcard_admits_one_label_and_no_more_userspace() {
+    a_wildcard_admits_one_label_and_no_more(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hellos in pieces
+
+async fn a_client_hello_in_three_writes_is_served(mode: Mode) {
+    let Some(site) = Site::new(&format!("split-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    // rustls' ClientHello leaves as the 5-byte record header, 145 bytes, then the rest.
+    let pieces = Pieces {
+        inner: site.connect(MAIN.https).await,
+        cuts: VecDeque::from([5, 150]),
+        written: 0,
+        pause: Duration::from_millis(100),
+        sleep: None,
+    };
+    let outcome = https_get(pieces, &site.clients, Some(KNOWN), KNOWN).await;
+    assert_eq!(outcome, Outcome::Served(200), "logs:\n{}", proxy.logs());
+    let after = proxy.scrape();
+    assert_eq!(after.gate("pass") - before.gate("pass"), 1.0);
+    if mode == Mode::Ebpf {
+        assert!(
+            after.kernel("parser_waited") > before.kernel("parser_waited"),
+            "the kernel never saw a partial record"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_client_hello_in_three_writes_is_served_ebpf() {
+    a_client_hello_in_three_writes_is_served(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_client_hello_in_three_writes_is_served_userspace() {
+    a_client_hello_in_three_writes_is_served(Mode::Userspace).await;
+}
+
+async fn chromiums_two_segment_hello_with_the_name_in_the_second(mode: Mode) {
+    // Chromium's post-quantum hello: 1929 bytes, server_name at byte 1640, past the first
+    // segment's payload on this MTU-1500 link.
+    let hello = corpus("chromium-2.bin");
+    assert!(hello.len() > 1500);
+    let Some(site) = Site::new(
+        &format!("chromium-{}", mode.flag()),
+        &["chromium.example.test"],
+    ) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+
+    // Known: admitted, and rustls answers with its ServerHello.
+    let ending = site.send(MAIN.https, &[&hello], Duration::ZERO).await;
+    match &ending {
+        Ending::Answered(bytes) => assert_eq!(&bytes[..3], &[0x16, 0x03, 0x03], "a handshake"),
+        other => panic!("expected rustls to answer, got {other:?}"),
+    }
+    let after = scrape_until(&proxy, "one pass", |s| s.gate("pass") > before.gate("pass")).await;
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("pass") - before.kernel("pass"), 1.0);
+        assert!(
+            after.kernel("parser_waited") > before.kernel("parser_waited"),
+            "the hello arrived in one segment, so this proves nothing"
+        );
+    }
+
+    // The same hello for a name of the same length that nothing serves: reset.
+    let unknown = renamed(&hello, "chromium.example.test", "chromium.unknown.test");
+    let ending = site.send(MAIN.https, &[&unknown], Duration::ZERO).await;
+    assert_fast_reset(&ending, "Chromium's hello for an unknown name");
+    let last = scrape_until(&proxy, "one unknown", |s| {
+        s.gate("unknown") > after.gate("unknown")
+    })
+    .await;
+    if mode == Mode::Ebpf {
+        assert_eq!(last.kernel("unknown") - after.kernel("unknown"), 1.0);
+    }
+}
+
+#[tokio::test]
+async fn chromiums_two_segment_hello_with_the_name_in_the_second_ebpf() {
+    chromiums_two_segment_hello_with_the_name_in_the_second(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn chromiums_two_segment_hello_with_the_name_in_the_second_userspace() {
+    chromiums_two_segment_hello_with_the_name_in_the_second(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// No SNI, garbage, plain HTTP
+
+async fn no_sni_garbage_and_plain_http_follow_the_flags(mode: Mode) {
+    let Some(site) = Site::new(&format!("cases-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    // Defaults: no SNI is served (default certificate); the rest is reset.
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    let out = site.openssl(None, KNOWN).await;
+    assert!(
+        out.starts_with("HTTP/1.1 200"),
+        "openssl without SNI: {out:?}"
+    );
+    assert_eq!(
+        site.https_get(MAIN.https, None, KNOWN).await,
+        Outcome::Served(200)
+    );
+    for (file, reason) in [
+        ("garbage.bin", "not_tls"),
+        ("http-get.bin", "not_tls"),
+        ("synth-duplicate-sni.bin", "malformed"),
+    ] {
+        let seen = proxy.scrape();
+        let ending = site
+            .send(MAIN.https, &[&corpus(file)], Duration::ZERO)
+            .await;
+        assert_fast_reset(&ending, file);
+        let after = scrape_until(&proxy, file, |s| s.gate(reason) > seen.gate(reason)).await;
+        assert_eq!(
+            moved(&seen, &after, Scrape::gate),
+            vec![reason.to_string()],
+            "{file}"
+        );
+        if mode == Mode::Ebpf {
+            assert_eq!(
+                moved(&seen, &after, Scrape::kernel),
+                vec![reason.to_string()],
+                "{file}"
+            );
+        }
+    }
+    // Plain HTTP on the HTTPS port, from curl.
+    let out = site
+        .pair
+        .client
+        .command("curl")
+        .args(["-s", "--max-time", "5"])
+        .arg(format!("http://{SERVER_IP}:{}/", MAIN.https))
+        .output()
+        .await
+        .expect("curl");
+    assert_eq!(
+        out.status.code(),
+        Some(56),
+        "curl: connection reset while receiving"
+    );
+    let after = scrape_until(&proxy, "three not_tls", |s| {
+        s.gate("not_tls") >= before.gate("not_tls") + 3.0
+    })
+    .await;
+    assert_eq!(after.gate("no_sni") - before.gate("no_sni"), 2.0);
+    assert_eq!(
+        after.handshakes() - before.handshakes(),
+        2.0,
+        "only the no-SNI ones"
+    );
+    drop(proxy);
+
+    // The other way round: no SNI reset, plain HTTP admitted (and then failed by TLS).
+    let proxy = site
+        .start(mode, &["--no-sni", "reject", "--not-tls", "accept"])
+        .await;
+    let before = proxy.scrape();
+    let ending = site
+        .send(
+            MAIN.https,
+            &[&corpus("openssl-tls13-nosni.bin")],
+            Duration::ZERO,
+        )
+        .await;
+    assert_fast_reset(&ending, "no SNI under --no-sni reject");
+    let ending = site
+        .send(MAIN.https, &[&corpus("http-get.bin")], Duration::ZERO)
+        .await;
+    assert!(
+        !matches!(ending, Ending::Reset(_)),
+        "plain HTTP is handed to TLS under --not-tls accept, got {ending:?}"
+    );
+    let after = scrape_until(&proxy, "a failed handshake", |s| {
+        s.value("ingress_tls_handshakes_total", &[("result", "failed")]) >= 1.0
+    })
+    .await;
+    assert_eq!(after.gate("no_sni") - before.gate("no_sni"), 1.0);
+    assert_eq!(after.gate("not_tls") - before.gate("not_tls"), 1.0);
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("no_sni") - before.kernel("no_sni"), 1.0);
+        assert_eq!(after.kernel("not_tls") - before.kernel("not_tls"), 1.0);
+        assert_eq!(after.kernel("dropped") - before.kernel("dropped"), 1.0);
+    }
+}
+
+#[tokio::test]
+async fn no_sni_garbage_and_plain_http_follow_the_flags_ebpf() {
+    no_sni_garbage_and_plain_http_follow_the_flags(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn no_sni_garbage_and_plain_http_follow_the_flags_userspace() {
+    no_sni_garbage_and_plain_http_follow_the_flags(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1000 concurrent mixed connections
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Known,
+    Unknown,
+    Wildcard,
+    Deeper,
+    NoSni,
+    Garbage,
+    PlainHttp,
+}
+
+impl Kind {
+    const ALL: [Kind; 7] = [
+        Kind::Known,
+        Kind::Unknown,
+        Kind::Wildcard,
+        Kind::Deeper,
+        Kind::NoSni,
+        Kind::Garbage,
+        Kind::PlainHttp,
+    ];
+
+    fn expected(self) -> Outcome {
+        match self {
+            Kind::Known | Kind::Wildcard | Kind::NoSni => Outcome::Served(200),
+            _ => Outcome::Reset,
+        }
+    }
+
+    fn reason(self) -> &'static str {
+        match self {
+            Kind::Known | Kind::Wildcard => "pass",
+            Kind::Unknown | Kind::Deeper => "unknown",
+            Kind::NoSni => "no_sni",
+            Kind::Garbage | Kind::PlainHttp => "not_tls",
+        }
+    }
+
+    async fn run(self, i: usize, stream: TcpStream, clients: Clients) -> Outcome {
+        let sni = match self {
+            Kind::Known => Some(KNOWN.to_string()),
+            Kind::Unknown => Some(format!("nobody-{i}.test")),
+            Kind::Wildcard => Some(format!("w{i}.wild.test")),
+            Kind::Deeper => Some(format!("x.w{i}.wild.test")),
+            Kind::NoSni => None,
+            Kind::Garbage | Kind::PlainHttp => {
+                let file = if self == Kind::Garbage {
+                    "garbage.bin"
+                } else {
+                    "http-get.bin"
+                };
+                return match send_raw(stream, &[&corpus(file)], Duration::ZERO).await {
+                    Ending::Reset(_) => Outcome::Reset,
+                    other => Outcome::Failed(format!("{other:?}")),
+                };
+            }
+        };
+        https_get(stream, &clients, sni.as_deref(), KNOWN).await
+    }
+}
+
+async fn a_thousand_concurrent_mixed_connections_are_all_classified(mode: Mode) {
+    const N: usize = 1000;
+    let Some(site) = Site::new(&format!("mixed-{}", mode.flag()), &[KNOWN, WILDCARD]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    let sockets = client_sockets(&site.pair, N);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, socket) in sockets.into_iter().enumerate() {
+        let kind = Kind::ALL[i % Kind::ALL.len()];
+        let clients = site.clients.clone();
+        tasks.spawn(async move {
+            let outcome = match socket.connect(server(MAIN.https)).await {
+                Ok(stream) => {
+                    let _ = stream.set_nodelay(true);
+                    kind.run(i, stream, clients).await
+                }
+                Err(e) => Outcome::Failed(format!("connect: {e}")),
+            };
+            (kind, outcome)
+        });
+    }
+    let mut tally: BTreeMap<(Kind, String), usize> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    let all = async {
+        while let Some(joined) = tasks.join_next().await {
+            let (kind, outcome) = joined.expect("client task");
+            *tally.entry((kind, format!("{outcome:?}"))).or_default() += 1;
+            if outcome != kind.expected() {
+                wrong.push(format!("{kind:?}: {outcome:?}"));
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(180), all)
+        .await
+        .expect("1000 connections finished within 3 minutes");
+    eprintln!("{N} connections in {:?} ({mode:?}):", started.elapsed());
+    for ((kind, outcome), count) in &tally {
+        eprintln!("  {kind:?} -> {outcome}: {count}");
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {N} misclassified, e.g.:\n{}\nlogs:\n{}",
+        wrong.len(),
+        wrong
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n"),
+        proxy.logs()
+    );
+
+    // The proxy's counters (and the kernel's) agree with what the clients saw.
+    let mut want: BTreeMap<&str, f64> = BTreeMap::new();
+    for i in 0..N {
+        *want
+            .entry(Kind::ALL[i % Kind::ALL.len()].reason())
+            .or_default() += 1.0;
+    }
+    let after = scrape_until(&proxy, "every decision counted", |s| {
+        REASONS
+            .iter()
+            .map(|r| s.gate(r) - before.gate(r))
+            .sum::<f64>()
+            >= N as f64
+    })
+    .await;
+    for reason in REASONS {
+        let want = want.get(reason).copied().unwrap_or(0.0);
+        assert_eq!(
+            after.gate(reason) - before.gate(reason),
+            want,
+            "proxy {reason}"
+        );
+        if mode == Mode::Ebpf {
+            assert_eq!(
+                after.kernel(reason) - before.kernel(reason),
+                want,
+                "kernel {reason}"
+            );
+        }
+    }
+    let served = want["pass"] + want["no_sni"];
+    assert_eq!(
+        after.value("ingress_tls_handshakes_total", &[("result", "ok")])
+            - before.value("ingress_tls_handshakes_total", &[("result", "ok")]),
+        served
+    );
+    assert_eq!(
+        after.handshakes() - before.handshakes(),
+        served,
+        "no other handshakes"
+    );
+    if mode == Mode::Ebpf {
+        for counter in ["sock_add_failed", "event_lost", "record_failed"] {
+            assert_eq!(after.kernel(counter), 0.0, "{counter}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_mixed_connections_are_all_classified_ebpf() {
+    a_thousand_concurrent_mixed_connections_are_all_classified(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_mixed_connections_are_all_classified_userspace() {
+    a_thousand_concurrent_mixed_connections_are_all_classified(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Route changes under load
+
+/// Opens new connections to `name` until `stop`, one after another, and tallies the outcomes.
+async fn hammer(
+    site: &Site,
+    name: &'static str,
+    verify: bool,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> BTreeMap<String, usize> {
+    let mut tally = BTreeMap::new();
+    let clients = if verify {
+        site.clients.clone()
+    } else {
+        Clients {
+            verified: site.clients.any.clone(),
+            any: site.clients.any.clone(),
+        }
+    };
+    while !*stop.borrow() {
+        let stream = site.connect(MAIN.https).await;
+        let outcome = https_get(stream, &clients, Some(name), name).await;
+        *tally.entry(format!("{outcome:?}")).or_default() += 1;
+    }
+    tally
+}
+
+async fn a_route_change_under_load_never_resets_a_still_valid_name(mode: Mode) {
+    let before_hosts = ["stay.test", "gone.test"];
+    let after_hosts = ["stay.test", "new.test"];
+    let Some(site) = Site::new(&format!("change-{}", mode.flag()), &before_hosts) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let generation = |s: &Scrape| s.value("ingress_snapshot_generation", &[]);
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+
+    let load = async {
+        let stays =
+            futures_util::future::join_all((0..4).map(|_| hammer(&site, "stay.test", true, &stop)));
+        let (stays, gone, new) = tokio::join!(
+            stays,
+            hammer(&site, "gone.test", false, &stop),
+            hammer(&site, "new.test", false, &stop)
+        );
+        let mut stay: BTreeMap<String, usize> = BTreeMap::new();
+        for tally in stays {
+            for (outcome, count) in tally {
+                *stay.entry(outcome).or_default() += count;
+            }
+        }
+        (stay, gone, new)
+    };
+    let changes = async {
+        let mut published = generation(&proxy.scrape());
+        // 21 changes, ending on the new hosts, each waited for so every one happens under load.
+        for i in 0..21 {
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            site.write_hosts(if i % 2 == 0 {
+                &after_hosts
+            } else {
+                &before_hosts
+            });
+            let deadline = Instant::now() + STEP;
+            loop {
+                let now = generation(&proxy.scrape());
+                if now > published {
+                    published = now;
+                    break;
+                }
+                assert!(Instant::now() < deadline, "change {i} was not published");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop_tx.send(true).expect("stop");
+    };
+    let ((stay, gone, new), ()) = tokio::join!(load, changes);
+    eprintln!("{mode:?}: stay.test {stay:?}\n  gone.test {gone:?}\n  new.test {new:?}");
+    let ok = stay
+        .get(&format!("{:?}", Outcome::Served(200)))
+        .copied()
+        .unwrap_or(0);
+    let total: usize = stay.values().sum();
+    assert_eq!(
+        ok, total,
+        "stay.test, valid throughout, was not always served: {stay:?}"
+    );
+    assert!(
+        total >= 40,
+        "too little load to mean anything: {total} connections"
+    );
+    for (name, tally) in [("gone.test", &gone), ("new.test", &new)] {
+        for outcome in tally.keys() {
+            assert!(
+                outcome == &format!("{:?}", Outcome::Reset) || outcome.starts_with("Served"),
+                "{name}: {outcome}"
+            );
+        }
+    }
+
+    // Settled on the new hosts: the added name is served, the removed one is reset.
+    assert_eq!(
+        site.https_get(MAIN.https, Some("new.test"), "new.test")
+            .await,
+        Outcome::Served(200)
+    );
+    assert_eq!(
+        site.https_get(MAIN.https, Some("gone.test"), "gone.test")
+            .await,
+        Outcome::Reset
+    );
+    let scrape = proxy.scrape();
+    assert_eq!(scrape.value("ingress_gate_sync_errors_total", &[]), 0.0);
+    if mode == Mode::Ebpf {
+        let hosts = host_names(&site.pins.0);
+        assert_eq!(
+            hosts,
+            BTreeSet::from(["new.test".to_string(), "stay.test".to_string()]),
+            "the kernel holds exactly the served names"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_route_change_under_load_never_resets_a_still_valid_name_ebpf() {
+    a_route_change_under_load_never_resets_a_still_valid_name(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_route_change_under_load_never_resets_a_still_valid_name_userspace() {
+    a_route_change_under_load_never_resets_a_still_valid_name(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restarts and the kernel state left behind
+
+fn bpftool(args: &[&str]) -> serde_json::Value {
+    let out = Command::new("bpftool")
+        .arg("--json")
+        .args(args)
+        .output()
+        .expect("run bpftool");
+    assert!(
+        out.status.success(),
+        "bpftool {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("bpftool json")
+}
+
+/// The names in a pinned HOSTS map.
+fn host_names(pins: &Path) -> BTreeSet<String> {
+    let hosts = pins.join("hosts");
+    bpftool(&["map", "dump", "pinned", hosts.to_str().expect("utf-8 path")])
+        .as_array()
+        .expect("a dump")
+        .iter()
+        // With --json, bpftool gives the raw bytes as "key" and the BTF view as "formatted".
+        .map(|entry| {
+            entry["formatted"]["key"]["name"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no readable name in {entry}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// The pins the policy and counters live in: kept across restarts. Every other pin belongs to
+/// one run.
+const KEPT_PINS: [&str; 3] = ["config", "counters", "hosts"];
+
+/// Ids of the maps pinned under `pins`, by pin name.
+fn pinned_maps(pins: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_dir(pins)
+        .expect("pin dir")
+        .map(|entry| {
+            entry
+                .expect("pin")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .map(|name| {
+            let pin = pins.join(&name);
+            let info = bpftool(&["map", "show", "pinned", pin.to_str().expect("utf-8 path")]);
+            (name, info["id"].as_u64().expect("map id"))
+        })
+        .collect()
+}
+
+/// Loaded programs using any of `maps`: (id, name).
+fn programs_using(maps: &BTreeSet<u64>) -> Vec<(u64, String)> {
+    bpftool(&["prog", "show"])
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter(|p| {
+            p["map_ids"].as_array().is_some_and(|ids| {
+                ids.iter()
+                    .any(|id| id.as_u64().is_some_and(|id| maps.contains(&id)))
+            })
+        })
+        .map(|p| {
+            (
+                p["id"].as_u64().expect("prog id"),
+                p["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every program id attached to some cgroup.
+fn cgroup_attached() -> BTreeSet<u64> {
+    bpftool(&["cgroup", "tree"])
+        .as_array()
+        .expect("cgroups")
+        .iter()
+        .flat_map(|cg| cg["programs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+fn map_exists(id: u64) -> bool {
+    Command::new("bpftool")
+        .args(["map", "show", "id", &id.to_string()])
+        .output()
+        .expect("bpftool")
+        .status
+        .success()
+}
+
+/// Known names served and unknown ones reset, `n` of each, a few at a time.
+async fn some_load(site: &Site, n: usize) {
+    for i in 0..n {
+        let unknown = format!("nobody-{i}.test");
+        let (served, reset) = tokio::join!(
+            site.https_get(MAIN.https, Some(KNOWN), KNOWN),
+            site.https_get(MAIN.https, Some(&unknown), KNOWN)
+        );
+        assert_eq!(served, Outcome::Served(200), "#{i}");
+        assert_eq!(reset, Outcome::Reset, "#{i}");
+    }
+}
+
+#[tokio::test]
+async fn load_then_restart_on_the_same_pins_then_load_again() {
+    let Some(site) = Site::new("restart", &[KNOWN]) else {
+        return;
+    };
+    let pins = site.pins.0.clone();
+    let mut first = site.start(Mode::Ebpf, &[]).await;
+    some_load(&site, 30).await;
+    let counted = scrape_until(&first, "30 passes", |s| s.kernel("pass") >= 30.0).await;
+    let maps = pinned_maps(&pins);
+    for pin in KEPT_PINS.iter().chain(&["socks", "verdicts"]) {
+        assert!(maps.contains_key(*pin), "{pin} is not pinned: {maps:?}");
+    }
+    let ids: BTreeSet<u64> = maps.values().copied().collect();
+    let programs = programs_using(&ids);
+    let names: BTreeSet<&str> = programs.iter().map(|(_, n)| n.as_str()).collect();
+    for program in ["gate_probe", "gate_parser", "gate_verdict", "gate_sock_ops"] {
+        assert!(
+            names.contains(program),
+            "{program} is not loaded: {programs:?}"
+        );
+    }
+    let sock_ops = programs
+        .iter()
+        .find(|(_, n)| n == "gate_sock_ops")
+        .map(|(id, _)| *id)
+        .expect("sock_ops");
+    assert!(
+        cgroup_attached().contains(&sock_ops),
+        "sock_ops is attached"
+    );
+
+    // SIGTERM: a clean exit detaches everything and unpins only the per-socket maps.
+    first.signal(libc::SIGTERM);
+    let status = first.wait_exit(Duration::from_secs(40)).await;
+    assert!(status.success(), "{status}; logs:\n{}", first.logs());
+    assert!(
+        first.logs().contains("kernel gate detached"),
+        "{}",
+        first.logs()
+    );
+    assert_eq!(
+        programs_using(&ids),
+        vec![],
+        "programs outlived the process that loaded them"
+    );
+    assert!(
+        !cgroup_attached().contains(&sock_ops),
+        "sock_ops still attached"
+    );
+    let left = pinned_maps(&pins);
+    assert_eq!(
+        left.keys().map(String::as_str).collect::<Vec<_>>(),
+        KEPT_PINS,
+        "only the policy and the counters stay pinned"
+    );
+    for (pin, id) in &maps {
+        if !KEPT_PINS.contains(&pin.as_str()) {
+            assert!(!map_exists(*id), "{pin} (map {id}) outlived its run");
+        }
+    }
+    assert_eq!(host_names(&pins), BTreeSet::from([KNOWN.to_string()]));
+
+    // Start again on the same pins: the policy maps and counters are reused.
+    let second = site.start(Mode::Ebpf, &[]).await;
+    let reused = pinned_maps(&pins);
+    for pin in KEPT_PINS {
+        assert_eq!(reused[pin], maps[pin], "{pin} was replaced, not reused");
+    }
+    assert!(
+        !second.logs().contains("replacing a pinned map"),
+        "{}",
+        second.logs()
+    );
+    some_load(&site, 30).await;
+    let last = scrape_until(&second, "60 passes", |s| s.kernel("pass") >= 60.0).await;
+    assert!(
+        last.kernel("pass") >= counted.kernel("pass") + 30.0,
+        "counters survive"
+    );
+    assert!(last.kernel("unknown") >= counted.kernel("unknown") + 30.0);
+    drop(second);
+}
+
+#[tokio::test]
+async fn a_killed_proxy_leaves_no_gate_attached_and_a_restart_replaces_its_remains() {
+    let Some(site) = Site::new("killed", &[KNOWN]) else {
+        return;
+    };
+    let pins = site.pins.0.clone();
+    let mut first = site.start(Mode::Ebpf, &[]).await;
+    some_load(&site, 5).await;
+    let maps = pinned_maps(&pins);
+    let ids: BTreeSet<u64> = maps.values().copied().collect();
+    let sock_ops = programs_using(&ids)
+        .into_iter()
+        .find(|(_, n)| n == "gate_sock_ops")
+        .map(|(id, _)| id)
+        .expect("sock_ops");
+
+    first.signal(libc::SIGKILL);
+    first.wait_exit(STEP).await;
+    // The cgroup link died with the process, so nothing gates any more; the per-socket pins
+    // (and the stream programs attached to SOCKS) remain until the next start replaces them.
+    assert!(
+        !cgroup_attached().contains(&sock_ops),
+        "sock_ops outlived a SIGKILL"
+    );
+    assert!(pins.join("socks").exists() && pins.join("verdicts").exists());
+
+    let second = site.start(Mode::Ebpf, &[]).await;
+    let logs = second.logs();
+    for pin in ["socks", "verdicts"] {
+        assert!(
+            logs.contains(&format!(
+                "replacing a pinned map path={}",
+                pins.join(pin).display()
+            )),
+            "{pin} not replaced:\n{logs}"
+        );
+    }
+    assert!(!map_exists(maps["socks"]), "the old SOCKS is gone");
+    let left: Vec<String> = programs_using(&BTreeSet::from([maps["socks"], maps["verdicts"]]))
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "programs of the killed run remain: {left:?}"
+    );
+    some_load(&site, 5).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modes that cannot load
+
+#[tokio::test]
+async fn ebpf_mode_fails_at_startup_with_the_reason() {
+    let Some(site) = Site::new("fail", &[KNOWN]) else {
+        return;
+    };
+    let not_bpffs = site.dir.path().join("not-bpffs");
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--bpf-cgroup", "/nonexistent/cgroup"],
+            "opening cgroup /nonexistent/cgroup",
+        ),
+        (
+            &["--bpf-pin-dir", not_bpffs.to_str().unwrap()],
+            "is not on a bpf filesystem",
+        ),
+    ];
+    for (extra, reason) in cases {
+        let mut args = site.args("ebpf", MAIN, &[]);
+        // The later --bpf-pin-dir replaces the site's.
+        if extra[0] == "--bpf-pin-dir" {
+            let at = args.iter().position(|a| a == "--bpf-pin-dir").unwrap();
+            args.drain(at..at + 2);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut proxy = site.spawn(&[], &args, MAIN);
+        let status = proxy.wait_exit(Duration::from_secs(20)).await;
+        let logs = proxy.logs();
+        assert!(!status.success(), "{extra:?} started:\n{logs}");
+        assert!(
+            logs.contains("error: --mode ebpf: the kernel gate did not load")
+                && logs.contains(reason),
+            "{extra:?}: the reason is missing:\n{logs}"
+        );
+        assert!(
+            !logs.contains("listening"),
+            "{extra:?} listened before failing:\n{logs}"
+        );
+    }
+}
+
+/// The policy holds in the fallback: known served, unknown reset fast, wildcard one label only.
+async fn check_userspace_policy(site: &Site, proxy: &Proxy) {
+    let scrape = proxy.scrape();
+    assert_eq!(scrape.value("ingress_ebpf_enabled", &[]), 0.0);
+    assert!(
+        !scrape.has("ingress_ebpf_gate_total"),
+        "kernel counters in userspace mode"
+    );
+    assert_eq!(
+        site.https_get(MAIN.https, Some(KNOWN), KNOWN).await,
+        Outcome::Served(200)
+    );
+    assert_eq!(
+        site.https_get(MAIN.https, Some("a.wild.test"), KNOWN).await,
+        Outcome::Served(200)
+    );
+    let ending = site
+        .send(MAIN.https, &[&corpus("curl-tls13.bin")], Duration::ZERO)
+        .await;
+    assert_fast_reset(&ending, "fallback: unknown name");
+    assert_eq!(
+        site.https_get(MAIN.https, Some("b.a.wild.test"), KNOWN)
+            .await,
+        Outcome::Reset
+    );
+    let after = scrape_until(proxy, "four decisions", |s| {
+        s.gate("pass") - scrape.gate("pass") >= 2.0
+            && s.gate("unknown") - scrape.gate("unknown") >= 2.0
+    })
+    .await;
+    assert_eq!(after.gate("pass") - scrape.gate("pass"), 2.0);
+    assert_eq!(after.gate("unknown") - scrape.gate("unknown"), 2.0);
+}
+
+fn fallback_lines(logs: &str) -> Vec<&str> {
+    logs.lines()
+        .filter(|l| l.contains("falling back to userspace"))
+        .collect()
+}
+
+#[tokio::test]
+async fn auto_mode_falls_back_with_one_log_line_when_the_cgroup_is_wrong() {
+    let Some(site) = Site::new("auto-cgroup", &[KNOWN, WILDCARD]) else {
+        return;
+    };
+    let proxy = site
+        .start_auto(&[], &["--bpf-cgroup", "/nonexistent/cgroup"])
+        .await;
+    let logs = proxy.logs();
+    let lines = fallback_lines(&logs);
+    assert_eq!(lines.len(), 1, "{logs}");
+    assert!(
+        lines[0].contains("/nonexistent/cgroup"),
+        "the reason: {}",
+        lines[0]
+    );
+    assert!(lines[0].contains("WARN"), "{}", lines[0]);
+    check_userspace_policy(&site, &proxy).await;
+    assert!(!site.pins.0.join("hosts").exists(), "nothing was pinned");
+}
+
+#[tokio::test]
+async fn auto_mode_falls_back_with_one_log_line_without_privileges() {
+    let Some(site) = Site::new("auto-nobody", &[KNOWN, WILDCARD]) else {
+        return;
+    };
+    // Nobody, allowed only to bind :443 — no BPF, no pins.
+    let wrapper = setpriv(Some(65534), &["net_bind_service"]);
+    let proxy = site.start_auto(&wrapper, &[]).await;
+    let logs = proxy.logs();
+    let lines = fallback_lines(&logs);
+    assert_eq!(lines.len(), 1, "{logs}");
+    eprintln!("{}", lines[0]);
+    check_userspace_policy(&site, &proxy).await;
+}
+
+impl Site {
+    async fn start_auto(&self, wrapper: &[String], extra: &[&str]) -> Proxy {
+        let proxy = self.spawn(wrapper, &self.args("auto", MAIN, extra), MAIN);
+        proxy.wait_ready().await;
+        proxy
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The DaemonSet's capabilities
+
+/// `setpriv` arguments that run the binary with exactly `caps` (effective, permitted, inherited,
+/// ambient and bounding), as `uid` or, for `None`, as root — which is what a container with
+/// `capabilities: {drop: [ALL], add: caps}` and `USER 0` gets.
+fn setpriv(uid: Option<u32>, caps: &[&str]) -> Vec<String> {
+    let set = std::iter::once("-all".to_string())
+        .chain(caps.iter().map(|c| format!("+{c}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args: Vec<String> = vec!["setpriv".into()];
+    if let Some(uid) = uid {
+        args.extend([
+            "--reuid".into(),
+            uid.to_string(),
+            "--regid".into(),
+            uid.to_string(),
+            "--clear-groups".into(),
+        ]);
+    }
+    args.extend([
+        "--inh-caps".into(),
+        set.clone(),
+        "--ambient-caps".into(),
+        set.clone(),
+        "--bounding-set".into(),
+        set,
+    ]);
+    args
+}
+
+/// Capability numbers from linux/capability.h.
+fn cap_bit(name: &str) -> u64 {
+    match name {
+        "net_bind_service" => 1 << 10,
+        "net_admin" => 1 << 12,
+        "perfmon" => 1 << 38,
+        "bpf" => 1 << 39,
+        other => panic!("unexpected capability {other}"),
+    }
+}
+
+/// The `capabilities.add` list of deploy/daemonset.yaml, lowercased.
+fn daemonset_caps() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let yaml: serde_json::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&path).expect("daemonset.yaml"))
+            .expect("daemonset yaml");
+    let context = &yaml["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(context["privileged"], serde_json::Value::Bool(false));
+    assert_eq!(context["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    context["capabilities"]["add"]
+        .as_array()
+        .expect("capabilities.add")
+        .iter()
+        .map(|c| c.as_str().expect("a name").to_ascii_lowercase())
+        .collect()
+}
+
+fn status_caps(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .expect("capability line")
+        .trim();
+    u64::from_str_radix(hex, 16).expect("hex capabilities")
+}
+
+/// Gating works: a known name served, an unknown one reset, and the kernel counted both.
+async fn check_kernel_gates(site: &Site, proxy: &Proxy) {
+    let before = proxy.scrape();
+    assert_eq!(
+        before.value("ingress_ebpf_enabled", &[]),
+        1.0,
+        "{}",
+        proxy.logs()
+    );
+    assert_eq!(
+        site.https_get(MAIN.https, Some(KNOWN), KNOWN).await,
+        Outcome::Served(200)
+    );
+    let ending = site
+        .send(MAIN.https, &[&corpus("curl-tls13.bin")], Duration::ZERO)
+        .await;
+    assert_fast_reset(&ending, "unknown name");
+    let after = scrape_until(proxy, "the kernel counted", |s| {
+        s.kernel("pass") > before.kernel("pass") && s.kernel("unknown") > before.kernel("unknown")
+    })
+    .await;
+    assert_eq!(after.handshakes() - before.handshakes(), 1.0);
+}
+
+#[tokio::test]
+async fn the_daemonset_capabilities_are_exactly_what_ebpf_mode_needs() {
+    let caps = daemonset_caps();
+    assert_eq!(
+        caps, DAEMONSET_CAPS,
+        "deploy/daemonset.yaml changed; update this test"
+    );
+    let Some(site) = Site::new("caps", &[KNOWN]) else {
+        return;
+    };
+    let want: u64 = DAEMONSET_CAPS.iter().map(|c| cap_bit(c)).sum();
+
+    // As the container runs it: uid 0 with only these capabilities.
+    let args = site.args("ebpf", MAIN, &[]);
+    let proxy = site.spawn(&setpriv(None, &DAEMONSET_CAPS), &args, MAIN);
+    proxy.wait_ready().await;
+    assert_eq!(
+        status_caps(proxy.pid(), "CapEff:"),
+        want,
+        "the emulation is exact"
+    );
+    assert_eq!(
+        status_caps(proxy.pid(), "CapBnd:"),
+        want,
+        "the emulation is exact"
+    );
+    check_kernel_gates(&site, &proxy).await;
+    drop(proxy);
+
+    // As an unprivileged uid with the same capabilities, given a pin directory it owns.
+    let _ = std::fs::remove_dir_all(&site.pins.0);
+    std::fs::create_dir_all(&site.pins.0).expect("pin dir");
+    let path = std::ffi::CString::new(site.pins.0.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path; chown has no other preconditions.
+    assert_eq!(unsafe { libc::chown(path.as_ptr(), 65534, 65534) }, 0);
+    let proxy = site.spawn(&setpriv(Some(65534), &DAEMONSET_CAPS), &args, MAIN);
+    proxy.wait_ready().await;
+    assert_eq!(status_caps(proxy.pid(), "CapEff:"), want);
+    check_kernel_gates(&site, &proxy).await;
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&site.pins.0);
+
+    // And none of them is superfluous: without any one, --mode ebpf fails at startup.
+    for missing in DAEMONSET_CAPS {
+        let fewer: Vec<&str> = DAEMONSET_CAPS
+            .iter()
+            .copied()
+            .filter(|c| *c != missing)
+            .collect();
+        let mut proxy = site.spawn(&setpriv(None, &fewer), &args, MAIN);
+        let status = proxy.wait_exit(Duration::from_secs(20)).await;
+        let logs = proxy.logs();
+        assert!(!status.success(), "started without {missing}:\n{logs}");
+        let line = logs
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default();
+        eprintln!("without {missing}: {}", &line[..line.len().min(200)]);
+        assert!(
+            line.contains("Operation not permitted") || line.contains("Permission denied"),
+            "without {missing}: {logs}"
+        );
+        let _ = std::fs::remove_dir_all(&site.pins.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parity: both modes, the same bytes, the same decisions
+
+/// What the proxy did with one connection, as seen from outside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    /// The `ingress_sni_gate_total` reason that moved (none: nothing was decided).
+    reason: Vec<String>,
+    /// Whether a TLS handshake was attempted.
+    handshake: bool,
+    /// How the client's connection ended: "reset" (fast), "slow reset", "answered", "closed".
+    ending: &'static str,
+    /// eBPF mode: the kernel counter that moved.
+    kernel: Vec<String>,
+}
+
+async fn observe(site: &Site, proxy: &Proxy, bytes: &[u8]) -> Seen {
+    let before = proxy.scrape();
+    let ending = site.send(proxy.ports.https, &[bytes], Duration::ZERO).await;
+    let ending = match ending {
+        Ending::Reset(after) if after < Duration::from_millis(500) => "reset",
+        Ending::Reset(_) => "slow reset",
+        Ending::Answered(_) => "answered",
+        Ending::Closed => "closed",
+        Ending::Silent => "silent",
+    };
+    // The client has closed its end; give the proxy a moment to finish with the connection
+    // (a decision, and for admitted ones the failed handshake that follows).
+    let total = |s: &Scrape| REASONS.iter().map(|r| s.gate(r)).sum::<f64>();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut after = proxy.scrape();
+    loop {
+        let decided = total(&after) > total(&before);
+        let admitted = after.handshakes() > before.handshakes();
+        let dropped = decided && ending.contains("reset");
+        if (decided && (admitted || dropped)) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        after = proxy.scrape();
+    }
+    Seen {
+        reason: moved(&before, &after, Scrape::gate),
+        handshake: after.handshakes() > before.handshakes(),
+        ending,
+        kernel: moved(&before, &after, Scrape::kernel),
+    }
+}
+
+/// The decision the userspace parser makes on `bytes` with `known` names: the reason label.
+fn parser_reason(bytes: &[u8], known: &BTreeSet<String>) -> Option<&'static str> {
+    match client_hello::peek(bytes) {
+        client_hello::Peek::NeedMore(_) => None,
+        client_hello::Peek::Done(hello) => Some(match client_hello::gate(&hello) {
+            Ok(name) if known.contains(name.as_str()) => "pass",
+            Ok(_) => "unknown",
+            Err(client_hello::Reason::NoSni) => "no_sni",
+            Err(client_hello::Reason::Malformed) => "malformed",
+            Err(client_hello::Reason::NotTls) => "not_tls",
+        }),
+    }
+}
+
+#[tokio::test]
+async fn every_corpus_hello_and_mutant_gets_the_same_decision_in_both_modes() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/clienthello");
+    let mut inputs: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .expect("corpus dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".bin"))
+        .map(|n| {
+            let bytes = corpus(&n);
+            (n, bytes)
+        })
+        .collect();
+    inputs.sort();
+    assert!(inputs.len() >= 20, "the corpus went missing");
+    // Every name in the corpus but curl's is served, so both pass and unknown happen.
+    let known: BTreeSet<String> = inputs
+        .iter()
+        .filter_map(|(_, b)| {
+            client_hello::gate(&client_hello::parse(b))
+                .ok()
+                .map(|n| n.to_string())
+        })
+        .filter(|n| n != "curl.example.test")
+        .collect();
+    // Mutants, as a fuzzer finds them: a fixed xorshift so a failure names a reproducible case.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let seeds: Vec<(String, Vec<u8>)> =
+        ["curl-tls13.bin", "openssl-tls12-sni.bin", "chromium-2.bin"]
+            .iter()
+            .map(|f| (f.to_string(), corpus(f)))
+            .collect();
+    for (file, original) in &seeds {
+        for case in 0..25 {
+            let mut bytes = original.clone();
+            for _ in 0..1 + next() % 3 {
+                let at = usize::try_from(next()).unwrap() % bytes.len();
+                bytes[at] = next().to_le_bytes()[0];
+            }
+            inputs.push((format!("{file} mutant #{case}"), bytes));
+        }
+    }
+    for case in 0..10 {
+        let len = 1 + usize::try_from(next() % 600).unwrap();
+        let bytes: Vec<u8> = (0..len).map(|_| next().to_le_bytes()[0]).collect();
+        inputs.push((format!("random #{case}"), bytes));
+    }
+
+    let hosts: Vec<&str> = known.iter().map(String::as_str).collect();
+    let Some(site) = Site::new("parity", &hosts) else {
+        return;
+    };
+    // Short timeouts, so a record that never completes ends the same way in both, quickly.
+    let extra = ["--gate-timeout", "1s", "--tls-handshake-timeout", "1s"];
+    let ebpf = site.start(Mode::Ebpf, &extra).await;
+    let userspace = site.spawn(&[], &site.args("userspace", SECOND, &extra), SECOND);
+    userspace.wait_ready().await;
+
+    let mut differences = Vec::new();
+    let mut decided = BTreeMap::<String, usize>::new();
+    for (label, bytes) in &inputs {
+        let kernel = observe(&site, &ebpf, bytes).await;
+        let user = observe(&site, &userspace, bytes).await;
+        eprintln!("{label:40} ebpf {kernel:?}\n{:40} user {user:?}", "");
+        let want = parser_reason(bytes, &known);
+        let same = kernel.reason == user.reason
+            && kernel.handshake == user.handshake
+            && kernel.ending == user.ending
+            // The kernel's own counter agrees with what the proxy acted on.
+            && kernel.kernel == kernel.reason
+            && kernel.reason.iter().map(String::as_str).eq(want);
+        if !same {
+            differences.push(format!(
+                "{label}: ebpf {kernel:?}, userspace {user:?}, parser {want:?}"
+            ));
+        }
+        *decided.entry(kernel.reason.join(",")).or_default() += 1;
+    }
+    eprintln!("{} inputs by decision: {decided:?}", inputs.len());
+    assert!(
+        differences.is_empty(),
+        "{} of {} differ:\n{}",
+        differences.len(),
+        inputs.len(),
+        differences.join("\n")
+    );
+    for reason in ["pass", "unknown", "no_sni", "malformed", "not_tls"] {
+        assert!(
+            decided.contains_key(reason),
+            "no input decided {reason}: {decided:?}"
+        );
+    }
+}
