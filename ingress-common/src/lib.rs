@@ -6,6 +6,10 @@
 //!                                                      ├─► VERDICTS (cookie → VerdictRecord)
 //!                                                      ├─► EVENTS   (GateEvent, ring buffer)
 //!                                                      └─► COUNTERS (per-CPU, by `counter::*`)
+//!
+//!   passthrough: userspace ──insert──► SPLICE_SOCKS (cookie → socket) ──► splice verdict
+//!                          ──write───► SPLICES (cookie → SpliceEntry: peer, consumed)
+//!                splice verdict ──► redirect to SPLICE_SOCKS[peer], or pass (SPLICE_PASSED += len)
 //! ```
 //!
 //! Every type here is read or written through a BPF map by both sides, so each is `#[repr(C)]`,
@@ -95,8 +99,16 @@ pub mod counter {
     /// First records the stream parser first saw only part of: split over segments, so the
     /// strparser had to wait and reassemble them.
     pub const PARSER_WAITED: u32 = 12;
+    /// Messages the splice verdict redirected to the peer socket (passthrough in the kernel).
+    pub const SPLICE_REDIRECTED: u32 = 13;
+    /// Messages the splice verdict handed to userspace instead: the socket was not armed yet,
+    /// or userspace had not caught up with earlier such messages.
+    pub const SPLICE_PASSED: u32 = 14;
+    /// Redirects that failed because the peer was not in SPLICE_SOCKS; the message went to
+    /// userspace.
+    pub const SPLICE_NO_PEER: u32 = 15;
     /// Slots in the array.
-    pub const LEN: u32 = 13;
+    pub const LEN: u32 = 16;
 
     /// The counter for a verdict's reason.
     pub const fn for_reason(reason: u32) -> u32 {
@@ -119,6 +131,9 @@ pub mod counter {
             RECORD_FAILED => "record_failed",
             RECORD_REAPED => "record_reaped",
             PARSER_WAITED => "parser_waited",
+            SPLICE_REDIRECTED => "splice_redirected",
+            SPLICE_PASSED => "splice_passed",
+            SPLICE_NO_PEER => "splice_no_peer",
             _ => "invalid",
         }
     }
@@ -186,6 +201,27 @@ pub struct VerdictRecord {
     /// Bytes the verdict covered: the first TLS record (header included), or for bytes that were
     /// not a framable record, what had arrived. Userspace reads exactly this many.
     pub record_len: u32,
+}
+
+/// The SPLICES value, keyed by the cookie of a socket in SPLICE_SOCKS: where its bytes go.
+///
+/// The kernel redirects a message to `peer` only while `consumed` equals the socket's
+/// SPLICE_PASSED count, i.e. once userspace has forwarded every byte the kernel handed it. Until
+/// then it hands messages to userspace too, so bytes leave in the order they arrived whichever
+/// path they take. Userspace writes this value; the kernel only reads it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SpliceEntry {
+    /// The cookie of the socket this one's bytes are redirected to (also its SPLICE_SOCKS key).
+    pub peer: u64,
+    /// Bytes userspace has read from this socket and written to the peer;
+    /// [`SpliceEntry::UNARMED`] keeps every message in userspace.
+    pub consumed: u64,
+}
+
+impl SpliceEntry {
+    /// A `consumed` no SPLICE_PASSED count can reach: the socket's bytes all go to userspace.
+    pub const UNARMED: u64 = u64::MAX;
 }
 
 /// A ring-buffer event, one per verdict.
@@ -274,6 +310,7 @@ mod pod {
     unsafe impl aya::Pod for GateConfig {}
     unsafe impl aya::Pod for VerdictRecord {}
     unsafe impl aya::Pod for GateEvent {}
+    unsafe impl aya::Pod for SpliceEntry {}
 }
 
 #[cfg(test)]
@@ -285,7 +322,7 @@ mod tests {
     /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
     #[test]
     fn types_have_no_padding() {
-        let cases: [(&str, usize, usize, usize); 5] = [
+        let cases: [(&str, usize, usize, usize); 6] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
             ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
             (
@@ -301,6 +338,7 @@ mod tests {
                 8 + 4 * 8 + 16 * 2 + 4 * 2 + HOST_KEY_LEN,
                 8,
             ),
+            ("SpliceEntry", size_of::<SpliceEntry>(), 8 + 8, 8),
         ];
         let aligns = [
             align_of::<HostKey>(),
@@ -308,6 +346,7 @@ mod tests {
             align_of::<GateConfig>(),
             align_of::<VerdictRecord>(),
             align_of::<GateEvent>(),
+            align_of::<SpliceEntry>(),
         ];
         for ((name, size, fields, align), actual_align) in cases.into_iter().zip(aligns) {
             assert_eq!(size, fields, "{name} has padding");

@@ -13,7 +13,18 @@
 //!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
 //!  gate_probe (XDP, never attached): the same decision on a raw buffer through
 //!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
+//!
+//!  splice_verdict (SPLICE_SOCKS, no parser: whole skbs in order, no strparser)
+//!                         SPLICES[cookie] armed, userspace caught up (consumed == SPLICE_PASSED)
+//!                             → redirect to SPLICE_SOCKS[peer], out of the peer socket
+//!                         otherwise → this socket's own receive queue, SPLICE_PASSED += len
 //! ```
+//!
+//! The splice half moves TLS passthrough streams between a client and its upstream without
+//! userspace copying them. Userspace puts both sockets into SPLICE_SOCKS, writes the first
+//! record itself, then arms each side with the count of bytes it has forwarded; the kernel
+//! redirects only while that count matches what it handed userspace, so no byte overtakes
+//! another.
 //!
 //! Map names are part of the userspace contract (`ingress::gate`), and `HostKey` / `GateEvent`
 //! names are part of the xtask's BTF rewrite.
@@ -37,7 +48,7 @@ use aya_log_ebpf::debug;
 use core::ptr::read_volatile;
 use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
-    GateConfig, GateEvent, HostKey, HostValue, VerdictRecord, action, counter, reason,
+    GateConfig, GateEvent, HostKey, HostValue, SpliceEntry, VerdictRecord, action, counter, reason,
 };
 
 const AF_INET: u32 = 2;
@@ -58,6 +69,12 @@ static COUNTERS: PerCpuArray<u64, { counter::LEN as usize }> = PerCpuArray::new(
 static SCRATCH: PerCpuArray<Workspace, 1> = PerCpuArray::new();
 #[btf_map]
 static PROBE: Array<GateEvent, 1> = Array::new();
+#[btf_map]
+static SPLICE_SOCKS: SockHash<u64, 65536> = SockHash::new();
+#[btf_map]
+static SPLICES: HashMap<u64, SpliceEntry, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+#[btf_map]
+static SPLICE_PASSED: HashMap<u64, u64, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 
 #[sock_ops]
 pub fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
@@ -194,6 +211,51 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
         decision.record_len
     );
     sk_result(decision.action)
+}
+
+/// Steers a spliced socket's bytes: to the peer while userspace has forwarded everything it was
+/// handed (so nothing overtakes it), to userspace otherwise. Runs on whole skbs, in order, for
+/// one socket at a time.
+#[stream_verdict]
+pub fn splice_verdict(ctx: SkBuffContext) -> u32 {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer the kernel handed the program.
+    let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
+    // SAFETY: as above.
+    let len = u64::from(unsafe { (*skb).len });
+    // A data-less skb carries only a FIN, which TCP has already recorded (userspace reads EOF
+    // either way). Redirected, or passed while the socket's queue is busy, the kernel would
+    // process it as a zero-byte send or receive, which it treats as a broken pipe.
+    if len == 0 {
+        return sk_action::SK_DROP;
+    }
+    let passed = SPLICE_PASSED.get_ptr_mut(cookie);
+    // SAFETY: a live map value of this socket, only ever written by this program, which the
+    // kernel runs for one socket at a time.
+    let handed = passed.map(|p| unsafe { *p }).unwrap_or(0);
+    if let Some(entry) = SPLICES.get_ptr(cookie) {
+        // SAFETY: a live map value, copied out at once.
+        let entry = unsafe { *entry };
+        if entry.consumed == handed {
+            let mut peer = entry.peer;
+            if SPLICE_SOCKS.redirect_skb(&ctx, &mut peer, 0) == i64::from(sk_action::SK_PASS) {
+                count(counter::SPLICE_REDIRECTED);
+                return sk_action::SK_PASS;
+            }
+            count(counter::SPLICE_NO_PEER);
+        }
+    }
+    match passed {
+        // SAFETY: as above.
+        Some(p) => unsafe { *p = handed + len },
+        None => {
+            // A failed insert leaves the count at 0 while userspace counts on: the socket then
+            // stays with userspace, which is slow but keeps every byte in order.
+            let _ = SPLICE_PASSED.insert(cookie, len, u64::from(BPF_ANY));
+        }
+    }
+    count(counter::SPLICE_PASSED);
+    sk_action::SK_PASS
 }
 
 /// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`, layout in

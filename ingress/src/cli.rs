@@ -57,7 +57,12 @@ pub struct KernelArgs {
     #[arg(long, env = "INGRESS_MODE", value_enum, default_value_t = Mode::Auto)]
     pub mode: Mode,
     /// Where the gate's maps are pinned (on a bpffs; mounted there if missing and root).
-    #[arg(long, env = "INGRESS_BPF_PIN_DIR", default_value = "/sys/fs/bpf/ingress", value_name = "DIR")]
+    #[arg(
+        long,
+        env = "INGRESS_BPF_PIN_DIR",
+        default_value = "/sys/fs/bpf/ingress",
+        value_name = "DIR"
+    )]
     pub bpf_pin_dir: PathBuf,
     /// The cgroup v2 directory the sock_ops program attaches to. Default: the cgroup this
     /// process runs in (its listeners' connections are the ones gated).
@@ -93,10 +98,20 @@ pub struct KubeArgs {
     #[arg(long, env = "POD_NAME", value_name = "NAME")]
     pub pod_name: Option<String>,
     /// The Lease whose holder writes Ingress status and Events.
-    #[arg(long, env = "INGRESS_LEASE_NAME", default_value = "ingress-controller-leader", value_name = "NAME")]
+    #[arg(
+        long,
+        env = "INGRESS_LEASE_NAME",
+        default_value = "ingress-controller-leader",
+        value_name = "NAME"
+    )]
     pub lease_name: String,
     /// The namespace of that Lease (the pod's own, from the downward API).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default", value_name = "NS")]
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "default",
+        value_name = "NS"
+    )]
     pub lease_namespace: String,
     /// How long a Lease claim lasts without renewal.
     #[arg(long, env = "INGRESS_LEASE_DURATION", default_value = "15s", value_parser = duration)]
@@ -108,13 +123,22 @@ pub struct KubeArgs {
 pub struct TlsArgs {
     /// The Secret (NAMESPACE/NAME, type kubernetes.io/tls) served when no Ingress certificate
     /// matches the SNI. Without it a self-signed certificate is generated at startup.
-    #[arg(long, env = "INGRESS_DEFAULT_CERTIFICATE", value_name = "NAMESPACE/NAME")]
+    #[arg(
+        long,
+        env = "INGRESS_DEFAULT_CERTIFICATE",
+        value_name = "NAMESPACE/NAME"
+    )]
     pub default_certificate: Option<String>,
     /// Add `Strict-Transport-Security` to HTTPS responses that lack it.
     #[arg(long, env = "INGRESS_HSTS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub hsts: bool,
     /// HSTS max-age, in seconds.
-    #[arg(long, env = "INGRESS_HSTS_MAX_AGE", default_value_t = 31_536_000, value_name = "SECONDS")]
+    #[arg(
+        long,
+        env = "INGRESS_HSTS_MAX_AGE",
+        default_value_t = 31_536_000,
+        value_name = "SECONDS"
+    )]
     pub hsts_max_age: u64,
     /// Add `includeSubDomains` to the HSTS header.
     #[arg(long, env = "INGRESS_HSTS_INCLUDE_SUBDOMAINS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
@@ -137,7 +161,11 @@ pub struct TlsArgs {
 
 impl TlsArgs {
     pub fn unnamed_policy(&self) -> UnnamedPolicy {
-        UnnamedPolicy { no_sni: self.no_sni, malformed: self.malformed_tls, not_tls: self.not_tls }
+        UnnamedPolicy {
+            no_sni: self.no_sni,
+            malformed: self.malformed_tls,
+            not_tls: self.not_tls,
+        }
     }
 
     pub fn hsts_value(&self) -> Option<String> {
@@ -185,10 +213,20 @@ pub struct SourceArgs {
     pub kubeconfig: Option<PathBuf>,
     /// The IngressClass name this controller serves (also matched against the legacy
     /// `kubernetes.io/ingress.class` annotation).
-    #[arg(long, env = "INGRESS_CLASS", default_value = "ingress", value_name = "NAME")]
+    #[arg(
+        long,
+        env = "INGRESS_CLASS",
+        default_value = "ingress",
+        value_name = "NAME"
+    )]
     pub ingress_class: String,
     /// The `spec.controller` value of the IngressClasses this controller serves.
-    #[arg(long, env = "INGRESS_CONTROLLER_CLASS", default_value = "ingress.rs/controller", value_name = "NAME")]
+    #[arg(
+        long,
+        env = "INGRESS_CONTROLLER_CLASS",
+        default_value = "ingress.rs/controller",
+        value_name = "NAME"
+    )]
     pub controller_class: String,
 }
 
@@ -196,16 +234,36 @@ pub struct SourceArgs {
 #[command(next_help_heading = "Listeners")]
 pub struct ListenArgs {
     /// Plain HTTP port.
-    #[arg(long, env = "INGRESS_HTTP_PORT", default_value_t = 80, value_name = "N")]
+    #[arg(
+        long,
+        env = "INGRESS_HTTP_PORT",
+        default_value_t = 80,
+        value_name = "N"
+    )]
     pub http_port: u16,
     /// HTTPS port.
-    #[arg(long, env = "INGRESS_HTTPS_PORT", default_value_t = 443, value_name = "N")]
+    #[arg(
+        long,
+        env = "INGRESS_HTTPS_PORT",
+        default_value_t = 443,
+        value_name = "N"
+    )]
     pub https_port: u16,
     /// Address the HTTP, HTTPS and admin listeners bind to.
-    #[arg(long, env = "INGRESS_BIND", default_value = "0.0.0.0", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "INGRESS_BIND",
+        default_value = "0.0.0.0",
+        value_name = "ADDR"
+    )]
     pub bind: IpAddr,
     /// Admin port: /healthz, /readyz, /metrics, /routes.
-    #[arg(long, env = "INGRESS_ADMIN_PORT", default_value_t = 10254, value_name = "N")]
+    #[arg(
+        long,
+        env = "INGRESS_ADMIN_PORT",
+        default_value_t = 10254,
+        value_name = "N"
+    )]
     pub admin_port: u16,
 }
 
@@ -233,8 +291,17 @@ pub struct ProxyArgs {
     #[arg(long, env = "INGRESS_DEBOUNCE", default_value = "10ms", value_parser = duration)]
     pub debounce: Duration,
     /// Worker threads for the proxy runtime (0: one per CPU).
-    #[arg(long, env = "INGRESS_WORKER_THREADS", default_value_t = 0, value_name = "N")]
+    #[arg(
+        long,
+        env = "INGRESS_WORKER_THREADS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
     pub worker_threads: usize,
+    /// A TLS passthrough connection on which no byte moved in either direction for this long
+    /// is closed.
+    #[arg(long, env = "INGRESS_PASSTHROUGH_IDLE_TIMEOUT", default_value = "1h", value_parser = duration)]
+    pub passthrough_idle_timeout: Duration,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -244,7 +311,12 @@ pub struct LogArgs {
     #[arg(long, env = "INGRESS_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter, in `tracing` EnvFilter syntax (e.g. `info,ingress::proxy=debug`).
-    #[arg(long, env = "INGRESS_LOG", default_value = "info", value_name = "FILTER")]
+    #[arg(
+        long,
+        env = "INGRESS_LOG",
+        default_value = "info",
+        value_name = "FILTER"
+    )]
     pub log_level: String,
     /// One access-log line per request (target `access`).
     #[arg(long, env = "INGRESS_ACCESS_LOG", default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
@@ -277,13 +349,33 @@ mod tests {
     #[test]
     fn subcommands_and_flags() {
         let cli = Cli::try_parse_from(["ingress", "check", "--manifests", "/tmp/x"]).unwrap();
-        let Some(Command::Check(check)) = cli.command else { panic!("check") };
-        assert_eq!(check.source.manifests.as_deref(), Some(std::path::Path::new("/tmp/x")));
-        let cli = Cli::try_parse_from(["ingress", "--http-port", "8080", "--upstream-connect-timeout", "250ms", "--access-log", "false"]).unwrap();
+        let Some(Command::Check(check)) = cli.command else {
+            panic!("check")
+        };
+        assert_eq!(
+            check.source.manifests.as_deref(),
+            Some(std::path::Path::new("/tmp/x"))
+        );
+        let cli = Cli::try_parse_from([
+            "ingress",
+            "--http-port",
+            "8080",
+            "--upstream-connect-timeout",
+            "250ms",
+            "--access-log",
+            "false",
+        ])
+        .unwrap();
         assert_eq!(cli.run.listen.http_port, 8080);
-        assert_eq!(cli.run.proxy.upstream_connect_timeout, Duration::from_millis(250));
+        assert_eq!(
+            cli.run.proxy.upstream_connect_timeout,
+            Duration::from_millis(250)
+        );
         assert!(!cli.run.log.access_log);
         assert!(Cli::try_parse_from(["ingress", "--http-port", "x"]).is_err());
-        assert!(matches!(Cli::try_parse_from(["ingress", "version"]).unwrap().command, Some(Command::Version)));
+        assert!(matches!(
+            Cli::try_parse_from(["ingress", "version"]).unwrap().command,
+            Some(Command::Version)
+        ));
     }
 }

@@ -12,6 +12,7 @@ pub mod diagnostics;
 pub mod gate;
 pub mod mapsync;
 pub mod metrics;
+pub mod passthrough;
 pub mod proxy;
 pub mod publish;
 pub mod report;

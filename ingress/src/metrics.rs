@@ -102,20 +102,28 @@ pub struct Metrics {
     pub leader: Gauge,
     pub status_updates: Family<ResultLabels, Counter>,
     pub events_published: Family<ResultLabels, Counter>,
+    pub passthrough: crate::passthrough::PassthroughMetrics,
 }
 
 /// Latency buckets from 1 ms to 60 s: proxies serve both cache hits and slow reports.
-const LATENCY_BUCKETS: [f64; 14] =
-    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0];
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0,
+];
 
 impl Metrics {
     pub fn new(ebpf_object: bool, gate: Option<Arc<crate::gate::Gate>>) -> Self {
         let mut registry = Registry::with_prefix("ingress");
         if let Some(gate) = gate {
-            registry.register_collector(Box::new(crate::mapsync::KernelCounters(Arc::downgrade(&gate))));
+            registry.register_collector(Box::new(crate::mapsync::KernelCounters(Arc::downgrade(
+                &gate,
+            ))));
         }
         let requests = Family::<RequestLabels, Counter>::default();
-        registry.register("requests", "HTTP requests by Ingress, Service and response status", requests.clone());
+        registry.register(
+            "requests",
+            "HTTP requests by Ingress, Service and response status",
+            requests.clone(),
+        );
         let request_duration = Family::<RouteOnlyLabels, Histogram>::new_with_constructor(
             (|| Histogram::new(LATENCY_BUCKETS)) as fn() -> Histogram,
         );
@@ -125,11 +133,24 @@ impl Metrics {
             request_duration.clone(),
         );
         let snapshot_generation = Gauge::default();
-        registry.register("snapshot_generation", "Generation of the routing snapshot being served", snapshot_generation.clone());
-        let snapshot_build_seconds = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]);
-        registry.register("snapshot_build_seconds", "Time to build a routing snapshot from the store", snapshot_build_seconds.clone());
+        registry.register(
+            "snapshot_generation",
+            "Generation of the routing snapshot being served",
+            snapshot_generation.clone(),
+        );
+        let snapshot_build_seconds =
+            Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]);
+        registry.register(
+            "snapshot_build_seconds",
+            "Time to build a routing snapshot from the store",
+            snapshot_build_seconds.clone(),
+        );
         let snapshot_hosts = Gauge::default();
-        registry.register("snapshot_hosts", "Host patterns in the routing snapshot being served", snapshot_hosts.clone());
+        registry.register(
+            "snapshot_hosts",
+            "Host patterns in the routing snapshot being served",
+            snapshot_hosts.clone(),
+        );
         let config_errors = Family::<KindLabels, Gauge>::default();
         registry.register(
             "config_errors",
@@ -137,13 +158,29 @@ impl Metrics {
             config_errors.clone(),
         );
         let connections = Family::<ListenerLabels, Counter>::default();
-        registry.register("connections", "Accepted client connections by listener", connections.clone());
+        registry.register(
+            "connections",
+            "Accepted client connections by listener",
+            connections.clone(),
+        );
         let connections_active = Family::<ListenerLabels, Gauge>::default();
-        registry.register("connections_active", "Open client connections by listener", connections_active.clone());
+        registry.register(
+            "connections_active",
+            "Open client connections by listener",
+            connections_active.clone(),
+        );
         let ebpf_enabled = Gauge::default();
-        registry.register("ebpf_enabled", "1 when the kernel SNI gate is loaded, 0 in userspace mode", ebpf_enabled.clone());
+        registry.register(
+            "ebpf_enabled",
+            "1 when the kernel SNI gate is loaded, 0 in userspace mode",
+            ebpf_enabled.clone(),
+        );
         let gate_sync_errors = Counter::default();
-        registry.register("gate_sync_errors", "Failed writes of the kernel host map", gate_sync_errors.clone());
+        registry.register(
+            "gate_sync_errors",
+            "Failed writes of the kernel host map",
+            gate_sync_errors.clone(),
+        );
         let ready = Gauge::default();
         registry.register("ready", "1 when /readyz answers 200", ready.clone());
         let tls_handshakes = Family::<ResultLabels, Counter>::default();
@@ -159,7 +196,9 @@ impl Metrics {
             sni_gate.clone(),
         );
         for reason in GateReason::ALL {
-            let _ = sni_gate.get_or_create(&ReasonLabels { reason: reason.as_str() });
+            let _ = sni_gate.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
         }
         let certificate_expiry = Family::<CertLabels, Gauge>::default();
         registry.register(
@@ -186,11 +225,23 @@ impl Metrics {
             kube_last_sync.clone(),
         );
         let leader = Gauge::default();
-        registry.register("leader", "1 while this instance holds the status-writer Lease", leader.clone());
+        registry.register(
+            "leader",
+            "1 while this instance holds the status-writer Lease",
+            leader.clone(),
+        );
         let status_updates = Family::<ResultLabels, Counter>::default();
-        registry.register("status_updates", "Ingress status writes by result (ok, error)", status_updates.clone());
+        registry.register(
+            "status_updates",
+            "Ingress status writes by result (ok, error)",
+            status_updates.clone(),
+        );
         let events_published = Family::<ResultLabels, Counter>::default();
-        registry.register("events_published", "Kubernetes Events published for diagnostics, by result (ok, error)", events_published.clone());
+        registry.register(
+            "events_published",
+            "Kubernetes Events published for diagnostics, by result (ok, error)",
+            events_published.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -198,12 +249,22 @@ impl Metrics {
                 ebpf_object: if ebpf_object { "embedded" } else { "absent" },
             })
             .set(1);
-        registry.register("build_info", "Version, and whether the eBPF object is embedded", build_info);
+        registry.register(
+            "build_info",
+            "Version, and whether the eBPF object is embedded",
+            build_info,
+        );
         for kind in DiagnosticKind::ALL {
             for severity in [Severity::Error, Severity::Warning] {
-                config_errors.get_or_create(&KindLabels { kind: kind.as_str(), severity: severity.as_str() }).set(0);
+                config_errors
+                    .get_or_create(&KindLabels {
+                        kind: kind.as_str(),
+                        severity: severity.as_str(),
+                    })
+                    .set(0);
             }
         }
+        let passthrough = crate::passthrough::PassthroughMetrics::register(&mut registry);
         Self {
             registry,
             unrouted: std::sync::OnceLock::new(),
@@ -227,11 +288,16 @@ impl Metrics {
             leader,
             status_updates,
             events_published,
+            passthrough,
         }
     }
 
     pub fn count_gate(&self, reason: GateReason) {
-        self.sni_gate.get_or_create(&ReasonLabels { reason: reason.as_str() }).inc();
+        self.sni_gate
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     /// Recomputes the seconds-to-expiry gauges; called at scrape time so they move with the
@@ -241,9 +307,16 @@ impl Metrics {
         self.certificate_expires_in.clear();
         for cert in &snapshot.tls.loaded {
             if let CertSource::Secret(key) = &cert.source {
-                let labels = CertLabels { namespace: key.namespace.clone(), secret: key.name.clone() };
-                self.certificate_expiry.get_or_create(&labels).set(cert.not_after);
-                self.certificate_expires_in.get_or_create(&labels).set(cert.not_after - now);
+                let labels = CertLabels {
+                    namespace: key.namespace.clone(),
+                    secret: key.name.clone(),
+                };
+                self.certificate_expiry
+                    .get_or_create(&labels)
+                    .set(cert.not_after);
+                self.certificate_expires_in
+                    .get_or_create(&labels)
+                    .set(cert.not_after - now);
             }
         }
     }
@@ -265,7 +338,13 @@ impl Metrics {
     pub fn observe_request(&self, route: Option<&Route>, status: u16, elapsed: Duration) {
         let stats = match route {
             Some(route) => route.stats.get_or_init(|| self.stats_for(&route.labels)),
-            None => self.unrouted.get_or_init(|| self.stats_for(&RouteLabels { namespace: empty(), ingress: empty(), service: empty() })),
+            None => self.unrouted.get_or_init(|| {
+                self.stats_for(&RouteLabels {
+                    namespace: empty(),
+                    ingress: empty(),
+                    service: empty(),
+                })
+            }),
         };
         stats.duration.observe(elapsed.as_secs_f64());
         if status == 200 {
@@ -284,8 +363,17 @@ impl Metrics {
     }
 
     fn stats_for(&self, labels: &RouteLabels) -> RouteStats {
-        let route = RouteOnlyLabels { namespace: labels.namespace.clone(), ingress: labels.ingress.clone(), service: labels.service.clone() };
-        let ok = RequestLabels { namespace: labels.namespace.clone(), ingress: labels.ingress.clone(), service: labels.service.clone(), status: 200 };
+        let route = RouteOnlyLabels {
+            namespace: labels.namespace.clone(),
+            ingress: labels.ingress.clone(),
+            service: labels.service.clone(),
+        };
+        let ok = RequestLabels {
+            namespace: labels.namespace.clone(),
+            ingress: labels.ingress.clone(),
+            service: labels.service.clone(),
+            status: 200,
+        };
         RouteStats {
             duration: self.request_duration.get_or_create(&route).clone(),
             ok: self.requests.get_or_create(&ok).clone(),
@@ -294,15 +382,21 @@ impl Metrics {
     }
 
     pub fn observe_snapshot(&self, snapshot: &Snapshot, build_time: Duration) {
-        self.snapshot_generation.set(i64::try_from(snapshot.generation).unwrap_or(i64::MAX));
-        self.snapshot_build_seconds.observe(build_time.as_secs_f64());
-        self.snapshot_hosts.set(i64::try_from(snapshot.hosts.len()).unwrap_or(i64::MAX));
+        self.snapshot_generation
+            .set(i64::try_from(snapshot.generation).unwrap_or(i64::MAX));
+        self.snapshot_build_seconds
+            .observe(build_time.as_secs_f64());
+        self.snapshot_hosts
+            .set(i64::try_from(snapshot.hosts.len()).unwrap_or(i64::MAX));
         let counts = snapshot.diagnostic_counts_by_severity();
         for kind in DiagnosticKind::ALL {
             for severity in [Severity::Error, Severity::Warning] {
                 let n = counts.get(&(*kind, severity)).copied().unwrap_or(0);
                 self.config_errors
-                    .get_or_create(&KindLabels { kind: kind.as_str(), severity: severity.as_str() })
+                    .get_or_create(&KindLabels {
+                        kind: kind.as_str(),
+                        severity: severity.as_str(),
+                    })
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }

@@ -28,7 +28,11 @@ use crate::tls::{certs, resolver};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("cannot listen on {addr} ({what}): {source}")]
-    Bind { what: &'static str, addr: SocketAddr, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Watch(#[from] watch::WatchError),
     #[error(transparent)]
@@ -54,7 +58,10 @@ pub fn ebpf_object_embedded() -> bool {
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
     if ebpf_object_embedded() {
-        tracing::info!(version = env!("CARGO_PKG_VERSION"), "starting; eBPF object embedded");
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            "starting; eBPF object embedded"
+        );
     } else {
         tracing::warn!(
             version = env!("CARGO_PKG_VERSION"),
@@ -70,7 +77,11 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 
     let admin_addr = SocketAddr::new(args.listen.bind, args.listen.admin_port);
     let admin_listener = bind("admin", admin_addr).await?;
-    let admin = Arc::new(Admin { published: published.clone(), metrics: metrics.clone(), health: health.clone() });
+    let admin = Arc::new(Admin {
+        published: published.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+    });
     tokio::spawn(admin.serve(admin_listener, stop.clone()));
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
@@ -83,7 +94,11 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         refresh: CERTIFICATE_REFRESH,
     };
     if let Some(gate) = &gate {
-        let sync = MapSync::new(gate.clone(), args.tls.unnamed_policy(), metrics.gate_sync_errors.clone());
+        let sync = MapSync::new(
+            gate.clone(),
+            args.tls.unnamed_policy(),
+            metrics.gate_sync_errors.clone(),
+        );
         published.add_hook(Arc::new(sync));
     }
     pipeline.spawn(events_rx).map_err(RunError::Thread)?;
@@ -103,7 +118,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             response_timeout: args.proxy.upstream_response_timeout,
             access_log: args.log.access_log,
             https_port: args.listen.https_port,
-            hsts: args.tls.hsts_value().and_then(|v| http::HeaderValue::from_str(&v).ok()),
+            hsts: args
+                .tls
+                .hsts_value()
+                .and_then(|v| http::HeaderValue::from_str(&v).ok()),
         },
     ));
     let server = Arc::new(listener::http_server(&HttpSettings {
@@ -111,7 +129,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         max_header_size: args.proxy.max_header_size,
     }));
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
-    let http = Listener { name: "http", listener: bind("http", http_addr).await?, handshake: Arc::new(Plain), https: false };
+    let http = Listener {
+        name: "http",
+        listener: bind("http", http_addr).await?,
+        handshake: Arc::new(Plain),
+        https: false,
+    };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
     let https = Listener {
         name: "https",
@@ -123,12 +146,25 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             handshake_timeout: args.tls.tls_handshake_timeout,
             metrics: metrics.clone(),
             gate: gate.clone(),
+            passthrough: crate::passthrough::PassthroughSettings::from_args(&args.proxy),
         }),
         https: true,
     };
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(http.run(proxy.clone(), server.clone(), metrics.clone(), stop.clone(), args.proxy.drain_timeout));
-    tasks.spawn(https.run(proxy.clone(), server.clone(), metrics.clone(), stop.clone(), args.proxy.drain_timeout));
+    tasks.spawn(http.run(
+        proxy.clone(),
+        server.clone(),
+        metrics.clone(),
+        stop.clone(),
+        args.proxy.drain_timeout,
+    ));
+    tasks.spawn(https.run(
+        proxy.clone(),
+        server.clone(),
+        metrics.clone(),
+        stop.clone(),
+        args.proxy.drain_timeout,
+    ));
     health.set_listening();
     tracing::info!(http = %http_addr, https = %https_addr, admin = %admin_addr, "listening");
 
@@ -145,7 +181,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                 drop(gate);
                 tracing::info!("kernel gate detached");
             }
-            Err(_) => tracing::warn!("kernel gate still referenced at exit; the kernel detaches it with the process"),
+            Err(_) => tracing::warn!(
+                "kernel gate still referenced at exit; the kernel detaches it with the process"
+            ),
         }
     }
     tracing::info!("drained; exiting");
@@ -161,29 +199,54 @@ async fn start_kube(
 ) -> Result<(), RunError> {
     // Two processes on one host must not share an identity, or both would think they hold the
     // Lease: without a pod name, the host name gets a random suffix (as client-go does).
-    let identity = args.kube.pod_name.clone().unwrap_or_else(|| format!("{}_{:08x}", hostname(), fastrand::u32(..)));
+    let identity = args
+        .kube
+        .pod_name
+        .clone()
+        .unwrap_or_else(|| format!("{}_{:08x}", hostname(), fastrand::u32(..)));
     let client = crate::source::kube::client(args.source.kubeconfig.as_deref(), &identity).await?;
     tracing::info!(namespace = args.kube.watch_namespace.as_deref().unwrap_or("(all)"), %identity, "watching the Kubernetes API");
-    crate::source::kube::KubeSource { client: client.clone(), namespace: args.kube.watch_namespace.clone(), metrics: metrics.clone() }
-        .start(events);
+    crate::source::kube::KubeSource {
+        client: client.clone(),
+        namespace: args.kube.watch_namespace.clone(),
+        metrics: metrics.clone(),
+    }
+    .start(events);
     let kube_args = args.kube.clone();
-    let lease = report::leader::LeaseSettings::new(&kube_args.lease_name, &kube_args.lease_namespace, kube_args.lease_duration);
+    let lease = report::leader::LeaseSettings::new(
+        &kube_args.lease_name,
+        &kube_args.lease_namespace,
+        kube_args.lease_duration,
+    );
     tokio::spawn(async move {
         let address = match (&kube_args.publish_address, &kube_args.node_name) {
             (Some(address), _) => Some(report::address::PublishAddress::parse(address)),
             (None, Some(node)) => report::address::from_node(client.clone(), node).await,
             (None, None) => {
-                tracing::warn!("neither --publish-address nor NODE_NAME is set; Ingress status will not be written");
+                tracing::warn!(
+                    "neither --publish-address nor NODE_NAME is set; Ingress status will not be written"
+                );
                 None
             }
         };
-        report::Reporter { client, published, metrics, lease, address, identity }.run().await;
+        report::Reporter {
+            client,
+            published,
+            metrics,
+            lease,
+            address,
+            identity,
+        }
+        .run()
+        .await;
     });
     Ok(())
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "ingress".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "ingress".into())
 }
 
 /// `--mode`: load the kernel gate, or explain in one line why userspace mode is used.
@@ -222,13 +285,22 @@ pub fn build_settings(source: &SourceArgs, tls: &TlsArgs) -> Result<BuildSetting
     let default_certificate = match &tls.default_certificate {
         None => None,
         Some(value) => match value.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => Some(ObjectKey::new(ns, name)),
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Some(ObjectKey::new(ns, name))
+            }
             _ => return Err(RunError::DefaultCertificate(value.clone())),
         },
     };
     Ok(BuildSettings {
-        class: ClassSelector { ingress_class: source.ingress_class.clone(), controller_class: source.controller_class.clone() },
-        tls: TlsSettings { default_certificate, self_signed: Arc::new(certs::self_signed()?), now: crate::clock::unix_now() },
+        class: ClassSelector {
+            ingress_class: source.ingress_class.clone(),
+            controller_class: source.controller_class.clone(),
+        },
+        tls: TlsSettings {
+            default_certificate,
+            self_signed: Arc::new(certs::self_signed()?),
+            now: crate::clock::unix_now(),
+        },
     })
 }
 
@@ -239,9 +311,15 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, RunEr
         SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
     }
     .map_err(|source| RunError::Bind { what, addr, source })?;
-    socket.set_reuseaddr(true).map_err(|source| RunError::Bind { what, addr, source })?;
-    socket.bind(addr).map_err(|source| RunError::Bind { what, addr, source })?;
-    socket.listen(4096).map_err(|source| RunError::Bind { what, addr, source })
+    socket
+        .set_reuseaddr(true)
+        .map_err(|source| RunError::Bind { what, addr, source })?;
+    socket
+        .bind(addr)
+        .map_err(|source| RunError::Bind { what, addr, source })?;
+    socket
+        .listen(4096)
+        .map_err(|source| RunError::Bind { what, addr, source })
 }
 
 async fn wait_for_shutdown_signal() -> Result<(), RunError> {

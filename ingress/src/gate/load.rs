@@ -21,12 +21,15 @@ use super::{
 };
 
 /// Maps pinned by name: (map symbol, pin file, kept across restarts).
-const PINNED: [(&str, &str, bool); 5] = [
+const PINNED: [(&str, &str, bool); 8] = [
     ("HOSTS", pins::HOSTS, true),
     ("CONFIG", pins::CONFIG, true),
     ("COUNTERS", pins::COUNTERS, true),
     ("VERDICTS", pins::VERDICTS, false),
     ("SOCKS", pins::SOCKS, false),
+    ("SPLICE_SOCKS", pins::SPLICE_SOCKS, false),
+    ("SPLICES", pins::SPLICES, false),
+    ("SPLICE_PASSED", pins::SPLICE_PASSED, false),
 ];
 
 /// The largest buffer handed to the probe: a full first record with room to spare. XDP test
@@ -80,6 +83,8 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         .collect::<BTreeMap<_, _>>();
     let socks: SockHash<MapData, u64> = take(&mut ebpf, "SOCKS")?;
     let socks_fd = socks.fd().try_clone().map_err(GateError::Socket)?;
+    let splice_socks: SockHash<MapData, u64> = take(&mut ebpf, "SPLICE_SOCKS")?;
+    let splice_socks_fd = splice_socks.fd().try_clone().map_err(GateError::Socket)?;
     let events: RingBuf<MapData> = take(&mut ebpf, "EVENTS")?;
     let probe_map: Array<MapData, GateEvent> = take(&mut ebpf, "PROBE")?;
     let logger = aya_log::EbpfLogger::init_with_logger(&mut ebpf, events::LogBridge)
@@ -110,6 +115,9 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         config: Mutex::new(take(&mut ebpf, "CONFIG")?),
         verdicts: Mutex::new(take(&mut ebpf, "VERDICTS")?),
         socks: Mutex::new(socks),
+        splice_socks: Mutex::new(splice_socks),
+        splices: Mutex::new(take(&mut ebpf, "SPLICES")?),
+        splice_passed: Mutex::new(take(&mut ebpf, "SPLICE_PASSED")?),
         counters: take::<PerCpuArray<MapData, u64>>(&mut ebpf, "COUNTERS")?,
         probe: Mutex::new(Probe {
             fd: probe_fd,
@@ -130,6 +138,19 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         prog.attach(&socks_fd)
             .map_err(|source| GateError::Program { name, source })?;
     }
+    // No parser on SPLICE_SOCKS: the verdict sees whole skbs straight from the receive queue,
+    // the cheapest path the kernel has for a byte stream it only forwards.
+    let splice: &mut SkSkb = program(&mut ebpf, "splice_verdict")?;
+    splice.load().map_err(|source| GateError::Program {
+        name: "splice_verdict",
+        source,
+    })?;
+    splice
+        .attach(&splice_socks_fd)
+        .map_err(|source| GateError::Program {
+            name: "splice_verdict",
+            source,
+        })?;
     let sock_ops: &mut SockOps = program(&mut ebpf, "gate_sock_ops")?;
     sock_ops.load().map_err(|source| GateError::Program {
         name: "gate_sock_ops",

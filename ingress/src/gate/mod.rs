@@ -10,7 +10,8 @@
 //!   accept() ──► admit(): SO_COOKIE, register, peek kick, check VERDICTS, await ┘
 //!                 ├ Drop        → reject(): SO_LINGER 0 + close = RST, nothing read
 //!                 ├ Pass        → take_first_record(): read it, leave SOCKS, hand bytes to TLS
-//!                 ├ Passthrough → same for now (steering comes later)
+//!                 ├ Passthrough → same; then splice(): both sockets into SPLICE_SOCKS, and
+//!                 │               the kernel moves the bytes (see splice.rs)
 //!                 ├ Ungated     → sock_ops could not gate it: decide in userspace
 //!                 └ Timeout     → no whole first record in time
 //!   sync_hosts() ── plan() (pure) ──► upserts, config, removals: never a gap for a known name
@@ -26,6 +27,7 @@ mod conn;
 mod events;
 mod load;
 pub mod policy;
+mod splice;
 mod sys;
 
 use std::path::PathBuf;
@@ -37,6 +39,9 @@ use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action, reaso
 
 pub use ingress_common::counter;
 pub use policy::{CaseAction, HostAction, HostPolicy, HostRule, SyncPlan, plan};
+pub use splice::{
+    PinnedSpliceEntries, Progress, Splice, SpliceEnd, SpliceStep, Unspliced, pinned_entries,
+};
 
 /// The eBPF object built by `cargo xtask build-ebpf`, or `None` in a userspace-only build.
 #[cfg(ebpf_embedded)]
@@ -59,6 +64,10 @@ pub mod pins {
     /// Replaced on every load: per-socket state of the previous process means nothing now.
     pub const VERDICTS: &str = "verdicts";
     pub const SOCKS: &str = "socks";
+    /// Spliced passthrough sockets, their peers, and the bytes handed to userspace.
+    pub const SPLICE_SOCKS: &str = "splice_socks";
+    pub const SPLICES: &str = "splices";
+    pub const SPLICE_PASSED: &str = "splice_passed";
 }
 
 pub type Result<T, E = GateError> = std::result::Result<T, E>;
@@ -283,6 +292,9 @@ struct Shared {
     config: Mutex<Array<MapData, ingress_common::GateConfig>>,
     verdicts: Mutex<BpfHashMap<MapData, u64, VerdictRecord>>,
     socks: Mutex<SockHash<MapData, u64>>,
+    splice_socks: Mutex<SockHash<MapData, u64>>,
+    splices: Mutex<BpfHashMap<MapData, u64, ingress_common::SpliceEntry>>,
+    splice_passed: Mutex<BpfHashMap<MapData, u64, u64>>,
     counters: PerCpuArray<MapData, u64>,
     probe: Mutex<load::Probe>,
     waiters: events::Waiters,
@@ -345,7 +357,13 @@ impl Gate {
 impl Drop for Gate {
     fn drop(&mut self) {
         self.events_task.abort();
-        for name in [pins::VERDICTS, pins::SOCKS] {
+        for name in [
+            pins::VERDICTS,
+            pins::SOCKS,
+            pins::SPLICE_SOCKS,
+            pins::SPLICES,
+            pins::SPLICE_PASSED,
+        ] {
             let path = self.shared.pin_dir.join(name);
             if let Err(e) = std::fs::remove_file(&path)
                 && e.kind() != std::io::ErrorKind::NotFound

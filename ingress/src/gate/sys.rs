@@ -179,6 +179,53 @@ pub fn peek_kick(fd: BorrowedFd<'_>) {
     };
 }
 
+/// A TCP socket's byte counts, in sequence space: what the splice lifecycle compares to know
+/// that every byte one socket received has left through the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpCounts {
+    /// Bytes the peer sent that arrived in order (`tcpi_bytes_received`); a received FIN counts
+    /// as one.
+    pub received: u64,
+    /// Bytes written into the socket so far, sent or still queued: acknowledged
+    /// (`tcpi_bytes_acked`) plus the send queue (`SIOCOUTQ`).
+    pub written: u64,
+    /// The state says the peer's FIN arrived (CLOSE_WAIT, LAST_ACK, CLOSING, TIME_WAIT).
+    pub fin_received: bool,
+}
+
+pub fn tcp_counts(fd: BorrowedFd<'_>) -> io::Result<TcpCounts> {
+    // SAFETY: an all-zero tcp_info is a valid out-parameter.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `info` and `len` are valid out-parameters of the size given.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ's value) writes one int.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &raw mut queued) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(TcpCounts {
+        received: info.tcpi_bytes_received,
+        written: info
+            .tcpi_bytes_acked
+            .saturating_add(u64::try_from(queued).unwrap_or(0)),
+        // include/net/tcp_states.h
+        fin_received: matches!(info.tcpi_state, 6 | 8 | 9 | 11),
+    })
+}
+
 /// Runs a program once on `data` with `BPF_PROG_TEST_RUN`; returns its return value.
 pub fn test_run(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
     /// `struct { ... } test` of `union bpf_attr`, up to `batch_size`.

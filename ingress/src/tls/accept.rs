@@ -7,6 +7,8 @@
 //!                          (dropped: nothing was read) → read exactly the first record
 //!   then:  drop: RST at once, nothing answered
 //!          pass: rustls handshake over (recorded bytes + socket) → HTTP
+//!          passthrough: the recorded bytes and the socket go to the backend untouched
+//!                       (`crate::passthrough`; spliced in the kernel in eBPF mode)
 //! ```
 //!
 //! Rejected connections are reset (SO_LINGER 0) rather than answered with a TLS alert, so a
@@ -27,6 +29,7 @@ use tokio_rustls::server::TlsStream;
 use crate::client_hello::{self, Peek};
 use crate::gate::{Admission, Gate, Reason as KernelReason};
 use crate::metrics::Metrics;
+use crate::passthrough::{Passthrough, PassthroughSettings};
 use crate::proxy::ConnInfo;
 use crate::proxy::listener::Handshake;
 use crate::publish::Published;
@@ -41,11 +44,17 @@ pub struct TlsHandshake {
     pub metrics: Arc<Metrics>,
     /// The kernel gate, in eBPF mode.
     pub gate: Option<Arc<Gate>>,
+    pub passthrough: PassthroughSettings,
 }
 
 /// How reading the first record ended.
 enum FirstRecord {
-    Decided { bytes: Vec<u8>, verdict: Verdict, reason: GateReason, sni: Option<String> },
+    Decided {
+        bytes: Vec<u8>,
+        verdict: Verdict,
+        reason: GateReason,
+        sni: Option<String>,
+    },
     /// The client went away or sent nothing in time.
     Closed,
 }
@@ -53,25 +62,39 @@ enum FirstRecord {
 impl Handshake for TlsHandshake {
     type Io = TokioIo<TlsStream<Recorded<TcpStream>>>;
 
-    async fn handshake(&self, mut stream: TcpStream, mut conn: ConnInfo) -> Option<(Self::Io, ConnInfo)> {
+    async fn handshake(
+        &self,
+        mut stream: TcpStream,
+        mut conn: ConnInfo,
+    ) -> Option<(Self::Io, ConnInfo)> {
         let first = match &self.gate {
             Some(gate) => self.kernel_first_record(gate, &mut stream).await,
-            None => tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
-                .await
-                .unwrap_or(FirstRecord::Closed),
+            None => {
+                tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
+                    .await
+                    .unwrap_or(FirstRecord::Closed)
+            }
         };
         let (bytes, sni) = match first {
             FirstRecord::Closed => {
                 self.close(stream);
                 return None;
             }
-            FirstRecord::Decided { bytes, verdict, reason, sni } => {
+            FirstRecord::Decided {
+                bytes,
+                verdict,
+                reason,
+                sni,
+            } => {
                 self.metrics.count_gate(reason);
                 match verdict {
                     Verdict::Pass => (bytes, sni),
-                    // Passthrough routing arrives with its own listener support; until then an
-                    // unroutable connection is refused like an unknown name.
-                    Verdict::Drop | Verdict::Passthrough => {
+                    Verdict::Passthrough => {
+                        self.pass_through(stream, bytes, sni.as_deref(), &conn)
+                            .await;
+                        return None;
+                    }
+                    Verdict::Drop => {
                         tracing::debug!(peer = %conn.peer, %reason, sni = sni.as_deref().unwrap_or("-"), "connection rejected");
                         self.close(stream);
                         return None;
@@ -80,20 +103,33 @@ impl Handshake for TlsHandshake {
             }
         };
         conn.sni = sni;
-        let recorded = Recorded { prefix: bytes, read: 0, inner: stream };
+        let recorded = Recorded {
+            prefix: bytes,
+            read: 0,
+            inner: stream,
+        };
         let result = |r: &'static str| crate::metrics::ResultLabels { result: r };
         match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(recorded)).await {
             Ok(Ok(tls)) => {
-                self.metrics.tls_handshakes.get_or_create(&result("ok")).inc();
+                self.metrics
+                    .tls_handshakes
+                    .get_or_create(&result("ok"))
+                    .inc();
                 Some((TokioIo::new(tls), conn))
             }
             Ok(Err(err)) => {
-                self.metrics.tls_handshakes.get_or_create(&result("failed")).inc();
+                self.metrics
+                    .tls_handshakes
+                    .get_or_create(&result("failed"))
+                    .inc();
                 tracing::debug!(peer = %conn.peer, %err, "TLS handshake failed");
                 None
             }
             Err(_) => {
-                self.metrics.tls_handshakes.get_or_create(&result("timeout")).inc();
+                self.metrics
+                    .tls_handshakes
+                    .get_or_create(&result("timeout"))
+                    .inc();
                 None
             }
         }
@@ -110,9 +146,12 @@ impl TlsHandshake {
             Ok(Admission::Passthrough(v)) => (Verdict::Passthrough, v),
             // The kernel could not take this socket (its map was full): decide here instead.
             Ok(Admission::Ungated) => {
-                return tokio::time::timeout(self.handshake_timeout, self.read_first_record(stream))
-                    .await
-                    .unwrap_or(FirstRecord::Closed);
+                return tokio::time::timeout(
+                    self.handshake_timeout,
+                    self.read_first_record(stream),
+                )
+                .await
+                .unwrap_or(FirstRecord::Closed);
             }
             Ok(Admission::Timeout) => return FirstRecord::Closed,
             Err(err) => {
@@ -122,7 +161,12 @@ impl TlsHandshake {
         };
         let reason = reason_of(kernel.reason);
         if verdict == Verdict::Drop {
-            return FirstRecord::Decided { bytes: Vec::new(), verdict, reason, sni: None };
+            return FirstRecord::Decided {
+                bytes: Vec::new(),
+                verdict,
+                reason,
+                sni: None,
+            };
         }
         match gate.take_first_record(stream).await {
             Ok(bytes) => {
@@ -130,7 +174,12 @@ impl TlsHandshake {
                     Peek::Done(Ok(hello)) => hello.server_name.map(|n| n.as_str().to_owned()),
                     _ => None,
                 };
-                FirstRecord::Decided { bytes, verdict, reason, sni }
+                FirstRecord::Decided {
+                    bytes,
+                    verdict,
+                    reason,
+                    sni,
+                }
             }
             Err(err) => {
                 tracing::debug!(%err, "reading the first record after the kernel verdict failed");
@@ -149,12 +198,21 @@ impl TlsHandshake {
                 Peek::Done(hello) => {
                     let snapshot = self.published.load();
                     let (verdict, reason) = sni::decide(&snapshot.sni, &self.unnamed, &hello);
-                    let name = hello.as_ref().ok().and_then(|h| h.server_name.as_ref()).map(|n| n.as_str().to_owned());
+                    let name = hello
+                        .as_ref()
+                        .ok()
+                        .and_then(|h| h.server_name.as_ref())
+                        .map(|n| n.as_str().to_owned());
                     Some((verdict, reason, name))
                 }
             };
             if let Some((verdict, reason, sni)) = decision {
-                return FirstRecord::Decided { bytes, verdict, reason, sni };
+                return FirstRecord::Decided {
+                    bytes,
+                    verdict,
+                    reason,
+                    sni,
+                };
             }
             // `peek` never asks for more than one maximal record, so this read is bounded.
             match stream.read_buf(&mut bytes).await {
@@ -162,6 +220,24 @@ impl TlsHandshake {
                 Ok(_) => {}
             }
         }
+    }
+
+    /// Hands the connection to its passthrough backend and serves it until it ends; in eBPF
+    /// mode the kernel splices it.
+    async fn pass_through(
+        &self,
+        stream: TcpStream,
+        bytes: Vec<u8>,
+        sni: Option<&str>,
+        conn: &ConnInfo,
+    ) {
+        let passthrough = Passthrough {
+            published: &self.published,
+            metrics: &self.metrics,
+            gate: self.gate.as_deref(),
+            settings: self.passthrough,
+        };
+        passthrough.serve(stream, bytes, sni, conn.peer).await;
     }
 
     /// Resets a connection that will not be served. In eBPF mode the gate also forgets the
@@ -176,7 +252,6 @@ impl TlsHandshake {
             None => reset(stream),
         }
     }
-
 }
 
 fn reason_of(reason: KernelReason) -> GateReason {
@@ -205,12 +280,20 @@ pub struct Recorded<S> {
 
 impl<S> Recorded<S> {
     pub fn new(prefix: Vec<u8>, inner: S) -> Self {
-        Self { prefix, read: 0, inner }
+        Self {
+            prefix,
+            read: 0,
+            inner,
+        }
     }
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Recorded<S> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         if let Some(rest) = this.prefix.get(this.read..).filter(|r| !r.is_empty()) {
             let n = rest.len().min(buf.remaining());
@@ -227,11 +310,19 @@ impl<S: AsyncRead + Unpin> AsyncRead for Recorded<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Recorded<S> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -256,7 +347,9 @@ mod tests {
     async fn recorded_bytes_come_first() {
         let (client, mut server) = tokio::io::duplex(64);
         let mut recorded = Recorded::new(b"hello ".to_vec(), client);
-        tokio::io::AsyncWriteExt::write_all(&mut server, b"world").await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut server, b"world")
+            .await
+            .unwrap();
         drop(server);
         let mut out = String::new();
         recorded.read_to_string(&mut out).await.unwrap();

@@ -1,0 +1,625 @@
+//! TLS passthrough spliced in the kernel: userspace connects, writes the client's first record,
+//! and from then on only watches the two sockets while `splice_verdict` moves their bytes.
+//!
+//! ```text
+//!   splice(client, upstream, prefix)
+//!     SPLICES[upstream] = {peer: client, consumed: 0}     its bytes go straight to the client
+//!     SPLICES[client]   = {peer: upstream, UNARMED}       its bytes come to userspace for now
+//!     SPLICE_SOCKS += upstream, client
+//!     write prefix to upstream         (nothing is redirected to it yet, so it goes first)
+//!   run()
+//!     readable with data → what the kernel handed us: write it to the peer, then arm the side
+//!                          with the bytes forwarded (the kernel redirects once it has caught up)
+//!     EOF                → wait until the peer has written everything this side received
+//!                          (TCP_INFO + SIOCOUTQ), then shutdown(write) on the peer
+//!     error / reset      → RST the peer
+//!     nothing received on either side for the idle timeout → close both
+//!   drop: SPLICES, SPLICE_PASSED and SPLICE_SOCKS entries removed, then the sockets closed
+//! ```
+//!
+//! Ordering: userspace writes to a socket only while nothing is redirected to it (the prefix
+//! before the client is armed, catch-up bytes while the kernel holds the side back), so the
+//! two paths never interleave.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, SockHash};
+use ingress_common::SpliceEntry;
+use tokio::io::{AsyncWriteExt, Interest, Ready};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout};
+
+use super::sys::{self, TcpCounts};
+use super::{Gate, GateError, Result, Shared, lock, pins};
+
+/// How often a quiet splice looks at its byte counts (for metrics and the idle timeout) and
+/// retries a read, in case a wakeup was consumed by a spurious EAGAIN.
+const TICK: Duration = Duration::from_secs(1);
+/// How soon a pending half-close looks again whether the kernel has sent everything.
+const FLUSH_FIRST: Duration = Duration::from_millis(1);
+const FLUSH_MAX: Duration = Duration::from_millis(50);
+/// Bytes read at a time when the kernel hands data to userspace.
+const CATCH_UP_BUF: usize = 16 * 1024;
+
+const CLIENT: usize = 0;
+const UPSTREAM: usize = 1;
+
+/// The setup step that failed, for the fallback counter's label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SpliceStep {
+    /// Reading a socket's cookie or TCP counters.
+    Socket,
+    /// Writing SPLICES (full, or a map error).
+    Entries,
+    /// Putting the upstream socket into SPLICE_SOCKS.
+    UpstreamSocket,
+    /// Putting the client socket into SPLICE_SOCKS.
+    ClientSocket,
+    /// Writing the first record to the upstream: the upstream failed, not the kernel.
+    Prefix,
+}
+
+impl SpliceStep {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SpliceStep::Socket => "socket",
+            SpliceStep::Entries => "entries",
+            SpliceStep::UpstreamSocket => "upstream_socket",
+            SpliceStep::ClientSocket => "client_socket",
+            SpliceStep::Prefix => "prefix",
+        }
+    }
+}
+
+/// A splice that could not be set up. The kernel holds nothing of either socket any more.
+/// Unless `step` is [`SpliceStep::Prefix`], nothing was written to the upstream, so the
+/// connection can start over in userspace with the same prefix.
+pub struct Unspliced {
+    pub client: TcpStream,
+    pub upstream: TcpStream,
+    pub step: SpliceStep,
+    pub error: GateError,
+}
+
+impl std::fmt::Debug for Unspliced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unspliced")
+            .field("step", &self.step)
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes that moved since the last report, by direction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    pub to_upstream: u64,
+    pub to_client: u64,
+}
+
+/// How a splice ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SpliceEnd {
+    /// Both sides closed (FIN), each after the other had received everything.
+    Closed,
+    /// The client reset or failed; the upstream was reset.
+    ClientReset,
+    /// The upstream reset or failed; the client was reset.
+    UpstreamReset,
+    /// Nothing moved for the idle timeout; both were closed.
+    Idle,
+}
+
+impl SpliceEnd {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SpliceEnd::Closed => "closed",
+            SpliceEnd::ClientReset => "client_reset",
+            SpliceEnd::UpstreamReset => "upstream_reset",
+            SpliceEnd::Idle => "idle",
+        }
+    }
+}
+
+/// Two sockets whose bytes the kernel moves. Dropping it (including when its task is
+/// cancelled) removes every map entry, then closes both sockets.
+pub struct Splice {
+    // Field order is drop order: the entries go before the sockets close.
+    entries: Entries,
+    client: TcpStream,
+    upstream: TcpStream,
+    /// `written` of each socket before anything was written to it here.
+    base_written: [u64; 2],
+    /// Bytes userspace read from each side since it joined SPLICE_SOCKS.
+    consumed: [u64; 2],
+}
+
+/// The kernel state of one splice, removed on drop.
+struct Entries {
+    shared: Arc<Shared>,
+    cookies: [u64; 2],
+    in_splices: bool,
+    in_socks: [bool; 2],
+}
+
+impl Gate {
+    /// Splices a passthrough client to its upstream: puts both into SPLICE_SOCKS, writes
+    /// `prefix` (the client's bytes read so far) to the upstream, and returns the splice for
+    /// [`Splice::run`]. `upstream` must be freshly connected, with nothing written to it.
+    pub async fn splice(
+        &self,
+        client: TcpStream,
+        upstream: TcpStream,
+        prefix: &[u8],
+    ) -> Result<Splice, Box<Unspliced>> {
+        let fail = |client, upstream, step, error| {
+            Box::new(Unspliced {
+                client,
+                upstream,
+                step,
+                error,
+            })
+        };
+        let setup = (|| {
+            let cookies = [
+                sys::socket_cookie(client.as_fd())?,
+                sys::socket_cookie(upstream.as_fd())?,
+            ];
+            let base = [
+                sys::tcp_counts(client.as_fd())?.written,
+                sys::tcp_counts(upstream.as_fd())?.written,
+            ];
+            Ok::<_, std::io::Error>((cookies, base))
+        })();
+        let (cookies, base_written) = match setup {
+            Ok(found) => found,
+            Err(e) => {
+                return Err(fail(
+                    client,
+                    upstream,
+                    SpliceStep::Socket,
+                    GateError::Socket(e),
+                ));
+            }
+        };
+        let mut splice = Splice {
+            entries: Entries {
+                shared: self.shared.clone(),
+                cookies,
+                in_splices: false,
+                in_socks: [false; 2],
+            },
+            client,
+            upstream,
+            base_written,
+            consumed: [0; 2],
+        };
+        if let Err((step, error)) = splice.install() {
+            let (client, upstream) = splice.dismantle();
+            return Err(fail(client, upstream, step, error));
+        }
+        let write = timeout(self.shared.timeout, splice.upstream.write_all(prefix)).await;
+        let error = match write {
+            Ok(Ok(())) => return Ok(splice),
+            Ok(Err(e)) => GateError::Socket(e),
+            Err(_) => GateError::Socket(std::io::ErrorKind::TimedOut.into()),
+        };
+        let (client, upstream) = splice.dismantle();
+        Err(fail(client, upstream, SpliceStep::Prefix, error))
+    }
+}
+
+impl Splice {
+    /// The map steps, each undone by `Entries::drop` if a later one fails. The upstream goes in
+    /// first: it has been sent nothing, so it has nothing to say until the prefix is written.
+    fn install(&mut self) -> Result<(), (SpliceStep, GateError)> {
+        let entries = &mut self.entries;
+        let [client, upstream] = entries.cookies;
+        let map_err = |name, source| GateError::Map { name, source };
+        {
+            let mut splices = lock(&entries.shared.splices);
+            entries.in_splices = true;
+            let arm = SpliceEntry {
+                peer: client,
+                consumed: 0,
+            };
+            let hold = SpliceEntry {
+                peer: upstream,
+                consumed: SpliceEntry::UNARMED,
+            };
+            splices
+                .insert(upstream, arm, 0)
+                .and_then(|()| splices.insert(client, hold, 0))
+                .map_err(|e| (SpliceStep::Entries, map_err("SPLICES", e)))?;
+        }
+        let mut socks = lock(&entries.shared.splice_socks);
+        socks
+            .insert(upstream, self.upstream.as_fd(), 0)
+            .map_err(|e| (SpliceStep::UpstreamSocket, map_err("SPLICE_SOCKS", e)))?;
+        entries.in_socks[UPSTREAM] = true;
+        socks
+            .insert(client, self.client.as_fd(), 0)
+            .map_err(|e| (SpliceStep::ClientSocket, map_err("SPLICE_SOCKS", e)))?;
+        entries.in_socks[CLIENT] = true;
+        Ok(())
+    }
+
+    /// Takes the kernel state down and hands the sockets back.
+    fn dismantle(self) -> (TcpStream, TcpStream) {
+        let Splice {
+            entries,
+            client,
+            upstream,
+            ..
+        } = self;
+        drop(entries);
+        (client, upstream)
+    }
+
+    /// Watches the splice until it ends, reporting bytes moved to `progress` now and then and
+    /// at the end. See the module documentation for what happens on each event.
+    pub async fn run(mut self, idle: Duration, mut progress: impl FnMut(Progress)) -> SpliceEnd {
+        let mut sides = [Side::default(), Side::default()];
+        let mut meter = Meter::new(idle);
+        let mut flush_wait = FLUSH_FIRST;
+        let end = loop {
+            if sides.iter().all(|s| !s.reading && s.flush_to.is_none()) {
+                break SpliceEnd::Closed;
+            }
+            let flushing = sides.iter().any(|s| s.flush_to.is_some());
+            let nap = if flushing { flush_wait } else { TICK };
+            let event = tokio::select! {
+                ready = self.client.ready(sides[CLIENT].interest()) => Some((CLIENT, ready)),
+                ready = self.upstream.ready(sides[UPSTREAM].interest()) => Some((UPSTREAM, ready)),
+                () = tokio::time::sleep(nap) => None,
+            };
+            let outcome = match event {
+                Some((side, Ok(ready))) => self.on_ready(side, ready, &mut sides, idle).await,
+                Some((side, Err(e))) => Err(reset_by(side, "readiness", Some(&e))),
+                // A quiet tick: try the reads anyway, in case a wakeup went missing.
+                None => self.catch_up_all(&mut sides, idle).await,
+            };
+            if let Err(end) = outcome {
+                break end;
+            }
+            match self.finish_flushes(&mut sides, idle).await {
+                Ok(true) => flush_wait = FLUSH_FIRST,
+                Ok(false) => flush_wait = (flush_wait * 2).min(FLUSH_MAX),
+                Err(end) => break end,
+            }
+            if let Some(end) = meter.observe(&self, &sides, &mut progress) {
+                break end;
+            }
+        };
+        meter.report(&self, &sides, &mut progress);
+        if matches!(end, SpliceEnd::ClientReset | SpliceEnd::UpstreamReset) {
+            for stream in [&self.client, &self.upstream] {
+                let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
+            }
+        }
+        end
+    }
+
+    async fn on_ready(
+        &mut self,
+        side: usize,
+        ready: Ready,
+        sides: &mut [Side; 2],
+        idle: Duration,
+    ) -> Result<(), SpliceEnd> {
+        if ready.is_error() {
+            let error = self.stream(side).take_error().ok().flatten();
+            return Err(reset_by(side, "error readiness", error.as_ref()));
+        }
+        self.catch_up(side, sides, idle).await
+    }
+
+    async fn catch_up_all(
+        &mut self,
+        sides: &mut [Side; 2],
+        idle: Duration,
+    ) -> Result<(), SpliceEnd> {
+        for side in [CLIENT, UPSTREAM] {
+            self.catch_up(side, sides, idle).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads whatever the kernel handed userspace on `side`, forwards it, and arms the side
+    /// with the new count; notices EOF and errors.
+    async fn catch_up(
+        &mut self,
+        side: usize,
+        sides: &mut [Side; 2],
+        idle: Duration,
+    ) -> Result<(), SpliceEnd> {
+        let reading = sides[side].reading;
+        if !reading && let Ok(Some(e)) | Err(e) = self.stream(side).take_error() {
+            // A reset after the EOF (reads report EOF before errors once a FIN came).
+            return Err(reset_by(side, "error after EOF", Some(&e)));
+        }
+        let mut buf = [0u8; CATCH_UP_BUF];
+        let before = self.consumed[side];
+        loop {
+            match self.stream(side).try_read(&mut buf) {
+                // After EOF, reads still deliver bytes the kernel queued for userspace before
+                // the FIN but had not handed over yet; only those are forwarded here.
+                Ok(0) if !reading => break,
+                Ok(0) => {
+                    if let Ok(Some(e)) | Err(e) = self.stream(side).take_error() {
+                        return Err(reset_by(side, "error at EOF", Some(&e)));
+                    }
+                    let received = self
+                        .counts(side)
+                        .map_err(|e| reset_by(side, "counts at EOF", Some(&e)))?
+                        .received;
+                    sides[side].reading = false;
+                    // The FIN took one sequence number; the rest is data the peer must carry.
+                    sides[1 - side].flush_to = Some(received.saturating_sub(1));
+                    break;
+                }
+                Ok(n) => {
+                    let data = buf.get(..n).unwrap_or_default();
+                    let peer = self.stream_mut(1 - side);
+                    match timeout(idle, peer.write_all(data)).await {
+                        Ok(Ok(())) => self.consumed[side] += n as u64,
+                        Ok(Err(e)) => return Err(reset_by(1 - side, "catch-up write", Some(&e))),
+                        Err(_) => return Err(SpliceEnd::Idle),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(reset_by(side, "read", Some(&e))),
+            }
+        }
+        if self.consumed[side] != before {
+            self.arm(side);
+        }
+        Ok(())
+    }
+
+    /// Tells the kernel how many of `side`'s bytes userspace has forwarded: it redirects again
+    /// once its own count matches. A failed write leaves the side with userspace, which is
+    /// slower but still correct; the next catch-up tries again.
+    fn arm(&self, side: usize) {
+        let [client, upstream] = self.entries.cookies;
+        let (cookie, peer) = if side == CLIENT {
+            (client, upstream)
+        } else {
+            (upstream, client)
+        };
+        let entry = SpliceEntry {
+            peer,
+            consumed: self.consumed[side],
+        };
+        if let Err(e) = lock(&self.entries.shared.splices).insert(cookie, entry, 0) {
+            tracing::debug!(cookie, error = %e, "could not arm a spliced socket; it stays with userspace");
+        }
+    }
+
+    /// Half-closes each peer whose other side ended once it has written everything that side
+    /// received. `Ok(true)` if a pending half-close completed.
+    async fn finish_flushes(
+        &mut self,
+        sides: &mut [Side; 2],
+        idle: Duration,
+    ) -> Result<bool, SpliceEnd> {
+        let mut done = false;
+        for side in [CLIENT, UPSTREAM] {
+            let Some(target) = sides[side].flush_to else {
+                continue;
+            };
+            // Late bytes of the side that ended count toward the target too.
+            self.catch_up(1 - side, sides, idle).await?;
+            let written = self
+                .counts(side)
+                .map_err(|e| reset_by(side, "counts", Some(&e)))?
+                .written;
+            if written.saturating_sub(self.base_written[side]) >= target {
+                if let Err(e) =
+                    socket2::SockRef::from(self.stream(side)).shutdown(std::net::Shutdown::Write)
+                {
+                    return Err(reset_by(side, "half-close", Some(&e)));
+                }
+                sides[side].flush_to = None;
+                done = true;
+            }
+        }
+        Ok(done)
+    }
+
+    fn counts(&self, side: usize) -> std::io::Result<TcpCounts> {
+        sys::tcp_counts(self.stream(side).as_fd())
+    }
+
+    fn stream(&self, side: usize) -> &TcpStream {
+        if side == CLIENT {
+            &self.client
+        } else {
+            &self.upstream
+        }
+    }
+
+    fn stream_mut(&mut self, side: usize) -> &mut TcpStream {
+        if side == CLIENT {
+            &mut self.client
+        } else {
+            &mut self.upstream
+        }
+    }
+}
+
+/// The end for a failure on `side`, logged with what failed.
+fn reset_by(side: usize, what: &'static str, error: Option<&std::io::Error>) -> SpliceEnd {
+    tracing::debug!(
+        side = if side == CLIENT { "client" } else { "upstream" },
+        what,
+        error = error.map(tracing::field::display),
+        "splice side failed"
+    );
+    if side == CLIENT {
+        SpliceEnd::ClientReset
+    } else {
+        SpliceEnd::UpstreamReset
+    }
+}
+
+/// Per socket: whether it may still send, and the half-close waiting for its peer's bytes.
+#[derive(Clone, Copy, Debug)]
+struct Side {
+    /// No EOF or error seen yet.
+    reading: bool,
+    /// This socket is to be half-closed once it has written this many bytes (since the splice
+    /// began, the prefix included).
+    flush_to: Option<u64>,
+}
+
+impl Default for Side {
+    fn default() -> Self {
+        Side {
+            reading: true,
+            flush_to: None,
+        }
+    }
+}
+
+impl Side {
+    fn interest(&self) -> Interest {
+        if self.reading {
+            Interest::READABLE | Interest::ERROR
+        } else {
+            Interest::ERROR
+        }
+    }
+}
+
+/// Bytes received on each side (what the kernel and userspace forwarded), for progress reports
+/// and the idle timeout. Counts come from TCP_INFO, so they include bytes the kernel moved.
+struct Meter {
+    idle: Duration,
+    reported: [u64; 2],
+    last_move: Instant,
+    last_check: Instant,
+}
+
+impl Meter {
+    fn new(idle: Duration) -> Meter {
+        let now = Instant::now();
+        Meter {
+            idle,
+            reported: [0; 2],
+            last_move: now,
+            last_check: now,
+        }
+    }
+
+    /// Reports progress at most once a tick; ends the splice if nothing moved for `idle`.
+    fn observe(
+        &mut self,
+        splice: &Splice,
+        sides: &[Side; 2],
+        progress: &mut impl FnMut(Progress),
+    ) -> Option<SpliceEnd> {
+        let now = Instant::now();
+        if now.duration_since(self.last_check) < TICK.min(self.idle) {
+            return None;
+        }
+        self.last_check = now;
+        if self.report(splice, sides, progress) {
+            self.last_move = now;
+        } else if now.duration_since(self.last_move) >= self.idle {
+            return Some(SpliceEnd::Idle);
+        }
+        None
+    }
+
+    /// `true` if anything moved since the last report.
+    fn report(
+        &mut self,
+        splice: &Splice,
+        sides: &[Side; 2],
+        progress: &mut impl FnMut(Progress),
+    ) -> bool {
+        let mut delta = [0u64; 2];
+        for side in [CLIENT, UPSTREAM] {
+            let Ok(counts) = splice.counts(side) else {
+                continue;
+            };
+            // Once a FIN arrived the count includes its sequence number, which is not a byte.
+            let fin = counts.fin_received || !sides[side].reading;
+            let data = counts.received.saturating_sub(u64::from(fin));
+            delta[side] = data.saturating_sub(self.reported[side]);
+            self.reported[side] = self.reported[side].max(data);
+        }
+        if delta == [0, 0] {
+            return false;
+        }
+        progress(Progress {
+            to_upstream: delta[CLIENT],
+            to_client: delta[UPSTREAM],
+        });
+        true
+    }
+}
+
+impl Drop for Entries {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        if self.in_splices {
+            let mut splices = lock(&shared.splices);
+            let mut passed = lock(&shared.splice_passed);
+            for cookie in self.cookies {
+                match splices.remove(&cookie) {
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => tracing::warn!(cookie, error = %e, "could not delete a splice entry"),
+                }
+                // The kernel creates this entry only if it handed bytes to userspace.
+                let _ = passed.remove(&cookie);
+            }
+        }
+        let mut socks = lock(&shared.splice_socks);
+        for (cookie, inserted) in self.cookies.iter().zip(self.in_socks) {
+            if !inserted {
+                continue;
+            }
+            match socks.remove(cookie) {
+                // Gone already if the socket closed first: the kernel removes closed sockets.
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => tracing::warn!(cookie, error = %e, "could not remove a spliced socket"),
+            }
+        }
+    }
+}
+
+/// Entries in a gate's splice maps, read from their pins (for tests and diagnostics: every
+/// one belongs to a live splice, so at rest all three are zero).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PinnedSpliceEntries {
+    pub splices: usize,
+    pub splice_socks: usize,
+    pub splice_passed: usize,
+}
+
+/// Counts the entries of the splice maps pinned under `pin_dir`.
+pub fn pinned_entries(pin_dir: &Path) -> Result<PinnedSpliceEntries> {
+    let open = |name: &'static str| {
+        let path = pin_dir.join(name);
+        MapData::from_pin(&path).map_err(|source| GateError::Map { name, source })
+    };
+    let map_err = |name| move |source| GateError::Map { name, source };
+    let splices: BpfHashMap<MapData, u64, SpliceEntry> =
+        BpfHashMap::try_from(Map::HashMap(open(pins::SPLICES)?)).map_err(map_err("SPLICES"))?;
+    let passed: BpfHashMap<MapData, u64, u64> =
+        BpfHashMap::try_from(Map::HashMap(open(pins::SPLICE_PASSED)?))
+            .map_err(map_err("SPLICE_PASSED"))?;
+    let socks: SockHash<MapData, u64> =
+        SockHash::try_from(Map::SockHash(open(pins::SPLICE_SOCKS)?))
+            .map_err(map_err("SPLICE_SOCKS"))?;
+    Ok(PinnedSpliceEntries {
+        splices: splices.keys().filter(|k| k.is_ok()).count(),
+        splice_socks: socks.keys().filter(|k| k.is_ok()).count(),
+        splice_passed: passed.keys().filter(|k| k.is_ok()).count(),
+    })
+}
