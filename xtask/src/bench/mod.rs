@@ -10,6 +10,7 @@
 //! passes or fails on a number: it prints them.
 
 mod http;
+mod kube;
 mod procs;
 mod rig;
 mod scale;
@@ -29,7 +30,7 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale); default all.
+    /// Only these sections (http, https, memory, scale, kube); default all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -66,7 +67,10 @@ pub fn run(args: &Args) -> Result<()> {
         connections: 32,
     };
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
-    println!("ingress benchmark: {} rounds of {:?}, {} connections, proxies pinned to CPU 0, load and upstream to CPU 1", bench.rounds, bench.duration, bench.connections);
+    println!(
+        "ingress benchmark: {} rounds of {:?}, {} connections, proxies pinned to CPU 0, load and upstream to CPU 1",
+        bench.rounds, bench.duration, bench.connections
+    );
     if procs::cpus() < 2 {
         println!("note: fewer than 2 CPUs; pinning is skipped and numbers are less meaningful");
     }
@@ -79,15 +83,24 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("memory") || wanted("scale") {
         scale::run(&bench)?;
     }
+    if wanted("kube") {
+        kube::run(&bench, args.quick)?;
+    }
     Ok(())
 }
 
 /// The release binary with eBPF embedded when the toolchain is there, else userspace-only.
 fn release_binary(ws: &Workspace) -> Result<PathBuf> {
-    if let Err(err) = crate::build::run(&crate::build::Args { release: true, route: RouteArg { route: None } }) {
+    if let Err(err) = crate::build::run(&crate::build::Args {
+        release: true,
+        route: RouteArg { route: None },
+    }) {
         eprintln!("bench: eBPF build failed ({err:#}); benchmarking the userspace-only binary");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = std::process::Command::new(cargo).args(["build", "--release", "-p", "ingress"]).current_dir(&ws.root).status()?;
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--release", "-p", "ingress"])
+            .current_dir(&ws.root)
+            .status()?;
         anyhow::ensure!(status.success(), "cargo build --release -p ingress failed");
     }
     Ok(ws.target_dir.join("release").join("ingress"))
