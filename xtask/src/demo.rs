@@ -31,7 +31,7 @@ const BACKENDS: [(&str, u16); 3] = [("hello-1", 9101), ("hello-2", 9102), ("api-
 
 pub fn run(args: &Args) -> Result<()> {
     if !args.no_setup {
-        if let Err(err) = crate::setup::run() {
+        if let Err(err) = crate::setup::run(&crate::setup::Args { build_only: false }) {
             eprintln!(
                 "setup failed ({err:#}); continuing, the build may fall back to userspace-only"
             );

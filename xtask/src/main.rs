@@ -36,7 +36,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what the Debian eBPF route and the tests need, if anything is missing.
-    Setup,
+    Setup(setup::Args),
     /// Build the eBPF object that the ingress binary embeds.
     BuildEbpf(build_ebpf::Args),
     /// Build the eBPF object, then the ingress binary with it embedded.
@@ -53,7 +53,7 @@ enum Task {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
-        Task::Setup => setup::run(),
+        Task::Setup(args) => setup::run(&args),
         Task::BuildEbpf(args) => build_ebpf::run(&args).map(|_| ()),
         Task::Build(args) => build::run(&args),
         Task::ClippyEbpf(args) => clippy_ebpf::run(&args),

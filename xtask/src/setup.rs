@@ -18,6 +18,7 @@ pub const PACKAGES: &[&str] = &[
     "rust-web-clippy",
     "llvm-22-dev",
     "libpolly-22-dev",
+    // Everything from here on is only for tests and benchmarks.
     "nginx",
     "haproxy",
     "wrk",
@@ -30,16 +31,31 @@ pub const PACKAGES: &[&str] = &[
     "iproute2",
 ];
 
+/// How many of [`PACKAGES`] the eBPF build itself needs.
+const BUILD_PACKAGES: usize = 6;
+
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
-pub fn run() -> Result<()> {
+#[derive(clap::Args)]
+pub struct Args {
+    /// Only what building the eBPF object needs, not the test and benchmark tools (for images).
+    #[arg(long)]
+    pub build_only: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
     if !Path::new("/usr/bin/dpkg-query").exists() {
         bail!(
             "setup only knows Debian; elsewhere install a nightly toolchain with rust-src and \
              bpf-linker (`cargo install bpf-linker`), then use `--route rustup`"
         );
     }
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let wanted = if args.build_only {
+        &PACKAGES[..BUILD_PACKAGES]
+    } else {
+        PACKAGES
+    };
+    let missing: Vec<&str> = wanted.iter().copied().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
         run_root(Command::new("apt-get").arg("update").arg("-q"))?;
         run_root(
