@@ -9,7 +9,9 @@
 //!
 //!   passthrough: userspace ──insert──► SPLICE_SOCKS (cookie → socket) ──► splice verdict
 //!                          ──write───► SPLICES (cookie → SpliceEntry: peer, consumed)
-//!                splice verdict ──► redirect to SPLICE_SOCKS[peer], or pass (SPLICE_PASSED += len)
+//!                          ──seed────► SPLICE_STATE (cookie → SpliceState)
+//!                splice verdict ──► trim bytes already delivered (SpliceState::next_seq),
+//!                                   redirect to SPLICE_SOCKS[peer], or pass (passed += len)
 //! ```
 //!
 //! Every type here is read or written through a BPF map by both sides, so each is `#[repr(C)]`,
@@ -107,8 +109,17 @@ pub mod counter {
     /// Redirects that failed because the peer was not in SPLICE_SOCKS; the message went to
     /// userspace.
     pub const SPLICE_NO_PEER: u32 = 15;
+    /// Spliced messages that began with bytes the stream had already delivered (a
+    /// retransmission overlapping what arrived before), trimmed before they went on.
+    pub const SPLICE_TRIMMED: u32 = 16;
+    /// Spliced messages whose overlap was too long to trim: the splice is marked broken and
+    /// userspace resets both sides rather than forward a duplicate.
+    pub const SPLICE_UNTRIMMABLE: u32 = 17;
+    /// Spliced messages whose TCP sequence numbers could not be read (a kernel whose `sk_buff`
+    /// layout differs from the one this object expects): forwarded untrimmed.
+    pub const SPLICE_SEQ_UNREADABLE: u32 = 18;
     /// Slots in the array.
-    pub const LEN: u32 = 16;
+    pub const LEN: u32 = 19;
 
     /// The counter for a verdict's reason.
     pub const fn for_reason(reason: u32) -> u32 {
@@ -134,6 +145,9 @@ pub mod counter {
             SPLICE_REDIRECTED => "splice_redirected",
             SPLICE_PASSED => "splice_passed",
             SPLICE_NO_PEER => "splice_no_peer",
+            SPLICE_TRIMMED => "splice_trimmed",
+            SPLICE_UNTRIMMABLE => "splice_untrimmable",
+            SPLICE_SEQ_UNREADABLE => "splice_seq_unreadable",
             _ => "invalid",
         }
     }
@@ -206,9 +220,9 @@ pub struct VerdictRecord {
 /// The SPLICES value, keyed by the cookie of a socket in SPLICE_SOCKS: where its bytes go.
 ///
 /// The kernel redirects a message to `peer` only while `consumed` equals the socket's
-/// SPLICE_PASSED count, i.e. once userspace has forwarded every byte the kernel handed it. Until
-/// then it hands messages to userspace too, so bytes leave in the order they arrived whichever
-/// path they take. Userspace writes this value; the kernel only reads it.
+/// [`SpliceState::passed`] count, i.e. once userspace has forwarded every byte the kernel
+/// handed it. Until then it hands messages to userspace too, so bytes leave in the order they
+/// arrived whichever path they take. Userspace writes this value; the kernel only reads it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SpliceEntry {
@@ -220,8 +234,32 @@ pub struct SpliceEntry {
 }
 
 impl SpliceEntry {
-    /// A `consumed` no SPLICE_PASSED count can reach: the socket's bytes all go to userspace.
+    /// A `consumed` no [`SpliceState::passed`] count can reach: the socket's bytes all go to
+    /// userspace.
     pub const UNARMED: u64 = u64::MAX;
+}
+
+/// The SPLICE_STATE value, keyed by the cookie of a socket in SPLICE_SOCKS: what the splice
+/// verdict knows of the socket's stream. Userspace seeds it (all zero) before the socket joins
+/// SPLICE_SOCKS and deletes it afterwards; in between only the kernel writes it.
+///
+/// `next_seq` exists because the kernel hands the verdict whole receive-queue skbs without the
+/// offset TCP keeps for a retransmission that overlaps bytes already received (`tcp_read_skb`
+/// ignores `copied_seq`): forwarded as they are, those bytes would arrive twice.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SpliceState {
+    /// Bytes handed to userspace (the socket's own receive queue) rather than redirected.
+    pub passed: u64,
+    /// The TCP sequence number of the next byte the stream has not delivered yet; a message
+    /// starting before it is trimmed to it. Valid once `seq_known` is non-zero.
+    pub next_seq: u32,
+    /// Non-zero once `next_seq` was taken from a message.
+    pub seq_known: u32,
+    /// Non-zero once a message could not be trimmed: every later message is dropped, and
+    /// userspace resets both sockets.
+    pub broken: u32,
+    pub _reserved: u32,
 }
 
 /// A ring-buffer event, one per verdict.
@@ -311,6 +349,7 @@ mod pod {
     unsafe impl aya::Pod for VerdictRecord {}
     unsafe impl aya::Pod for GateEvent {}
     unsafe impl aya::Pod for SpliceEntry {}
+    unsafe impl aya::Pod for SpliceState {}
 }
 
 #[cfg(test)]
@@ -322,7 +361,7 @@ mod tests {
     /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
     #[test]
     fn types_have_no_padding() {
-        let cases: [(&str, usize, usize, usize); 6] = [
+        let cases: [(&str, usize, usize, usize); 7] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
             ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
             (
@@ -339,6 +378,7 @@ mod tests {
                 8,
             ),
             ("SpliceEntry", size_of::<SpliceEntry>(), 8 + 8, 8),
+            ("SpliceState", size_of::<SpliceState>(), 8 + 4 * 4, 8),
         ];
         let aligns = [
             align_of::<HostKey>(),
@@ -347,6 +387,7 @@ mod tests {
             align_of::<VerdictRecord>(),
             align_of::<GateEvent>(),
             align_of::<SpliceEntry>(),
+            align_of::<SpliceState>(),
         ];
         for ((name, size, fields, align), actual_align) in cases.into_iter().zip(aligns) {
             assert_eq!(size, fields, "{name} has padding");

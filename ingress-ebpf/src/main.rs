@@ -15,9 +15,11 @@
 //!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
 //!
 //!  splice_verdict (SPLICE_SOCKS, no parser: whole skbs in order, no strparser)
-//!                         SPLICES[cookie] armed, userspace caught up (consumed == SPLICE_PASSED)
+//!                         bytes before SPLICE_STATE.next_seq (a retransmission overlapping what
+//!                             was delivered) → trimmed off; untrimmable → dropped, broken
+//!                         SPLICES[cookie] armed, userspace caught up (consumed == passed)
 //!                             → redirect to SPLICE_SOCKS[peer], out of the peer socket
-//!                         otherwise → this socket's own receive queue, SPLICE_PASSED += len
+//!                         otherwise → this socket's own receive queue, passed += len
 //! ```
 //!
 //! The splice half moves TLS passthrough streams between a client and its upstream without
@@ -40,7 +42,10 @@ use aya_ebpf::{
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE, sk_action, xdp_action,
     },
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash},
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    },
     macros::{btf_map, sock_ops, stream_parser, stream_verdict, xdp},
     programs::{SkBuffContext, SockOpsContext, XdpContext},
 };
@@ -48,7 +53,8 @@ use aya_log_ebpf::debug;
 use core::ptr::read_volatile;
 use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
-    GateConfig, GateEvent, HostKey, HostValue, SpliceEntry, VerdictRecord, action, counter, reason,
+    GateConfig, GateEvent, HostKey, HostValue, SpliceEntry, SpliceState, VerdictRecord, action,
+    counter, reason,
 };
 
 const AF_INET: u32 = 2;
@@ -74,7 +80,19 @@ static SPLICE_SOCKS: SockHash<u64, 65536> = SockHash::new();
 #[btf_map]
 static SPLICES: HashMap<u64, SpliceEntry, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 #[btf_map]
-static SPLICE_PASSED: HashMap<u64, u64, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+static SPLICE_STATE: HashMap<u64, SpliceState, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
+/// `offsetof(struct sk_buff, cb)`: where TCP keeps a received skb's sequence numbers
+/// (`TCP_SKB_CB(skb)->seq`, then `end_seq`). Stable across kernels for years (6.18 included);
+/// each read is checked against the skb's length, so a kernel that moved it is noticed
+/// (SPLICE_SEQ_UNREADABLE) instead of trusted.
+const SKB_CB_OFFSET: usize = 40;
+/// `bpf_skb_adjust_room` on an sk_skb trims at most this many bytes per call.
+const TRIM_STEP: u32 = 0xfff;
+/// Calls per message: up to about 256 KiB trimmed, past the largest GRO skb a receive queue
+/// holds.
+const TRIM_STEPS: u32 = 64;
 
 #[sock_ops]
 pub fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
@@ -222,21 +240,45 @@ pub fn splice_verdict(ctx: SkBuffContext) -> u32 {
     // SAFETY: the context pointer the kernel handed the program.
     let cookie = unsafe { bpf_get_socket_cookie(skb.cast()) };
     // SAFETY: as above.
-    let len = u64::from(unsafe { (*skb).len });
+    let len = unsafe { (*skb).len };
     // A data-less skb carries only a FIN, which TCP has already recorded (userspace reads EOF
     // either way). Redirected, or passed while the socket's queue is busy, the kernel would
     // process it as a zero-byte send or receive, which it treats as a broken pipe.
     if len == 0 {
         return sk_action::SK_DROP;
     }
-    let passed = SPLICE_PASSED.get_ptr_mut(cookie);
-    // SAFETY: a live map value of this socket, only ever written by this program, which the
-    // kernel runs for one socket at a time.
-    let handed = passed.map(|p| unsafe { *p }).unwrap_or(0);
+    let state = match SPLICE_STATE.get_ptr_mut(cookie) {
+        Some(state) => state,
+        None => {
+            // Userspace seeds the entry before the socket joins SPLICE_SOCKS; if that raced
+            // with a delete, start afresh. A failed insert leaves the socket with userspace,
+            // which then never sees a matching count: slow, but every byte stays in order.
+            let _ = SPLICE_STATE.insert(cookie, SpliceState::default(), u64::from(BPF_ANY));
+            match SPLICE_STATE.get_ptr_mut(cookie) {
+                Some(state) => state,
+                None => return sk_action::SK_PASS,
+            }
+        }
+    };
+    // SAFETY: a live map value of this socket, only ever written by this program (after
+    // userspace seeded it), which the kernel runs for one socket at a time.
+    let state = unsafe { &mut *state };
+    if state.broken != 0 {
+        return sk_action::SK_DROP;
+    }
+    let len = match trim_delivered(&ctx, state, len) {
+        Trimmed::Len(len) => len,
+        Trimmed::Nothing => return sk_action::SK_DROP,
+        Trimmed::Failed => {
+            state.broken = 1;
+            count(counter::SPLICE_UNTRIMMABLE);
+            return sk_action::SK_DROP;
+        }
+    };
     if let Some(entry) = SPLICES.get_ptr(cookie) {
         // SAFETY: a live map value, copied out at once.
         let entry = unsafe { *entry };
-        if entry.consumed == handed {
+        if entry.consumed == state.passed {
             let mut peer = entry.peer;
             if SPLICE_SOCKS.redirect_skb(&ctx, &mut peer, 0) == i64::from(sk_action::SK_PASS) {
                 count(counter::SPLICE_REDIRECTED);
@@ -245,17 +287,78 @@ pub fn splice_verdict(ctx: SkBuffContext) -> u32 {
             count(counter::SPLICE_NO_PEER);
         }
     }
-    match passed {
-        // SAFETY: as above.
-        Some(p) => unsafe { *p = handed + len },
-        None => {
-            // A failed insert leaves the count at 0 while userspace counts on: the socket then
-            // stays with userspace, which is slow but keeps every byte in order.
-            let _ = SPLICE_PASSED.insert(cookie, len, u64::from(BPF_ANY));
-        }
-    }
+    state.passed += u64::from(len);
     count(counter::SPLICE_PASSED);
     sk_action::SK_PASS
+}
+
+/// What is left of a message once the bytes the stream already delivered are cut off.
+enum Trimmed {
+    /// This many new bytes.
+    Len(u32),
+    /// None: the whole message had been delivered.
+    Nothing,
+    /// The overlap could not be cut off.
+    Failed,
+}
+
+/// Cuts off the head of a message that repeats bytes already delivered, and records where the
+/// stream now stands. TCP queues a retransmission that overlaps received bytes with its old
+/// head still attached and skips it by offset when reading, but the skb handed to this program
+/// keeps it; forwarded whole, those bytes would arrive twice.
+#[inline(always)]
+fn trim_delivered(ctx: &SkBuffContext, state: &mut SpliceState, len: u32) -> Trimmed {
+    let skb = ctx.skb.skb;
+    // SAFETY: the program's context is the kernel's `struct sk_buff`; the helper reads kernel
+    // memory without faulting and reports a failed read.
+    let seqs = unsafe {
+        bpf_probe_read_kernel(
+            skb.cast::<u8>()
+                .wrapping_add(SKB_CB_OFFSET)
+                .cast::<[u32; 2]>(),
+        )
+    };
+    let Ok([seq, end_seq]) = seqs else {
+        count(counter::SPLICE_SEQ_UNREADABLE);
+        return Trimmed::Len(len);
+    };
+    // end_seq covers the data and a FIN; anything else means these are not sequence numbers.
+    let span = end_seq.wrapping_sub(seq);
+    if span != len && span != len.wrapping_add(1) {
+        count(counter::SPLICE_SEQ_UNREADABLE);
+        return Trimmed::Len(len);
+    }
+    let known = state.seq_known != 0;
+    let overlap = state.next_seq.wrapping_sub(seq);
+    // Each message ends past what was delivered (TCP drops a retransmission that adds
+    // nothing), so the stream's position only moves forward.
+    state.next_seq = seq.wrapping_add(len);
+    state.seq_known = 1;
+    // Sequence arithmetic: the overlap is real only if next_seq is after seq (mod 2^32).
+    if !known || overlap == 0 || overlap >= 1 << 31 {
+        return Trimmed::Len(len);
+    }
+    let overlap = overlap.min(len);
+    let mut left = overlap;
+    for _ in 0..TRIM_STEPS {
+        if left == 0 {
+            break;
+        }
+        let step = left.min(TRIM_STEP);
+        if ctx.adjust_room(-(step as i32), 0, 0).is_err() {
+            return Trimmed::Failed;
+        }
+        left -= step;
+    }
+    if left != 0 {
+        return Trimmed::Failed;
+    }
+    count(counter::SPLICE_TRIMMED);
+    if overlap == len {
+        Trimmed::Nothing
+    } else {
+        Trimmed::Len(len - overlap)
+    }
 }
 
 /// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`, layout in

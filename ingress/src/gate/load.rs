@@ -29,7 +29,7 @@ const PINNED: [(&str, &str, bool); 8] = [
     ("SOCKS", pins::SOCKS, false),
     ("SPLICE_SOCKS", pins::SPLICE_SOCKS, false),
     ("SPLICES", pins::SPLICES, false),
-    ("SPLICE_PASSED", pins::SPLICE_PASSED, false),
+    ("SPLICE_STATE", pins::SPLICE_STATE, false),
 ];
 
 /// The largest buffer handed to the probe: a full first record with room to spare. XDP test
@@ -117,7 +117,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         socks: Mutex::new(socks),
         splice_socks: Mutex::new(splice_socks),
         splices: Mutex::new(take(&mut ebpf, "SPLICES")?),
-        splice_passed: Mutex::new(take(&mut ebpf, "SPLICE_PASSED")?),
+        splice_state: Mutex::new(take(&mut ebpf, "SPLICE_STATE")?),
         counters: take::<PerCpuArray<MapData, u64>>(&mut ebpf, "COUNTERS")?,
         probe: Mutex::new(Probe {
             fd: probe_fd,

@@ -64,10 +64,10 @@ pub mod pins {
     /// Replaced on every load: per-socket state of the previous process means nothing now.
     pub const VERDICTS: &str = "verdicts";
     pub const SOCKS: &str = "socks";
-    /// Spliced passthrough sockets, their peers, and the bytes handed to userspace.
+    /// Spliced passthrough sockets, their peers, and what the kernel knows of each stream.
     pub const SPLICE_SOCKS: &str = "splice_socks";
     pub const SPLICES: &str = "splices";
-    pub const SPLICE_PASSED: &str = "splice_passed";
+    pub const SPLICE_STATE: &str = "splice_state";
 }
 
 pub type Result<T, E = GateError> = std::result::Result<T, E>;
@@ -294,7 +294,7 @@ struct Shared {
     socks: Mutex<SockHash<MapData, u64>>,
     splice_socks: Mutex<SockHash<MapData, u64>>,
     splices: Mutex<BpfHashMap<MapData, u64, ingress_common::SpliceEntry>>,
-    splice_passed: Mutex<BpfHashMap<MapData, u64, u64>>,
+    splice_state: Mutex<BpfHashMap<MapData, u64, ingress_common::SpliceState>>,
     counters: PerCpuArray<MapData, u64>,
     probe: Mutex<load::Probe>,
     waiters: events::Waiters,
@@ -362,7 +362,7 @@ impl Drop for Gate {
             pins::SOCKS,
             pins::SPLICE_SOCKS,
             pins::SPLICES,
-            pins::SPLICE_PASSED,
+            pins::SPLICE_STATE,
         ] {
             let path = self.shared.pin_dir.join(name);
             if let Err(e) = std::fs::remove_file(&path)

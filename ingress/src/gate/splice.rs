@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!   splice(client, upstream, prefix)
+//!     SPLICE_STATE[both] = {}                             the kernel's view of each stream
 //!     SPLICES[upstream] = {peer: client, consumed: 0}     its bytes go straight to the client
 //!     SPLICES[client]   = {peer: upstream, UNARMED}       its bytes come to userspace for now
 //!     SPLICE_SOCKS += upstream, client
@@ -14,7 +15,8 @@
 //!                          (TCP_INFO + SIOCOUTQ), then shutdown(write) on the peer
 //!     error / reset      → RST the peer
 //!     nothing received on either side for the idle timeout → close both
-//!   drop: SPLICES, SPLICE_PASSED and SPLICE_SOCKS entries removed, then the sockets closed
+//!     the kernel marked a side broken (a retransmission it could not trim) → RST both
+//!   drop: SPLICES, SPLICE_STATE and SPLICE_SOCKS entries removed, then the sockets closed
 //! ```
 //!
 //! Ordering: userspace writes to a socket only while nothing is redirected to it (the prefix
@@ -27,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, SockHash};
-use ingress_common::SpliceEntry;
+use ingress_common::{SpliceEntry, SpliceState};
 use tokio::io::{AsyncWriteExt, Interest, Ready};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
@@ -52,7 +54,7 @@ const UPSTREAM: usize = 1;
 pub enum SpliceStep {
     /// Reading a socket's cookie or TCP counters.
     Socket,
-    /// Writing SPLICES (full, or a map error).
+    /// Writing SPLICE_STATE or SPLICES (full, or a map error).
     Entries,
     /// Putting the upstream socket into SPLICE_SOCKS.
     UpstreamSocket,
@@ -220,8 +222,14 @@ impl Splice {
         let [client, upstream] = entries.cookies;
         let map_err = |name, source| GateError::Map { name, source };
         {
+            let mut state = lock(&entries.shared.splice_state);
             let mut splices = lock(&entries.shared.splices);
             entries.in_splices = true;
+            for cookie in [upstream, client] {
+                state
+                    .insert(cookie, SpliceState::default(), 0)
+                    .map_err(|e| (SpliceStep::Entries, map_err("SPLICE_STATE", e)))?;
+            }
             let arm = SpliceEntry {
                 peer: client,
                 consumed: 0,
@@ -430,6 +438,16 @@ impl Splice {
         Ok(done)
     }
 
+    /// The side whose stream the kernel gave up on (see `SpliceState::broken`), if any.
+    fn broken_side(&self) -> Option<usize> {
+        let state = lock(&self.entries.shared.splice_state);
+        [CLIENT, UPSTREAM].into_iter().find(|&side| {
+            state
+                .get(&self.entries.cookies[side], 0)
+                .is_ok_and(|s| s.broken != 0)
+        })
+    }
+
     fn counts(&self, side: usize) -> std::io::Result<TcpCounts> {
         sys::tcp_counts(self.stream(side).as_fd())
     }
@@ -527,6 +545,13 @@ impl Meter {
             return None;
         }
         self.last_check = now;
+        if let Some(side) = splice.broken_side() {
+            tracing::warn!(
+                side = if side == CLIENT { "client" } else { "upstream" },
+                "the kernel could not trim a retransmitted message on a spliced socket; resetting both sides rather than forward bytes twice"
+            );
+            return Some(reset_by(side, "untrimmable retransmission", None));
+        }
         if self.report(splice, sides, progress) {
             self.last_move = now;
         } else if now.duration_since(self.last_move) >= self.idle {
@@ -568,15 +593,17 @@ impl Drop for Entries {
     fn drop(&mut self) {
         let shared = &self.shared;
         if self.in_splices {
+            let mut state = lock(&shared.splice_state);
             let mut splices = lock(&shared.splices);
-            let mut passed = lock(&shared.splice_passed);
             for cookie in self.cookies {
                 match splices.remove(&cookie) {
                     Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
                     Err(e) => tracing::warn!(cookie, error = %e, "could not delete a splice entry"),
                 }
-                // The kernel creates this entry only if it handed bytes to userspace.
-                let _ = passed.remove(&cookie);
+                match state.remove(&cookie) {
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => tracing::warn!(cookie, error = %e, "could not delete a splice state"),
+                }
             }
         }
         let mut socks = lock(&shared.splice_socks);
@@ -599,7 +626,7 @@ impl Drop for Entries {
 pub struct PinnedSpliceEntries {
     pub splices: usize,
     pub splice_socks: usize,
-    pub splice_passed: usize,
+    pub splice_state: usize,
 }
 
 /// Counts the entries of the splice maps pinned under `pin_dir`.
@@ -611,15 +638,15 @@ pub fn pinned_entries(pin_dir: &Path) -> Result<PinnedSpliceEntries> {
     let map_err = |name| move |source| GateError::Map { name, source };
     let splices: BpfHashMap<MapData, u64, SpliceEntry> =
         BpfHashMap::try_from(Map::HashMap(open(pins::SPLICES)?)).map_err(map_err("SPLICES"))?;
-    let passed: BpfHashMap<MapData, u64, u64> =
-        BpfHashMap::try_from(Map::HashMap(open(pins::SPLICE_PASSED)?))
-            .map_err(map_err("SPLICE_PASSED"))?;
+    let state: BpfHashMap<MapData, u64, SpliceState> =
+        BpfHashMap::try_from(Map::HashMap(open(pins::SPLICE_STATE)?))
+            .map_err(map_err("SPLICE_STATE"))?;
     let socks: SockHash<MapData, u64> =
         SockHash::try_from(Map::SockHash(open(pins::SPLICE_SOCKS)?))
             .map_err(map_err("SPLICE_SOCKS"))?;
     Ok(PinnedSpliceEntries {
         splices: splices.keys().filter(|k| k.is_ok()).count(),
         splice_socks: socks.keys().filter(|k| k.is_ok()).count(),
-        splice_passed: passed.keys().filter(|k| k.is_ok()).count(),
+        splice_state: state.keys().filter(|k| k.is_ok()).count(),
     })
 }
