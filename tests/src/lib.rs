@@ -1,5 +1,9 @@
 //! Helpers shared by the integration tests in `tests/tests/`.
 
+// Test support: a failed setup step should stop the test at once with its message, and blocking
+// waits are fine outside the proxy.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
 pub mod apiserver;
 pub mod client;
 pub mod manifests;

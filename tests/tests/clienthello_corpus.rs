@@ -2,6 +2,8 @@
 //! manifest outcome, partial records never get a verdict, chunked reads agree with whole ones,
 //! and mutated real hellos never panic or contradict themselves.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

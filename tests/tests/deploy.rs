@@ -1,6 +1,8 @@
 //! The cluster manifests in deploy/: every document parses strictly into its k8s-openapi type,
 //! `kubectl kustomize deploy` renders, and the pieces agree with the binary's defaults.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

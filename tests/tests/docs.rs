@@ -2,6 +2,8 @@
 //! the binary can export must be documented there. These tests read the real binary's `--help`
 //! and a real `/metrics` scrape, so a new flag or metric without docs fails here.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;

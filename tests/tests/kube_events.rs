@@ -2,6 +2,8 @@
 //! `kubectl describe ingress`. One Event per problem, however many rebuilds happen, across
 //! restarts too; a problem that goes away and comes back is counted on the same Event.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod kube_support;
 
 use std::time::Duration;

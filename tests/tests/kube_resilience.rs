@@ -2,6 +2,8 @@
 //! (410 Gone) or dropped, down mid-run, restarted with and without its state, the Lease
 //! unreachable. Routes keep serving throughout, and the metrics say what happened.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod kube_support;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! Routing from the Kubernetes API: real kubectl writes to the test API server, the real binary
 //! watches it, and real traffic shows where requests go.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod kube_support;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,8 @@
 //! writes it, another instance takes over when the holder goes, and losing the Lease stops
 //! status writes and nothing else.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod kube_support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Process lifecycle: readiness, admin endpoints, graceful shutdown, live reload, `check` and
 //! `version`, and isolation of bad input.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,6 +1,8 @@
 //! Ingress v1 routing through the real binary: hosts, paths, precedence, default backends,
 //! class selection, and backend resolution, driven by a hyper client and by curl.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 use ingress_tests::client::{self, get};

@@ -2,6 +2,8 @@
 //! ALPN (curl and hyper), rotation under load, the redirect matrix, broken certificates, key
 //! formats, and the userspace SNI gate.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -646,6 +648,8 @@ fn broken_certificates_fall_back_and_are_reported() {
     );
 }
 
+// A plain #[test]: no runtime here for a blocking connect to stall.
+#[allow(clippy::disallowed_methods)]
 #[test]
 fn non_tls_and_garbage_on_the_https_port_are_reset() {
     let web = Backend::start("web");

@@ -30,12 +30,10 @@ pub struct Args {
 const BACKENDS: [(&str, u16); 3] = [("hello-1", 9101), ("hello-2", 9102), ("api-1", 9103)];
 
 pub fn run(args: &Args) -> Result<()> {
-    if !args.no_setup {
-        if let Err(err) = crate::setup::run(&crate::setup::Args { build_only: false }) {
-            eprintln!(
-                "setup failed ({err:#}); continuing, the build may fall back to userspace-only"
-            );
-        }
+    if !args.no_setup
+        && let Err(err) = crate::setup::run(&crate::setup::Args { build_only: false })
+    {
+        eprintln!("setup failed ({err:#}); continuing, the build may fall back to userspace-only");
     }
     let build = crate::build::Args {
         release: args.release,

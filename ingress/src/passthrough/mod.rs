@@ -144,7 +144,7 @@ impl Passthrough<'_> {
             upstream = %target,
             mode = mode.as_str(),
             end = end.as_str(),
-            duration_ms = started.elapsed().as_millis() as u64,
+            duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "passthrough connection ended"
         );
     }

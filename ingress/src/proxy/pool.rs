@@ -238,12 +238,10 @@ impl Checked {
         let conn = &mut self.conn;
         let mut conn_done = false;
         std::future::poll_fn(|cx| {
-            if !conn_done {
-                if let Poll::Ready(result) = Pin::new(&mut *conn).poll(cx) {
-                    conn_done = true;
-                    if let Err(err) = result {
-                        tracing::debug!(%err, "upstream connection ended");
-                    }
+            if !conn_done && let Poll::Ready(result) = Pin::new(&mut *conn).poll(cx) {
+                conn_done = true;
+                if let Err(err) = result {
+                    tracing::debug!(%err, "upstream connection ended");
                 }
             }
             response.as_mut().poll(cx)
@@ -283,14 +281,14 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if let Some(checked) = this.checked.as_mut() {
-            if let Poll::Ready(result) = Pin::new(&mut checked.conn).poll(cx) {
-                // The connection finished (closed or failed); the body reports any error itself.
-                if let Err(err) = result {
-                    tracing::debug!(%err, "upstream connection ended mid-body");
-                }
-                this.checked = None;
+        if let Some(checked) = this.checked.as_mut()
+            && let Poll::Ready(result) = Pin::new(&mut checked.conn).poll(cx)
+        {
+            // The connection finished (closed or failed); the body reports any error itself.
+            if let Err(err) = result {
+                tracing::debug!(%err, "upstream connection ended mid-body");
             }
+            this.checked = None;
         }
         let frame = Pin::new(&mut this.body).poll_frame(cx);
         if let Poll::Ready(None) = frame {

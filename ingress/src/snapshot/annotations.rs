@@ -44,20 +44,25 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.ssl_redirect = bool_of("ssl-redirect");
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
-    let mut seconds_of = |name: &str| -> Option<Duration> {
-        let (key, value) = lookup(annotations, name)?;
-        match value.trim().parse::<u64>() {
-            Ok(s) if (1..=86_400).contains(&s) => Some(Duration::from_secs(s)),
-            _ => {
-                errors.push(format!(
-                    "{key}: {value:?} is not a whole number of seconds in 1..=86400"
-                ));
-                None
-            }
-        }
-    };
-    options.read_timeout = seconds_of("proxy-read-timeout");
+    options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     (options, errors)
+}
+
+fn seconds_of(
+    annotations: &BTreeMap<String, String>,
+    name: &str,
+    errors: &mut Vec<String>,
+) -> Option<Duration> {
+    let (key, value) = lookup(annotations, name)?;
+    match value.trim().parse::<u64>() {
+        Ok(s) if (1..=86_400).contains(&s) => Some(Duration::from_secs(s)),
+        _ => {
+            errors.push(format!(
+                "{key}: {value:?} is not a whole number of seconds in 1..=86400"
+            ));
+            None
+        }
+    }
 }
 
 fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {

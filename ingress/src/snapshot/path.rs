@@ -192,9 +192,9 @@ fn decode_unreserved(path: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = |b: u8| (b as char).to_digit(16);
+            let hex = |b: u8| (b as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
             if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                let c = (h * 16 + l) as u8;
+                let c = h * 16 + l;
                 if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
                     out.push(c);
                     i += 3;

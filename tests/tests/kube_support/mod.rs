@@ -8,6 +8,8 @@
 //!   Traffic (hyper, a loop) ────────────────────────────────────────────────┘──> Backend(s)
 //! ```
 
+// Test support: a failed setup step should stop the test at once with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Each test file uses a different part of this module.
 #![allow(dead_code)]
 
