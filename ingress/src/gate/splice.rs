@@ -23,14 +23,16 @@
 //! before the client is armed, catch-up bytes while the kernel holds the side back), so the
 //! two paths never interleave.
 
-use std::os::fd::AsFd;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, SockHash};
 use ingress_common::{SpliceEntry, SpliceState};
-use tokio::io::{AsyncWriteExt, Interest, Ready};
+use tokio::io::AsyncWriteExt;
+use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
 
@@ -269,116 +271,198 @@ impl Splice {
 
     /// Watches the splice until it ends, reporting bytes moved to `progress` now and then and
     /// at the end. See the module documentation for what happens on each event.
-    pub async fn run(mut self, idle: Duration, mut progress: impl FnMut(Progress)) -> SpliceEnd {
-        let mut sides = [Side::default(), Side::default()];
-        let mut meter = Meter::new(idle);
-        let mut flush_wait = FLUSH_FIRST;
-        let end = loop {
-            if sides.iter().all(|s| !s.reading && s.flush_to.is_none()) {
-                break SpliceEnd::Closed;
-            }
-            let flushing = sides.iter().any(|s| s.flush_to.is_some());
-            let nap = if flushing { flush_wait } else { TICK };
-            let event = tokio::select! {
-                ready = self.client.ready(sides[CLIENT].interest()) => Some((CLIENT, ready)),
-                ready = self.upstream.ready(sides[UPSTREAM].interest()) => Some((UPSTREAM, ready)),
-                () = tokio::time::sleep(nap) => None,
-            };
-            let outcome = match event {
-                Some((side, Ok(ready))) => self.on_ready(side, ready, &mut sides, idle).await,
-                Some((side, Err(e))) => Err(reset_by(side, "readiness", Some(&e))),
-                // A quiet tick: try the reads anyway, in case a wakeup went missing.
-                None => self.catch_up_all(&mut sides, idle).await,
-            };
-            if let Err(end) = outcome {
-                break end;
-            }
-            match self.finish_flushes(&mut sides, idle).await {
-                Ok(true) => flush_wait = FLUSH_FIRST,
-                Ok(false) => flush_wait = (flush_wait * 2).min(FLUSH_MAX),
-                Err(end) => break end,
-            }
-            if let Some(end) = meter.observe(&self, &sides, &mut progress) {
-                break end;
+    pub async fn run(self, idle: Duration, mut progress: impl FnMut(Progress)) -> SpliceEnd {
+        let mut watch = match Watch::new(self) {
+            Ok(watch) => watch,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch a spliced connection; closing it");
+                return SpliceEnd::ClientReset;
             }
         };
-        meter.report(&self, &sides, &mut progress);
+        let mut meter = Meter::new(idle);
+        // The client was held until the first record had gone ahead of it; it goes straight
+        // to the upstream from here unless the kernel already handed userspace some of it.
+        // Arming both also learns whether either side has bytes waiting in userspace.
+        watch.arm(CLIENT);
+        watch.arm(UPSTREAM);
+        let mut end = watch.catch_up_all(idle).await.err();
+        let mut flush_wait = FLUSH_FIRST;
+        while end.is_none() {
+            end = watch
+                .step(idle, &mut flush_wait, &mut meter, &mut progress)
+                .await;
+        }
+        let end = end.unwrap_or(SpliceEnd::Closed);
+        meter.report(&watch, &mut progress);
         if matches!(end, SpliceEnd::ClientReset | SpliceEnd::UpstreamReset) {
-            for stream in [&self.client, &self.upstream] {
+            for stream in &watch.streams {
                 let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
             }
         }
         end
     }
+}
 
-    async fn on_ready(
-        &mut self,
-        side: usize,
-        ready: Ready,
-        sides: &mut [Side; 2],
-        idle: Duration,
-    ) -> Result<(), SpliceEnd> {
-        if ready.is_error() {
-            let error = self.stream(side).take_error().ok().flatten();
-            return Err(reset_by(side, "error readiness", error.as_ref()));
-        }
-        self.catch_up(side, sides, idle).await
+/// A splice being watched. Its sockets are out of tokio's reactor: registered there, every
+/// segment the kernel redirects would still wake this process (the socket's data-ready
+/// callback runs after each verdict). Instead a private epoll instance listens for only what
+/// userspace acts on, and is itself the one descriptor tokio polls:
+///
+/// ```text
+///   always        EPOLLRDHUP (FIN), EPOLLERR / EPOLLHUP (reset)
+///   EPOLLIN       while the kernel may be handing this side's bytes to userspace
+///   EPOLLOUT      while a catch-up write to this side waits for room
+/// ```
+struct Watch {
+    // Field order is drop order: the entries go before the sockets close.
+    entries: Entries,
+    streams: [std::net::TcpStream; 2],
+    poller: Poller,
+    /// `written` of each socket before anything was written to it here.
+    base_written: [u64; 2],
+    /// Bytes userspace read from each side since it joined SPLICE_SOCKS.
+    consumed: [u64; 2],
+    sides: [Side; 2],
+    /// Events seen but not acted on yet (gathered while waiting for something else).
+    pending: [u32; 2],
+}
+
+impl Watch {
+    fn new(splice: Splice) -> std::io::Result<Watch> {
+        let Splice {
+            entries,
+            client,
+            upstream,
+            base_written,
+            consumed,
+        } = splice;
+        let streams = [client.into_std()?, upstream.into_std()?];
+        let poller = Poller::new([streams[CLIENT].as_fd(), streams[UPSTREAM].as_fd()])?;
+        Ok(Watch {
+            entries,
+            streams,
+            poller,
+            base_written,
+            consumed,
+            sides: [Side::default(), Side::default()],
+            pending: [0; 2],
+        })
     }
 
-    async fn catch_up_all(
+    /// Waits for something to happen and acts on it; `Some` once the splice is over.
+    async fn step(
         &mut self,
-        sides: &mut [Side; 2],
         idle: Duration,
-    ) -> Result<(), SpliceEnd> {
+        flush_wait: &mut Duration,
+        meter: &mut Meter,
+        progress: &mut impl FnMut(Progress),
+    ) -> Option<SpliceEnd> {
+        if self
+            .sides
+            .iter()
+            .all(|s| !s.reading && s.flush_to.is_none())
+        {
+            return Some(SpliceEnd::Closed);
+        }
+        let flushing = self.sides.iter().any(|s| s.flush_to.is_some());
+        let nap = if flushing { *flush_wait } else { TICK };
+        if let Err(e) = self.listen() {
+            return Some(self.unwatchable(&e));
+        }
+        match self.poller.wait(Instant::now() + nap).await {
+            Ok(events) => self.note(events),
+            Err(e) => return Some(self.unwatchable(&e)),
+        }
+        let outcome = if self.pending == [0, 0] {
+            // A quiet tick: try the reads anyway, in case bytes came to userspace unannounced.
+            self.catch_up_all(idle).await
+        } else {
+            self.on_events(idle).await
+        };
+        if let Err(end) = outcome {
+            return Some(end);
+        }
+        match self.finish_flushes(idle).await {
+            Ok(true) => *flush_wait = FLUSH_FIRST,
+            Ok(false) => *flush_wait = (*flush_wait * 2).min(FLUSH_MAX),
+            Err(end) => return Some(end),
+        }
+        meter.observe(self, progress)
+    }
+
+    /// Registers each side for what it needs now (see the type's documentation).
+    fn listen(&mut self) -> std::io::Result<()> {
         for side in [CLIENT, UPSTREAM] {
-            self.catch_up(side, sides, idle).await?;
+            let mut events = 0;
+            if self.sides[side].reading {
+                events |= libc::EPOLLRDHUP as u32;
+                if self.sides[side].handed {
+                    events |= libc::EPOLLIN as u32;
+                }
+            }
+            self.poller.set(side, self.streams[side].as_fd(), events)?;
+        }
+        Ok(())
+    }
+
+    fn note(&mut self, events: [u32; 2]) {
+        for (pending, new) in self.pending.iter_mut().zip(events) {
+            *pending |= new;
+        }
+    }
+
+    async fn on_events(&mut self, idle: Duration) -> Result<(), SpliceEnd> {
+        for side in [CLIENT, UPSTREAM] {
+            let events = std::mem::take(&mut self.pending[side]);
+            if events & !(libc::EPOLLOUT as u32) != 0 {
+                self.catch_up(side, idle).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn catch_up_all(&mut self, idle: Duration) -> Result<(), SpliceEnd> {
+        for side in [CLIENT, UPSTREAM] {
+            self.catch_up(side, idle).await?;
         }
         Ok(())
     }
 
     /// Reads whatever the kernel handed userspace on `side`, forwards it, and arms the side
     /// with the new count; notices EOF and errors.
-    async fn catch_up(
-        &mut self,
-        side: usize,
-        sides: &mut [Side; 2],
-        idle: Duration,
-    ) -> Result<(), SpliceEnd> {
-        let reading = sides[side].reading;
-        if !reading && let Ok(Some(e)) | Err(e) = self.stream(side).take_error() {
+    async fn catch_up(&mut self, side: usize, idle: Duration) -> Result<(), SpliceEnd> {
+        let reading = self.sides[side].reading;
+        if !reading && let Ok(Some(e)) | Err(e) = self.streams[side].take_error() {
             // A reset after the EOF (reads report EOF before errors once a FIN came).
             return Err(reset_by(side, "error after EOF", Some(&e)));
         }
         let mut buf = [0u8; CATCH_UP_BUF];
         let before = self.consumed[side];
         loop {
-            match self.stream(side).try_read(&mut buf) {
+            match (&self.streams[side]).read(&mut buf) {
                 // After EOF, reads still deliver bytes the kernel queued for userspace before
                 // the FIN but had not handed over yet; only those are forwarded here.
                 Ok(0) if !reading => break,
                 Ok(0) => {
-                    if let Ok(Some(e)) | Err(e) = self.stream(side).take_error() {
+                    if let Ok(Some(e)) | Err(e) = self.streams[side].take_error() {
                         return Err(reset_by(side, "error at EOF", Some(&e)));
                     }
                     let received = self
                         .counts(side)
                         .map_err(|e| reset_by(side, "counts at EOF", Some(&e)))?
                         .received;
-                    sides[side].reading = false;
+                    self.sides[side].reading = false;
                     // The FIN took one sequence number; the rest is data the peer must carry.
-                    sides[1 - side].flush_to = Some(received.saturating_sub(1));
+                    self.sides[1 - side].flush_to = Some(received.saturating_sub(1));
                     break;
                 }
                 Ok(n) => {
                     let data = buf.get(..n).unwrap_or_default();
-                    let peer = self.stream_mut(1 - side);
-                    match timeout(idle, peer.write_all(data)).await {
-                        Ok(Ok(())) => self.consumed[side] += n as u64,
-                        Ok(Err(e)) => return Err(reset_by(1 - side, "catch-up write", Some(&e))),
-                        Err(_) => return Err(SpliceEnd::Idle),
-                    }
+                    self.write_to(1 - side, data, idle).await?;
+                    self.consumed[side] += n as u64;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(reset_by(side, "read", Some(&e))),
             }
         }
@@ -388,10 +472,49 @@ impl Splice {
         Ok(())
     }
 
+    /// Writes all of `data` to `side`, waiting for room at most `idle` at a time.
+    async fn write_to(
+        &mut self,
+        side: usize,
+        data: &[u8],
+        idle: Duration,
+    ) -> Result<(), SpliceEnd> {
+        let mut written = 0;
+        while written < data.len() {
+            let rest = data.get(written..).unwrap_or_default();
+            match (&self.streams[side]).write(rest) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let wanted = self.poller.events[side] | libc::EPOLLOUT as u32;
+                    let registered = self.poller.set(side, self.streams[side].as_fd(), wanted);
+                    if let Err(e) = registered {
+                        return Err(reset_by(side, "catch-up wait", Some(&e)));
+                    }
+                    let deadline = Instant::now() + idle;
+                    loop {
+                        match self.poller.wait(deadline).await {
+                            Ok([0, 0]) => return Err(SpliceEnd::Idle),
+                            Ok(events) => self.note(events),
+                            Err(e) => return Err(reset_by(side, "catch-up wait", Some(&e))),
+                        }
+                        let room = libc::EPOLLOUT | libc::EPOLLERR | libc::EPOLLHUP;
+                        if self.pending[side] & room as u32 != 0 {
+                            self.pending[side] &= !(libc::EPOLLOUT as u32);
+                            break;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(reset_by(side, "catch-up write", Some(&e))),
+            }
+        }
+        Ok(())
+    }
+
     /// Tells the kernel how many of `side`'s bytes userspace has forwarded: it redirects again
     /// once its own count matches. A failed write leaves the side with userspace, which is
     /// slower but still correct; the next catch-up tries again.
-    fn arm(&self, side: usize) {
+    fn arm(&mut self, side: usize) {
         let [client, upstream] = self.entries.cookies;
         let (cookie, peer) = if side == CLIENT {
             (client, upstream)
@@ -402,36 +525,39 @@ impl Splice {
             peer,
             consumed: self.consumed[side],
         };
-        if let Err(e) = lock(&self.entries.shared.splices).insert(cookie, entry, 0) {
+        let shared = &self.entries.shared;
+        if let Err(e) = lock(&shared.splices).insert(cookie, entry, 0) {
             tracing::debug!(cookie, error = %e, "could not arm a spliced socket; it stays with userspace");
+            self.sides[side].handed = true;
+            return;
         }
+        // Read back after arming: if the kernel handed over more in the meantime, this side
+        // stays with userspace until those bytes are forwarded too, so keep listening.
+        let passed = lock(&shared.splice_state)
+            .get(&cookie, 0)
+            .map(|state| state.passed);
+        self.sides[side].handed = passed.is_ok_and(|passed| passed != self.consumed[side]);
     }
 
     /// Half-closes each peer whose other side ended once it has written everything that side
     /// received. `Ok(true)` if a pending half-close completed.
-    async fn finish_flushes(
-        &mut self,
-        sides: &mut [Side; 2],
-        idle: Duration,
-    ) -> Result<bool, SpliceEnd> {
+    async fn finish_flushes(&mut self, idle: Duration) -> Result<bool, SpliceEnd> {
         let mut done = false;
         for side in [CLIENT, UPSTREAM] {
-            let Some(target) = sides[side].flush_to else {
+            let Some(target) = self.sides[side].flush_to else {
                 continue;
             };
             // Late bytes of the side that ended count toward the target too.
-            self.catch_up(1 - side, sides, idle).await?;
+            self.catch_up(1 - side, idle).await?;
             let written = self
                 .counts(side)
                 .map_err(|e| reset_by(side, "counts", Some(&e)))?
                 .written;
             if written.saturating_sub(self.base_written[side]) >= target {
-                if let Err(e) =
-                    socket2::SockRef::from(self.stream(side)).shutdown(std::net::Shutdown::Write)
-                {
+                if let Err(e) = self.streams[side].shutdown(std::net::Shutdown::Write) {
                     return Err(reset_by(side, "half-close", Some(&e)));
                 }
-                sides[side].flush_to = None;
+                self.sides[side].flush_to = None;
                 done = true;
             }
         }
@@ -449,24 +575,125 @@ impl Splice {
     }
 
     fn counts(&self, side: usize) -> std::io::Result<TcpCounts> {
-        sys::tcp_counts(self.stream(side).as_fd())
+        sys::tcp_counts(self.streams[side].as_fd())
     }
 
-    fn stream(&self, side: usize) -> &TcpStream {
-        if side == CLIENT {
-            &self.client
-        } else {
-            &self.upstream
+    /// The end when the sockets can no longer be watched: both are reset.
+    fn unwatchable(&self, error: &std::io::Error) -> SpliceEnd {
+        tracing::warn!(%error, "cannot watch a spliced connection; resetting it");
+        SpliceEnd::ClientReset
+    }
+}
+
+/// An epoll instance of one splice's own, registered in tokio's reactor as a single readable
+/// descriptor: it becomes readable when either socket has an event registered here.
+struct Poller {
+    epoll: AsyncFd<OwnedFd>,
+    /// What each side is registered for (besides EPOLLET and the implicit ERR / HUP).
+    events: [u32; 2],
+}
+
+impl Poller {
+    fn new(fds: [BorrowedFd<'_>; 2]) -> std::io::Result<Poller> {
+        // SAFETY: epoll_create1 has no memory preconditions.
+        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor just created and owned by nothing else.
+        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        for (side, fd) in fds.into_iter().enumerate() {
+            epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_ADD, fd, side, 0)?;
+        }
+        Ok(Poller {
+            // SAFETY: an OwnedFd: its descriptor stays open, and the same, until it drops.
+            epoll: unsafe {
+                AsyncFd::register_with_interest(epoll, tokio::io::Interest::READABLE)?
+            },
+            events: [0; 2],
+        })
+    }
+
+    /// Registers `side` (whose socket is `fd`) for `events`, if that is a change.
+    fn set(&mut self, side: usize, fd: BorrowedFd<'_>, events: u32) -> std::io::Result<()> {
+        if self.events[side] == events {
+            return Ok(());
+        }
+        epoll_ctl(
+            self.epoll.get_ref().as_fd(),
+            libc::EPOLL_CTL_MOD,
+            fd,
+            side,
+            events,
+        )?;
+        self.events[side] = events;
+        Ok(())
+    }
+
+    /// The events that arrived, by side; waits for some until `deadline` (then `[0, 0]`).
+    async fn wait(&self, deadline: Instant) -> std::io::Result<[u32; 2]> {
+        loop {
+            let mut guard = match tokio::time::timeout_at(deadline, self.epoll.readable()).await {
+                Ok(guard) => guard?,
+                Err(_) => return self.take(),
+            };
+            let events = self.take()?;
+            if events != [0, 0] {
+                return Ok(events);
+            }
+            guard.clear_ready();
         }
     }
 
-    fn stream_mut(&mut self, side: usize) -> &mut TcpStream {
-        if side == CLIENT {
-            &mut self.client
-        } else {
-            &mut self.upstream
+    /// Whatever events are ready, without waiting.
+    fn take(&self) -> std::io::Result<[u32; 2]> {
+        const MAX_EVENTS: libc::c_int = 4;
+        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS as usize];
+        // SAFETY: `ready` has room for the count passed; a zero timeout never blocks.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.get_ref().as_raw_fd(),
+                ready.as_mut_ptr(),
+                MAX_EVENTS,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.kind() {
+                std::io::ErrorKind::Interrupted => Ok([0, 0]),
+                _ => Err(e),
+            };
         }
+        let mut events = [0u32; 2];
+        for event in ready.iter().take(usize::try_from(n).unwrap_or(0)) {
+            let side = event.u64;
+            if let Some(slot) = usize::try_from(side).ok().and_then(|s| events.get_mut(s)) {
+                *slot |= event.events;
+            }
+        }
+        Ok(events)
     }
+}
+
+/// EPOLL_CTL_ADD / MOD of `fd` as `side`, edge-triggered (every new event is reported once).
+fn epoll_ctl(
+    epoll: BorrowedFd<'_>,
+    op: libc::c_int,
+    fd: BorrowedFd<'_>,
+    side: usize,
+    events: u32,
+) -> std::io::Result<()> {
+    let mut event = libc::epoll_event {
+        events: events | libc::EPOLLET as u32,
+        u64: side as u64,
+    };
+    // SAFETY: both descriptors are open for the duration of the call; `event` is valid.
+    let rc = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &raw mut event) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The end for a failure on `side`, logged with what failed.
@@ -484,11 +711,15 @@ fn reset_by(side: usize, what: &'static str, error: Option<&std::io::Error>) -> 
     }
 }
 
-/// Per socket: whether it may still send, and the half-close waiting for its peer's bytes.
+/// Per socket: whether it may still send, whether the kernel may be handing its bytes to
+/// userspace, and the half-close waiting for its peer's bytes.
 #[derive(Clone, Copy, Debug)]
 struct Side {
     /// No EOF or error seen yet.
     reading: bool,
+    /// The kernel may hand this side's bytes to userspace (it is not armed with a count that
+    /// matches what the kernel handed over), so readable events matter.
+    handed: bool,
     /// This socket is to be half-closed once it has written this many bytes (since the splice
     /// began, the prefix included).
     flush_to: Option<u64>,
@@ -498,17 +729,8 @@ impl Default for Side {
     fn default() -> Self {
         Side {
             reading: true,
+            handed: true,
             flush_to: None,
-        }
-    }
-}
-
-impl Side {
-    fn interest(&self) -> Interest {
-        if self.reading {
-            Interest::READABLE | Interest::ERROR
-        } else {
-            Interest::ERROR
         }
     }
 }
@@ -533,26 +755,22 @@ impl Meter {
         }
     }
 
-    /// Reports progress at most once a tick; ends the splice if nothing moved for `idle`.
-    fn observe(
-        &mut self,
-        splice: &Splice,
-        sides: &[Side; 2],
-        progress: &mut impl FnMut(Progress),
-    ) -> Option<SpliceEnd> {
+    /// Reports progress at most once a tick; ends the splice if nothing moved for `idle` or
+    /// the kernel gave up on a side.
+    fn observe(&mut self, watch: &Watch, progress: &mut impl FnMut(Progress)) -> Option<SpliceEnd> {
         let now = Instant::now();
         if now.duration_since(self.last_check) < TICK.min(self.idle) {
             return None;
         }
         self.last_check = now;
-        if let Some(side) = splice.broken_side() {
+        if let Some(side) = watch.broken_side() {
             tracing::warn!(
                 side = if side == CLIENT { "client" } else { "upstream" },
                 "the kernel could not trim a retransmitted message on a spliced socket; resetting both sides rather than forward bytes twice"
             );
             return Some(reset_by(side, "untrimmable retransmission", None));
         }
-        if self.report(splice, sides, progress) {
+        if self.report(watch, progress) {
             self.last_move = now;
         } else if now.duration_since(self.last_move) >= self.idle {
             return Some(SpliceEnd::Idle);
@@ -561,19 +779,14 @@ impl Meter {
     }
 
     /// `true` if anything moved since the last report.
-    fn report(
-        &mut self,
-        splice: &Splice,
-        sides: &[Side; 2],
-        progress: &mut impl FnMut(Progress),
-    ) -> bool {
+    fn report(&mut self, watch: &Watch, progress: &mut impl FnMut(Progress)) -> bool {
         let mut delta = [0u64; 2];
         for side in [CLIENT, UPSTREAM] {
-            let Ok(counts) = splice.counts(side) else {
+            let Ok(counts) = watch.counts(side) else {
                 continue;
             };
             // Once a FIN arrived the count includes its sequence number, which is not a byte.
-            let fin = counts.fin_received || !sides[side].reading;
+            let fin = counts.fin_received || !watch.sides[side].reading;
             let data = counts.received.saturating_sub(u64::from(fin));
             delta[side] = data.saturating_sub(self.reported[side]);
             self.reported[side] = self.reported[side].max(data);
