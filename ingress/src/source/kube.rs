@@ -107,6 +107,20 @@ impl KubeSource {
     }
 }
 
+/// Drops what routing never reads but every object carries: `managedFields` and kubectl's
+/// copy of the whole object in `last-applied-configuration`. On a large cluster these are most
+/// of the bytes the store would otherwise hold.
+fn slim<K: Resource>(mut object: K) -> K {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+    object
+}
+
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Remembers which kinds have completed their first list, and says `Synced` once.
 #[derive(Default)]
 struct SyncTracker {
@@ -157,7 +171,7 @@ impl Watch {
                     true
                 }
                 Event::InitApply(object) => {
-                    relist.get_or_insert_with(Vec::new).push(wrap(object));
+                    relist.get_or_insert_with(Vec::new).push(wrap(slim(object)));
                     true
                 }
                 Event::InitDone => {
@@ -182,7 +196,9 @@ impl Watch {
                         .kube_last_sync
                         .get_or_create(&labels)
                         .set(crate::clock::unix_now());
-                    self.events.send(SourceEvent::Apply(wrap(object))).is_ok()
+                    self.events
+                        .send(SourceEvent::Apply(wrap(slim(object))))
+                        .is_ok()
                 }
                 Event::Delete(object) => {
                     self.metrics
@@ -351,6 +367,32 @@ pub enum KubeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slim_keeps_what_routing_reads() {
+        let ingress: k8s_openapi::api::networking::v1::Ingress =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": "web", "namespace": "shop",
+                    "annotations": {
+                        LAST_APPLIED: "{\"huge\": true}",
+                        "nginx.ingress.kubernetes.io/ssl-redirect": "false"
+                    },
+                    "managedFields": [{"manager": "kubectl", "operation": "Apply"}]
+                },
+                "spec": {"ingressClassName": "ingress"}
+            }))
+            .unwrap();
+        let slimmed = slim(ingress.clone());
+        assert_eq!(slimmed.metadata.managed_fields, None);
+        let annotations = slimmed.metadata.annotations.clone().unwrap();
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["nginx.ingress.kubernetes.io/ssl-redirect"]
+        );
+        assert_eq!(slimmed.spec, ingress.spec);
+        assert_eq!(slimmed.metadata.name, ingress.metadata.name);
+    }
 
     #[test]
     fn synced_once_after_every_kind() {
