@@ -53,7 +53,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     step(
         "cargo test",
-        cargo().arg("test").arg("--").args(&args.cargo_test_args),
+        // One failing test binary must not hide the others' results from a CI log.
+        cargo()
+            .args(["test", "--no-fail-fast", "--"])
+            .args(&args.cargo_test_args),
     )?;
     Ok(())
 }
