@@ -9,6 +9,7 @@
 //! the two proxies interleaved round by round and the median round reported. Nothing here
 //! passes or fails on a number: it prints them.
 
+mod gate;
 mod http;
 mod kube;
 mod procs;
@@ -30,7 +31,7 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube); default all.
+    /// Only these sections (http, https, memory, scale, kube, gate); default all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -85,6 +86,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if wanted("kube") {
         kube::run(&bench, args.quick)?;
+    }
+    if wanted("gate") {
+        gate::run(&bench, args.quick)?;
     }
     Ok(())
 }
