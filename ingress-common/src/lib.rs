@@ -115,9 +115,10 @@ pub mod counter {
     /// Spliced messages whose overlap was too long to trim: the splice is marked broken and
     /// userspace resets both sides rather than forward a duplicate.
     pub const SPLICE_UNTRIMMABLE: u32 = 17;
-    /// Spliced messages whose TCP sequence numbers could not be read (a kernel whose `sk_buff`
-    /// layout differs from the one this object expects): forwarded untrimmed.
-    pub const SPLICE_SEQ_UNREADABLE: u32 = 18;
+    /// Messages whose TCP sequence numbers could not be read (a kernel whose `sk_buff` layout
+    /// differs from the one this object expects): spliced ones are forwarded untrimmed, and
+    /// the parser hands on whole skbs after a verdict.
+    pub const SEQ_UNREADABLE: u32 = 18;
     /// Slots in the array.
     pub const LEN: u32 = 19;
 
@@ -147,7 +148,7 @@ pub mod counter {
             SPLICE_NO_PEER => "splice_no_peer",
             SPLICE_TRIMMED => "splice_trimmed",
             SPLICE_UNTRIMMABLE => "splice_untrimmable",
-            SPLICE_SEQ_UNREADABLE => "splice_seq_unreadable",
+            SEQ_UNREADABLE => "seq_unreadable",
             _ => "invalid",
         }
     }

@@ -7,7 +7,8 @@
 //!     │                   STATE_CB to TCP_CLOSE → delete VERDICTS[cookie]
 //!     ▼
 //!  stream parser (SOCKS)  pending → frame the first TLS record (0 = need more)
-//!     │                   verdict exists → pass everything through unframed
+//!     │                   verdict exists → pass everything through unframed, from where
+//!     │                   the message starts in the skb (NEXT_MESSAGE)
 //!     ▼
 //!  stream verdict         classify the ClientHello → HOSTS (exact, then *.parent) → policy
 //!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
@@ -79,6 +80,10 @@ static PROBE: Array<GateEvent, 1> = Array::new();
 static SPLICE_SOCKS: SockHash<u64, 65536> = SockHash::new();
 #[btf_map]
 static SPLICES: HashMap<u64, SpliceEntry, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+/// The TCP sequence number where the next stream-parser message of a decided gated socket
+/// starts: the parser is shown whole skbs, and a message can start inside one.
+#[btf_map]
+static NEXT_MESSAGE: LruHashMap<u64, u32, 32768> = LruHashMap::new();
 #[btf_map]
 static SPLICE_STATE: HashMap<u64, SpliceState, 65536, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
@@ -86,7 +91,7 @@ static SPLICE_STATE: HashMap<u64, SpliceState, 65536, { BPF_F_NO_PREALLOC as usi
 /// `offsetof(struct sk_buff, cb)`: where TCP keeps a received skb's sequence numbers
 /// (`TCP_SKB_CB(skb)->seq`, then `end_seq`). Stable across kernels for years (6.18 included);
 /// each read is checked against the skb's length, so a kernel that moved it is noticed
-/// (SPLICE_SEQ_UNREADABLE) instead of trusted.
+/// (SEQ_UNREADABLE) instead of trusted.
 const SKB_CB_OFFSET: usize = 40;
 /// `bpf_skb_adjust_room` on an sk_skb trims at most this many bytes per call.
 const TRIM_STEP: u32 = 0xfff;
@@ -104,6 +109,7 @@ pub fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
             if VERDICTS.remove(cookie).is_ok() {
                 count(counter::RECORD_REAPED);
             }
+            let _ = NEXT_MESSAGE.remove(cookie);
         }
         _ => {}
     }
@@ -168,7 +174,7 @@ pub fn gate_parser(ctx: SkBuffContext) -> u32 {
     // After the verdict the parser is handed whole packets, not message offsets, so framing
     // later records would mis-split them: pass everything through.
     if decided(cookie).is_some() {
-        return len;
+        return rest_of_skb(skb, cookie, len);
     }
     match hello::frame(Skb(skb)) {
         Frame::NeedMore => {
@@ -208,6 +214,15 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
     if VERDICTS.insert(cookie, record, u64::from(BPF_ANY)).is_err() {
         count(counter::RECORD_FAILED);
     }
+    // The first message starts the stream, and is the first record: the next one starts
+    // right after it. The message may have been gathered from several skbs, so the lengths
+    // cannot be checked against the first one's sequence numbers here.
+    if decision.action != action::DROP
+        && let Some([seq, _]) = tcp_seqs(skb)
+    {
+        let next = seq.wrapping_add(decision.record_len);
+        let _ = NEXT_MESSAGE.insert(cookie, next, u64::from(BPF_ANY));
+    }
     match EVENTS.reserve(0) {
         Some(mut entry) => {
             fill_event(entry.as_mut_ptr(), cookie, &decision);
@@ -229,6 +244,51 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
         decision.record_len
     );
     sk_result(decision.action)
+}
+
+/// What the parser asks for on a decided socket: the rest of the skb from where the message
+/// starts. Returning the skb's whole length for a message that starts inside it (bytes that
+/// came in the same skb as the first record, or a retransmission overlapping bytes already
+/// read) would make the strparser wait for that many more bytes, holding the tail of the
+/// stream until then, and losing it when the socket leaves SOCKS.
+#[inline(always)]
+fn rest_of_skb(skb: *mut __sk_buff, cookie: u64, len: u32) -> u32 {
+    let Some(next) = NEXT_MESSAGE.get_ptr_mut(cookie) else {
+        return len;
+    };
+    let Some([seq, end_seq]) = tcp_seqs(skb) else {
+        return len;
+    };
+    // A fresh skb: its sequence numbers span exactly its data (and a FIN).
+    let span = end_seq.wrapping_sub(seq);
+    if span != len && span != len.wrapping_add(1) {
+        count(counter::SEQ_UNREADABLE);
+        return len;
+    }
+    // SAFETY: a live map value of this socket; the parser runs for one socket at a time.
+    let start = unsafe { *next }.wrapping_sub(seq);
+    // SAFETY: as above.
+    unsafe { *next = seq.wrapping_add(len) };
+    if start == 0 || start >= len {
+        return len;
+    }
+    len - start
+}
+
+/// `TCP_SKB_CB(skb)->seq` and `end_seq` of the kernel skb behind the context. Stream-parser
+/// clones carry them too (the strparser's own state lives further into `cb`).
+#[inline(always)]
+fn tcp_seqs(skb: *mut __sk_buff) -> Option<[u32; 2]> {
+    // SAFETY: the program's context is the kernel's `struct sk_buff`; the helper reads kernel
+    // memory without faulting and reports a failed read.
+    unsafe {
+        bpf_probe_read_kernel(
+            skb.cast::<u8>()
+                .wrapping_add(SKB_CB_OFFSET)
+                .cast::<[u32; 2]>(),
+        )
+    }
+    .ok()
 }
 
 /// Steers a spliced socket's bytes: to the peer while userspace has forwarded everything it was
@@ -308,24 +368,14 @@ enum Trimmed {
 /// keeps it; forwarded whole, those bytes would arrive twice.
 #[inline(always)]
 fn trim_delivered(ctx: &SkBuffContext, state: &mut SpliceState, len: u32) -> Trimmed {
-    let skb = ctx.skb.skb;
-    // SAFETY: the program's context is the kernel's `struct sk_buff`; the helper reads kernel
-    // memory without faulting and reports a failed read.
-    let seqs = unsafe {
-        bpf_probe_read_kernel(
-            skb.cast::<u8>()
-                .wrapping_add(SKB_CB_OFFSET)
-                .cast::<[u32; 2]>(),
-        )
-    };
-    let Ok([seq, end_seq]) = seqs else {
-        count(counter::SPLICE_SEQ_UNREADABLE);
+    let Some([seq, end_seq]) = tcp_seqs(ctx.skb.skb) else {
+        count(counter::SEQ_UNREADABLE);
         return Trimmed::Len(len);
     };
     // end_seq covers the data and a FIN; anything else means these are not sequence numbers.
     let span = end_seq.wrapping_sub(seq);
     if span != len && span != len.wrapping_add(1) {
-        count(counter::SPLICE_SEQ_UNREADABLE);
+        count(counter::SEQ_UNREADABLE);
         return Trimmed::Len(len);
     }
     let known = state.seq_known != 0;

@@ -18,6 +18,9 @@ const READ_RETRY: Duration = Duration::from_millis(5);
 /// Bytes already queued behind the first record that are read before leaving SOCKS (leaving
 /// discards whatever is still queued there).
 const DRAIN_LIMIT: usize = 64 * 1024;
+/// How long bytes TCP has received may take to come out of the kernel's psock before the
+/// socket leaves SOCKS anyway.
+const DRAIN_SETTLE: Duration = Duration::from_millis(100);
 
 impl Gate {
     /// Waits for the kernel's verdict on a just-accepted connection. Reads nothing.
@@ -93,12 +96,27 @@ impl Gate {
                 return Err(GateError::RecordTimeout(self.shared.timeout));
             }
         }
+        // Drain with real reads until everything TCP received has come out: tokio's try_read
+        // answers from a cached readiness the last read cleared, and bytes still inside the
+        // kernel's psock (a client that sends right behind its ClientHello, as TLS 1.3 early
+        // data does) are discarded when the socket leaves SOCKS.
         let mut chunk = [0u8; 4096];
+        let settle = Instant::now() + DRAIN_SETTLE;
         while buf.len() < want + DRAIN_LIMIT {
-            match stream.try_read(&mut chunk) {
-                Ok(n) if n > 0 => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
-                _ => break,
+            match sys::recv_now(stream.as_fd(), &mut chunk) {
+                Ok(n) if n > 0 => {
+                    buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+                    continue;
+                }
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(GateError::Socket(e)),
             }
+            let received = data_received(stream)?;
+            if received <= buf.len() as u64 || Instant::now() >= settle {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         match lock(&self.shared.socks).remove(&cookie) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
@@ -108,6 +126,19 @@ impl Gate {
                     source,
                 });
             }
+        }
+        // Whatever TCP received is now either read or in the plain receive queue; anything
+        // else went with the psock, and the stream can no longer be served whole (the caller
+        // resets it, and forgets the verdict then).
+        let received = data_received(stream)?;
+        let queued = sys::unread(stream.as_fd()).map_err(GateError::Socket)?;
+        let read = buf.len() as u64;
+        if received > read + queued {
+            return Err(GateError::Discarded {
+                received,
+                read,
+                queued,
+            });
         }
         self.shared.forget(cookie);
         Ok(buf)
@@ -138,4 +169,12 @@ impl Gate {
         };
         Ok(Some(self.shared.admission(cookie, &record)))
     }
+}
+
+/// Data bytes TCP has received on the socket (its FIN, if any, not counted).
+fn data_received(stream: &TcpStream) -> Result<u64> {
+    let counts = sys::tcp_counts(stream.as_fd()).map_err(GateError::Socket)?;
+    Ok(counts
+        .received
+        .saturating_sub(u64::from(counts.fin_received)))
 }

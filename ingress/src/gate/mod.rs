@@ -123,6 +123,15 @@ pub enum GateError {
     Closed { read: usize, want: usize },
     #[error("the first record did not arrive within {0:?}")]
     RecordTimeout(Duration),
+    #[error(
+        "the kernel discarded {} bytes the client sent behind its first record (received {received}, read {read}, queued {queued})",
+        received.saturating_sub(read + queued)
+    )]
+    Discarded {
+        received: u64,
+        read: u64,
+        queued: u64,
+    },
     #[error("probe input of {0} bytes is larger than a test run takes")]
     ProbeTooLarge(usize),
     #[error("probe: {0}")]

@@ -179,6 +179,30 @@ pub fn peek_kick(fd: BorrowedFd<'_>) {
     };
 }
 
+/// One non-blocking `recv` into `buf`: the kernel's answer now, not a cached readiness.
+pub fn recv_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of its length for the duration of the call.
+    let n = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// Bytes in the socket's receive queue that no read has taken yet (`FIONREAD`).
+pub fn unread(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &raw mut queued) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(queued).unwrap_or(0))
+}
+
 /// A TCP socket's byte counts, in sequence space: what the splice lifecycle compares to know
 /// that every byte one socket received has left through the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
