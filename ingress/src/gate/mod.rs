@@ -458,6 +458,11 @@ impl Shared {
     fn forget(&self, cookie: u64) {
         match lock(&self.verdicts).remove(&cookie) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            // The kernel deletes the record itself when the socket closes, and a rejected socket
+            // is closed before this runs; aya reports that delete as a failed syscall (ENOENT),
+            // not KeyNotFound. Warning here would log once per rejected connection.
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::warn!(cookie, error = %e, "could not delete a verdict record"),
         }
     }
