@@ -16,11 +16,12 @@ use super::{Bench, http, median};
 
 pub fn run(bench: &Bench) -> Result<()> {
     let rig = Rig::start(bench, &[])?;
+    resolve_to_loopback(rig::HOST)?;
     http::compare(
         "HTTPS keep-alive (TLS 1.3, ECDSA P-256)",
         bench,
-        &format!("https://127.0.0.1:{}/", rig::NGINX_HTTPS),
-        &format!("https://127.0.0.1:{}/", rig::INGRESS_HTTPS),
+        &format!("https://{}:{}/", rig::HOST, rig::NGINX_HTTPS),
+        &format!("https://{}:{}/", rig::HOST, rig::INGRESS_HTTPS),
         None,
     )?;
     let rate: u32 = if bench.duration.as_secs() < 6 {
@@ -103,4 +104,25 @@ fn new_connections(proxy: &Running, port: u16, rate: u32, seconds: u32) -> Resul
         succeeded,
         per_cpu_second: succeeded as f64 / cpu.as_secs_f64().max(0.001),
     })
+}
+
+/// wrk takes its SNI from the URL's host and has no `--connect-to`: with `https://127.0.0.1/`
+/// it would send the IP literal as the server name, which the SNI gate (rightly) resets. So the
+/// bench host must resolve to loopback; `/etc/hosts` gets the entry if it lacks one.
+fn resolve_to_loopback(host: &str) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    let resolves = (host, 443)
+        .to_socket_addrs()
+        .is_ok_and(|mut addrs| addrs.any(|a| a.ip().is_loopback()));
+    if resolves {
+        return Ok(());
+    }
+    println!("adding `127.0.0.1 {host}` to /etc/hosts so wrk sends {host} as the TLS server name");
+    let mut hosts = std::fs::OpenOptions::new()
+        .append(true)
+        .open("/etc/hosts")
+        .context("opening /etc/hosts (the HTTPS bench needs root)")?;
+    std::io::Write::write_all(&mut hosts, format!("127.0.0.1 {host}\n").as_bytes())
+        .context("writing /etc/hosts")?;
+    Ok(())
 }
