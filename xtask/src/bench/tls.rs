@@ -81,7 +81,7 @@ fn new_connections(proxy: &Running, port: u16, rate: u32, seconds: u32) -> Resul
             &format!("-c{total}"),
             &format!("-n{total}"),
             &format!("-r{}", rate / 10),
-            "--rate-period=0.1s",
+            "--rate-period=100ms",
         ])
         .arg(format!("--connect-to=127.0.0.1:{port}"))
         .args(["-H", &format!("host: {}", rig::HOST)])
