@@ -12,6 +12,7 @@
 mod gate;
 mod http;
 mod kube;
+mod passthrough;
 mod procs;
 mod rig;
 mod scale;
@@ -31,7 +32,7 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate); default all.
+    /// Only these sections (http, https, memory, scale, kube, gate, passthrough); default all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -86,6 +87,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if wanted("kube") {
         kube::run(&bench, args.quick)?;
+    }
+    if wanted("passthrough") {
+        passthrough::run(&bench, args.quick)?;
     }
     if wanted("gate") {
         gate::run(&bench, args.quick)?;
