@@ -8,7 +8,8 @@
 //!     SPLICES[client]   = {peer: upstream, UNARMED}       its bytes come to userspace for now
 //!     SPLICE_SOCKS += upstream, client
 //!     write prefix to upstream         (nothing is redirected to it yet, so it goes first)
-//!   run()
+//!   run()                (both sockets leave tokio's reactor for a private epoll: see Watch)
+//!     arm the client with 0: its bytes go straight to the upstream from now on
 //!     readable with data → what the kernel handed us: write it to the peer, then arm the side
 //!                          with the bytes forwarded (the kernel redirects once it has caught up)
 //!     EOF                → wait until the peer has written everything this side received
