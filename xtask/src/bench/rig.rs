@@ -71,7 +71,7 @@ impl Rig {
              events {{ worker_connections 8192; }}\n\
              http {{ access_log off;\n\
              upstream backend {{ server 127.0.0.1:{UPSTREAM_PORT}; keepalive 128; }}\n\
-             server {{ listen 127.0.0.1:{NGINX_HTTP} backlog=4096; listen 127.0.0.1:{NGINX_HTTPS} ssl backlog=4096; http2 on;\n\
+             server {{ listen 127.0.0.1:{NGINX_HTTP} backlog=4096; listen 127.0.0.1:{NGINX_HTTPS} ssl http2 backlog=4096;\n\
              ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.3; ssl_session_tickets off;\n\
              keepalive_requests 100000000;\n\
              location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
