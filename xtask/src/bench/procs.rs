@@ -67,21 +67,48 @@ impl Running {
             .context("VmRSS missing")
     }
 
-    /// User plus system CPU time consumed so far, including threads.
+    /// User plus system CPU time consumed so far, including threads and live child
+    /// processes: nginx does its work in workers forked from the process we started.
     pub fn cpu_time(&self) -> Result<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
-        // Fields after the parenthesised command name; utime and stime are 14 and 15 (1-based).
-        let after = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .context("bad stat")?;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-            + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let pid = self.pid();
+        let mut ticks = process_ticks(pid).context("reading the proxy's CPU time")?;
+        for child in children(pid) {
+            // A child may exit between the listing and the read; it then counts for nothing.
+            ticks += process_ticks(child).unwrap_or(0);
+        }
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
         Ok(Duration::from_millis(ticks * 1000 / hz))
     }
+}
+
+/// The fields of /proc/PID/stat after the parenthesised command name (which may hold spaces).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// utime + stime in clock ticks (fields 14 and 15, 1-based, of /proc/PID/stat).
+fn process_ticks(pid: u32) -> Option<u64> {
+    let fields = stat_fields(pid)?;
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(field(11)? + field(12)?)
+}
+
+/// Live processes whose parent is `pid` (field 4 of /proc/PID/stat).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            stat_fields(p)
+                .and_then(|f| f.get(1)?.parse::<u32>().ok())
+                .is_some_and(|parent| parent == pid)
+        })
+        .collect()
 }
 
 impl Drop for Running {
