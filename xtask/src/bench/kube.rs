@@ -182,7 +182,7 @@ fn upstreams(dir: &Path) -> Result<Running> {
     let mut cmd = procs::pinned(1, "nginx");
     cmd.args(["-p", &dir.to_string_lossy(), "-c"])
         .arg(dir.join("upstreams.conf"));
-    let running = Running::start("upstreams", cmd, &dir.join("upstreams.log"))?;
+    let mut running = Running::start("upstreams", cmd, &dir.join("upstreams.log"))?;
     procs::wait_http(
         &format!("http://127.0.0.1:{BLUE_PORT}/"),
         "x",
@@ -193,6 +193,7 @@ fn upstreams(dir: &Path) -> Result<Running> {
         "x",
         Duration::from_secs(10),
     )?;
+    running.ensure_running("the upstream nginx")?;
     Ok(running)
 }
 

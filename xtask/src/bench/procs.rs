@@ -57,6 +57,15 @@ impl Running {
         self.child.id()
     }
 
+    /// Fails if the process has exited (a proxy that could not bind, say), so a benchmark never
+    /// measures whatever else answered on its port.
+    pub fn ensure_running(&mut self, name: &str) -> Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => anyhow::bail!("{name} exited ({status}); see its log"),
+        }
+    }
+
     /// Resident memory, in KiB.
     pub fn rss_kib(&self) -> Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
@@ -112,7 +121,21 @@ fn children(pid: u32) -> Vec<u32> {
 }
 
 impl Drop for Running {
+    /// SIGTERM first, and SIGKILL only if that is ignored: killing an nginx master outright
+    /// orphans its worker, which keeps the listening sockets and would answer the next
+    /// section's traffic in place of the nginx that section starts (which could not bind).
     fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -86,12 +86,12 @@ impl Rig {
         upstream_cmd
             .args(["-p", &dir.to_string_lossy(), "-c"])
             .arg(dir.join("upstream.conf"));
-        let upstream = Running::start("upstream", upstream_cmd, &dir.join("upstream.log"))?;
+        let mut upstream = Running::start("upstream", upstream_cmd, &dir.join("upstream.log"))?;
         let mut nginx_cmd = procs::pinned(0, "nginx");
         nginx_cmd
             .args(["-p", &dir.to_string_lossy(), "-c"])
             .arg(dir.join("proxy.conf"));
-        let nginx = Running::start("nginx", nginx_cmd, &dir.join("nginx.log"))?;
+        let mut nginx = Running::start("nginx", nginx_cmd, &dir.join("nginx.log"))?;
 
         let manifests = dir.join("manifests");
         std::fs::create_dir_all(&manifests)?;
@@ -137,7 +137,7 @@ impl Rig {
                 &INGRESS_ADMIN.to_string(),
             ])
             .args(extra_args);
-        let ingress = Running::start("ingress", ingress_cmd, &dir.join("ingress.log"))?;
+        let mut ingress = Running::start("ingress", ingress_cmd, &dir.join("ingress.log"))?;
 
         let timeout = Duration::from_secs(20);
         procs::wait_http(&format!("http://127.0.0.1:{UPSTREAM_PORT}/"), HOST, timeout)
@@ -146,6 +146,10 @@ impl Rig {
             .context("nginx")?;
         procs::wait_http(&format!("http://127.0.0.1:{INGRESS_HTTP}/"), HOST, timeout)
             .context("ingress")?;
+        // Answering is not enough: a leftover process on the same port would answer too.
+        upstream.ensure_running("the upstream nginx")?;
+        nginx.ensure_running("nginx")?;
+        ingress.ensure_running("ingress")?;
         Ok(Rig {
             _upstream: upstream,
             nginx,
