@@ -13,7 +13,7 @@ use crate::cli::{Mode, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::metrics::Metrics;
-use crate::proxy::listener::{self, HttpSettings, Listener, Plain};
+use crate::proxy::listener::{self, HttpSettings, Listener, Plain, defer_accept};
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::report;
@@ -69,6 +69,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         );
     }
     let gate = load_gate(&args)?;
+    release_freed_memory();
     let metrics = Arc::new(Metrics::new(ebpf_object_embedded(), gate.clone()));
     metrics.ebpf_enabled.set(i64::from(gate.is_some()));
     let published = Published::new();
@@ -136,9 +137,16 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         https: false,
     };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
+    let https_listener = bind("https", https_addr).await?;
+    // TLS clients speak first, so nothing is lost by holding a connection back until its first
+    // bytes arrive (nginx's `listen ... deferred`): by then the kernel gate has decided, and a
+    // client that connects and says nothing costs no task until the handshake timeout.
+    if let Err(err) = defer_accept(&https_listener, args.tls.tls_handshake_timeout) {
+        tracing::warn!(%err, "TCP_DEFER_ACCEPT unavailable on the HTTPS listener");
+    }
     let https = Listener {
         name: "https",
-        listener: bind("https", https_addr).await?,
+        listener: https_listener,
         handshake: Arc::new(TlsHandshake {
             acceptor: tokio_rustls::TlsAcceptor::from(resolver::server_config(published.clone())?),
             published: published.clone(),
@@ -247,6 +255,15 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "ingress".into())
+}
+
+/// Loading the gate parses the kernel's BTF (tens of MiB, freed once the programs are loaded);
+/// the allocator keeps freed pages for reuse unless told to return them, and an idle proxy
+/// never would reuse them.
+fn release_freed_memory() {
+    // SAFETY: mi_collect only walks and purges the allocator's own free pages. It is harmless
+    // (and has nothing to do) when mimalloc is not the global allocator, as in unit tests.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// `--mode`: load the kernel gate, or explain in one line why userspace mode is used.

@@ -239,8 +239,8 @@ async fn serve(listener: TcpListener, gate: Arc<Gate>, tx: mpsc::UnboundedSender
                     gate.reject(stream).expect("reject");
                     None
                 }
-                Admission::Pass(_) | Admission::Passthrough(_) => Some(
-                    gate.take_first_record(&mut stream)
+                Admission::Pass(verdict) | Admission::Passthrough(verdict) => Some(
+                    gate.take_first_record(&mut stream, &verdict)
                         .await
                         .expect("take the first record"),
                 ),
@@ -786,7 +786,7 @@ async fn verdict_records_never_outlive_their_sockets() {
     let Some(mut h) = Harness::start("reap", policy(&["curl.example.test"])).await else {
         return;
     };
-    // Served connections: userspace forgets the record once it has acted.
+    // Served connections: the kernel deletes each record as its socket closes.
     h.send(&[&corpus("curl-tls13.bin")], Duration::ZERO).await;
     assert_eq!(passed(&h.next().await).reason, Reason::Pass);
     h.send(&[&corpus("openssl-tls13-sni.bin")], Duration::ZERO)

@@ -1,13 +1,13 @@
 //! The per-connection calls the proxy's accept loop makes in eBPF mode.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use ingress_common::{MAX_FRAGMENT_LEN, RECORD_HEADER_LEN};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::{Admission, Gate, GateError, Result, lock, sys};
+use super::{Admission, Gate, GateError, Result, Verdict, events, lock, sys};
 
 /// How often a waiting `admit` looks at VERDICTS itself, in case the event was lost (ring
 /// buffer full) — counted as `event_lost`, never a hang.
@@ -22,12 +22,47 @@ const DRAIN_LIMIT: usize = 64 * 1024;
 /// socket leaves SOCKS anyway.
 const DRAIN_SETTLE: Duration = Duration::from_millis(100);
 
+/// What the accept loop learned about a connection with one syscall (its cookie): the
+/// kernel's verdict too, when its event came before accept() returned, as it usually does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Screened {
+    pub cookie: u64,
+    pub early: Option<Admission>,
+}
+
 impl Gate {
+    /// Reads the socket's cookie and any verdict the kernel already reached for it, without
+    /// waiting and without a map lookup. Cheap enough for the accept loop itself.
+    pub fn screen(&self, socket: BorrowedFd<'_>) -> Result<Screened> {
+        let cookie = sys::socket_cookie(socket).map_err(GateError::Socket)?;
+        Ok(Screened {
+            cookie,
+            early: self.early(cookie),
+        })
+    }
+
     /// Waits for the kernel's verdict on a just-accepted connection. Reads nothing.
     pub async fn admit(&self, stream: &TcpStream) -> Result<Admission> {
+        let screened = self.screen(stream.as_fd())?;
+        self.admit_screened(stream, screened).await
+    }
+
+    /// [`Gate::admit`] for a connection already screened.
+    pub async fn admit_screened(
+        &self,
+        stream: &TcpStream,
+        screened: Screened,
+    ) -> Result<Admission> {
+        if let Some(admission) = screened.early {
+            return Ok(admission);
+        }
         let shared = &self.shared;
-        let cookie = sys::socket_cookie(stream.as_fd()).map_err(GateError::Socket)?;
+        let cookie = screened.cookie;
         let mut registration = shared.waiters.register(cookie);
+        // An event drained between the screen and the registration went to the early table.
+        if let Some(admission) = self.early(cookie) {
+            return Ok(admission);
+        }
         sys::peek_kick(stream.as_fd());
         match self.state(cookie)? {
             // sock_ops writes a pending record before accept() returns; none means not gated.
@@ -36,7 +71,11 @@ impl Gate {
                 let _ = lock(&shared.socks).remove(&cookie);
                 return Ok(Admission::Ungated);
             }
-            Some(Some(admission)) => return Ok(admission),
+            Some(Some(admission)) => {
+                // Its event may be on its way to the early table; nobody would take it there.
+                let _ = shared.waiters.take_early(cookie);
+                return Ok(admission);
+            }
             Some(None) => {}
         }
         let deadline = Instant::now() + shared.timeout;
@@ -59,6 +98,7 @@ impl Gate {
                 Err(_) => {}
             }
             if let Some(Some(admission)) = self.state(cookie)? {
+                let _ = shared.waiters.take_early(cookie);
                 return Ok(admission);
             }
             if Instant::now() >= deadline {
@@ -67,16 +107,30 @@ impl Gate {
         }
     }
 
-    /// After `Pass` or `Passthrough`: reads exactly the first record (plus any bytes already
-    /// queued behind it), takes the socket out of SOCKS, and forgets its verdict. Hand the bytes
-    /// to TLS ahead of the socket. Reading before leaving SOCKS is the point: leaving discards
-    /// whatever the kernel still holds for the socket.
-    pub async fn take_first_record(&self, stream: &mut TcpStream) -> Result<Vec<u8>> {
-        let cookie = sys::socket_cookie(stream.as_fd()).map_err(GateError::Socket)?;
-        let verdict = self
-            .shared
-            .verdict(cookie)?
-            .ok_or(GateError::NoVerdict(cookie))?;
+    /// A decided verdict for `cookie` from the events drained so far (draining them first).
+    fn early(&self, cookie: u64) -> Option<Admission> {
+        let shared = &self.shared;
+        let record = match shared.waiters.take_early(cookie) {
+            Some(record) => record,
+            None => {
+                events::drain(shared);
+                shared.waiters.take_early(cookie)?
+            }
+        };
+        shared.admission(cookie, &record)
+    }
+
+    /// After `Pass` or `Passthrough` (with that verdict): reads exactly the first record (plus
+    /// any bytes already queued behind it) and takes the socket out of SOCKS. Hand the bytes to
+    /// TLS ahead of the socket. Reading before leaving SOCKS is the point: leaving discards
+    /// whatever the kernel still holds for the socket. The verdict record stays in VERDICTS
+    /// until the socket closes (the kernel deletes it then).
+    pub async fn take_first_record(
+        &self,
+        stream: &mut TcpStream,
+        verdict: &Verdict,
+    ) -> Result<Vec<u8>> {
+        let cookie = verdict.cookie;
         let want = usize::try_from(verdict.record_len)
             .unwrap_or(usize::MAX)
             .min((RECORD_HEADER_LEN + MAX_FRAGMENT_LEN) as usize);
@@ -129,7 +183,7 @@ impl Gate {
         }
         // Whatever TCP received is now either read or in the plain receive queue; anything
         // else went with the psock, and the stream can no longer be served whole (the caller
-        // resets it, and forgets the verdict then).
+        // resets it).
         let received = data_received(stream)?;
         let queued = sys::unread(stream.as_fd()).map_err(GateError::Socket)?;
         let read = buf.len() as u64;
@@ -140,18 +194,16 @@ impl Gate {
                 queued,
             });
         }
-        self.shared.forget(cookie);
         Ok(buf)
     }
 
-    /// After `Drop`: resets the connection at once (SO_LINGER 0 + close) without reading.
+    /// After `Drop`: resets the connection at once (SO_LINGER 0 + close) without reading. The
+    /// kernel deletes its verdict record as the socket closes.
     pub fn reject(&self, stream: TcpStream) -> Result<()> {
-        let cookie = sys::socket_cookie(stream.as_fd()).map_err(GateError::Socket)?;
         socket2::SockRef::from(&stream)
             .set_linger(Some(Duration::ZERO))
             .map_err(GateError::Socket)?;
         drop(stream);
-        self.shared.forget(cookie);
         Ok(())
     }
 

@@ -1,22 +1,40 @@
-//! Waking `admit` calls when the kernel decides: one task drains the EVENTS ring buffer (and
-//! aya-log's) and completes the waiter registered for each event's socket cookie.
+//! Waking `admit` calls when the kernel decides: the EVENTS ring buffer is drained (by its own
+//! task, and by `Gate::screen` in the accept loop) and each event completes the waiter
+//! registered for its socket cookie, or is kept as an early verdict if nobody waits yet.
 //!
-//! No lost wakeups: `admit` registers its waiter first and only then reads VERDICTS, and the
-//! kernel writes VERDICTS before it emits the event. An event that finds no waiter is dropped;
-//! its verdict is still in VERDICTS for whoever asks.
+//! No lost wakeups: `admit` registers its waiter first and only then reads the early table and
+//! VERDICTS, and the kernel writes VERDICTS before it emits the event.
+//!
+//! Early verdicts are the cheap path. The HTTPS listener defers accept until the client's first
+//! bytes arrive, and the kernel decides as those bytes land, before accept() returns; so the
+//! accept loop usually finds the verdict here, having read only the socket's cookie, and resets
+//! a dropped connection before it costs a task, a reactor registration or a map lookup.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use aya::maps::{MapData, RingBuf};
 use ingress_common::{GateEvent, VerdictRecord, reason};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use super::{Shared, lock, record_of};
 
+/// Early verdicts nobody asked for within this long are forgotten (a connection the kernel
+/// decided on and userspace never accepted, say); VERDICTS still holds them until close.
+const EARLY_TTL: Duration = Duration::from_secs(10);
+/// At most this many early verdicts are kept; beyond it, `admit` finds them in VERDICTS.
+const EARLY_LIMIT: usize = 65_536;
+
 #[derive(Default)]
-pub(super) struct Waiters(Mutex<HashMap<u64, oneshot::Sender<VerdictRecord>>>);
+pub(super) struct Waiters(Mutex<Table>);
+
+#[derive(Default)]
+struct Table {
+    waiting: HashMap<u64, oneshot::Sender<VerdictRecord>>,
+    early: HashMap<u64, (VerdictRecord, Instant)>,
+    pruned: Option<Instant>,
+}
 
 /// Removes the waiter when `admit` returns, however it returns, so the table only ever holds
 /// connections being admitted right now.
@@ -29,7 +47,7 @@ pub(super) struct Registration<'a> {
 impl Waiters {
     pub(super) fn register(&self, cookie: u64) -> Registration<'_> {
         let (tx, rx) = oneshot::channel();
-        lock(&self.0).insert(cookie, tx);
+        lock(&self.0).waiting.insert(cookie, tx);
         Registration {
             waiters: self,
             cookie,
@@ -37,34 +55,83 @@ impl Waiters {
         }
     }
 
-    fn complete(&self, cookie: u64, record: VerdictRecord) {
-        if let Some(tx) = lock(&self.0).remove(&cookie) {
+    /// The verdict that arrived for `cookie` before anyone waited for it, if any; taking it
+    /// removes it.
+    pub(super) fn take_early(&self, cookie: u64) -> Option<VerdictRecord> {
+        lock(&self.0)
+            .early
+            .remove(&cookie)
+            .map(|(record, _)| record)
+    }
+
+    fn complete(&self, cookie: u64, record: VerdictRecord, now: Instant) {
+        let mut table = lock(&self.0);
+        if let Some(tx) = table.waiting.remove(&cookie) {
             // The receiver may have just timed out; the verdict stays in VERDICTS either way.
             let _ = tx.send(record);
+            return;
+        }
+        let due = table
+            .pruned
+            .is_none_or(|at| now.duration_since(at) >= EARLY_TTL);
+        if due || table.early.len() >= EARLY_LIMIT {
+            table
+                .early
+                .retain(|_, (_, at)| now.duration_since(*at) < EARLY_TTL);
+            table.pruned = Some(now);
+        }
+        if table.early.len() < EARLY_LIMIT {
+            table.early.insert(cookie, (record, now));
         }
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        lock(&self.0).len()
+        let table = lock(&self.0);
+        table.waiting.len() + table.early.len()
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        lock(&self.waiters.0).remove(&self.cookie);
+        lock(&self.waiters.0).waiting.remove(&self.cookie);
+    }
+}
+
+/// Hands every event in the ring buffer to its waiter (or the early table). Reading the ring
+/// is plain memory access, no syscall, so the accept loop can afford it per connection.
+pub(super) fn drain(shared: &Shared) {
+    let mut events = lock(&shared.events);
+    let now = Instant::now();
+    while let Some(item) = events.next() {
+        if let Some(event) = parse(&item) {
+            trace(&event);
+            shared
+                .waiters
+                .complete(event.cookie, record_of(&event), now);
+        }
+    }
+}
+
+/// The ring buffer's descriptor, for readiness only: the ring itself lives in `Shared` (behind
+/// its lock, since the accept loop drains it too), which this task keeps alive.
+struct RingFd(std::os::fd::RawFd);
+
+impl std::os::fd::AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
     }
 }
 
 /// Drains the verdict events and the kernel's log records until the gate is dropped.
-pub(super) async fn run(
-    shared: Arc<Shared>,
-    events: RingBuf<MapData>,
-    logger: Option<aya_log::EbpfLogger<LogBridge>>,
-) {
-    // SAFETY (both registrations): the ring buffers own their map fds and keep them open and
-    // unchanged for as long as the AsyncFd holds them.
-    let mut events = match unsafe { AsyncFd::register(events) } {
+pub(super) async fn run(shared: Arc<Shared>, logger: Option<aya_log::EbpfLogger<LogBridge>>) {
+    let ring = {
+        use std::os::fd::AsRawFd;
+        RingFd(lock(&shared.events).as_raw_fd())
+    };
+    // SAFETY: the fd is the ring buffer map's, which `shared` owns; this task holds `shared`,
+    // so the fd stays open and unchanged for as long as the AsyncFd exists.
+    let events = match unsafe { AsyncFd::register(ring) } {
         Ok(fd) => fd,
         Err(e) => {
             tracing::error!(error = %e, "cannot watch the gate's event ring buffer; admit falls back to polling");
@@ -72,20 +139,17 @@ pub(super) async fn run(
         }
     };
     let mut logger = logger.and_then(|l| {
+        // SAFETY: the logger owns its ring buffer's fd and keeps it open and unchanged for as
+        // long as the AsyncFd holds it.
         unsafe { AsyncFd::register(l) }
             .inspect_err(|e| tracing::warn!(error = %e, "kernel log records will not be read"))
             .ok()
     });
     loop {
         tokio::select! {
-            guard = events.readable_mut() => {
+            guard = events.readable() => {
                 let Ok(mut guard) = guard else { return };
-                while let Some(item) = guard.get_inner_mut().next() {
-                    if let Some(event) = parse(&item) {
-                        trace(&event);
-                        shared.waiters.complete(event.cookie, record_of(&event));
-                    }
-                }
+                drain(&shared);
                 guard.clear_ready();
             }
             guard = readable(&mut logger) => {
@@ -181,20 +245,35 @@ mod tests {
     async fn a_registered_waiter_gets_the_verdict_and_leaves_no_trace() {
         let waiters = Waiters::default();
         let mut reg = waiters.register(7);
-        waiters.complete(7, record(1));
+        waiters.complete(7, record(1), Instant::now());
         assert_eq!((&mut reg.verdict).await.ok(), Some(record(1)));
         drop(reg);
         assert_eq!(waiters.len(), 0);
     }
 
     #[test]
-    fn a_dropped_registration_removes_its_waiter_and_late_events_are_ignored() {
+    fn a_dropped_registration_removes_its_waiter_and_late_events_are_kept_early() {
         let waiters = Waiters::default();
         drop(waiters.register(7));
         assert_eq!(waiters.len(), 0);
-        waiters.complete(7, record(1));
-        waiters.complete(8, record(1));
-        assert_eq!(waiters.len(), 0);
+        // Nobody waits for either now: both are kept as early verdicts, each taken once.
+        let now = Instant::now();
+        waiters.complete(7, record(1), now);
+        waiters.complete(8, record(2), now);
+        assert_eq!(waiters.take_early(8), Some(record(2)));
+        assert_eq!(waiters.take_early(8), None);
+        assert_eq!(waiters.len(), 1);
+    }
+
+    #[test]
+    fn early_verdicts_expire() {
+        let waiters = Waiters::default();
+        let start = Instant::now();
+        waiters.complete(1, record(1), start);
+        // The next event after the time to live prunes what nobody took.
+        waiters.complete(2, record(1), start + EARLY_TTL + Duration::from_secs(1));
+        assert_eq!(waiters.take_early(1), None);
+        assert_eq!(waiters.take_early(2), Some(record(1)));
     }
 
     #[test]

@@ -124,6 +124,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
             map: probe_map,
         }),
         waiters: events::Waiters::default(),
+        events: Mutex::new(events),
         netns_cookie,
         ports: options.https_ports.clone(),
         timeout: options.verdict_timeout,
@@ -165,7 +166,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
             source,
         })?;
 
-    let events_task = runtime.spawn(events::run(shared.clone(), events, logger));
+    let events_task = runtime.spawn(events::run(shared.clone(), logger));
     tracing::info!(
         pin_dir = %options.pin_dir.display(),
         cgroup = %cgroup.display(),

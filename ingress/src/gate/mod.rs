@@ -5,10 +5,12 @@
 //!              │                         hosts config counters          sock_ops on the cgroup
 //!              │                         (kept across restarts)
 //!              │                         socks verdicts (replaced)
-//!              └► events task: EVENTS ring buffer ──► waiters (by cookie) ─┐
-//!                                                                          │
-//!   accept() ──► admit(): SO_COOKIE, register, peek kick, check VERDICTS, await ┘
-//!                 ├ Drop        → reject(): SO_LINGER 0 + close = RST, nothing read
+//!              └► events task ──────┐
+//!                                   ├─ drain EVENTS ──► the waiter (by cookie), else the early table
+//!   accept() ──► screen(): SO_COOKIE ┘   then take the early verdict, if the kernel has decided
+//!                (it usually has: the HTTPS listener defers accept until the first bytes arrive)
+//!            ──► admit(): the early verdict, or register, peek kick, check VERDICTS, await
+//!                 ├ Drop        → reset: SO_LINGER 0 + close = RST, nothing read
 //!                 ├ Pass        → take_first_record(): read it, leave SOCKS, hand bytes to TLS
 //!                 ├ Passthrough → same; then splice(): both sockets into SPLICE_SOCKS, and
 //!                 │               the kernel moves the bytes (see splice.rs)
@@ -17,9 +19,9 @@
 //!   sync_hosts() ── plan() (pure) ──► upserts, config, removals: never a gap for a known name
 //! ```
 //!
-//! Verdict records are deleted when userspace is done with the socket, and by the kernel when
-//! a socket closes first (sock_ops state callback); VERDICTS is also an LRU, so neither map can
-//! grow without bound. Waiters are removed when their `admit` returns, whatever the outcome.
+//! Verdict records are deleted by the kernel when a socket closes (sock_ops state callback);
+//! VERDICTS is also an LRU, so it cannot grow without bound. Waiters are removed when their
+//! `admit` returns, whatever the outcome; early verdicts when taken, or after a time to live.
 //!
 //! Needs a tokio runtime (the events task) and, for the kernel, root or CAP_BPF + CAP_NET_ADMIN.
 
@@ -34,9 +36,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, SockHash};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, SockHash};
 use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action, reason};
 
+pub use conn::Screened;
 pub use ingress_common::counter;
 pub use policy::{CaseAction, HostAction, HostPolicy, HostRule, SyncPlan, plan};
 pub use splice::{
@@ -117,8 +120,6 @@ pub enum GateError {
     NoRuntime,
     #[error("socket: {0}")]
     Socket(std::io::Error),
-    #[error("no kernel verdict for socket {0:#x}")]
-    NoVerdict(u64),
     #[error("the peer closed after {read} of {want} bytes of the first record")]
     Closed { read: usize, want: usize },
     #[error("the first record did not arrive within {0:?}")]
@@ -307,6 +308,8 @@ struct Shared {
     counters: PerCpuArray<MapData, u64>,
     probe: Mutex<load::Probe>,
     waiters: events::Waiters,
+    /// EVENTS: drained by the events task and by `screen` in the accept loop.
+    events: Mutex<RingBuf<MapData>>,
     netns_cookie: u64,
     ports: Vec<u16>,
     timeout: Duration,
@@ -434,17 +437,6 @@ impl Shared {
         })
     }
 
-    fn verdict(&self, cookie: u64) -> Result<Option<Verdict>> {
-        match lock(&self.verdicts).get(&cookie, 0) {
-            Ok(record) => Ok(verdict_of(cookie, &record).map(|(_, v)| v)),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(GateError::Map {
-                name: "VERDICTS",
-                source,
-            }),
-        }
-    }
-
     fn admission(&self, cookie: u64, record: &VerdictRecord) -> Option<Admission> {
         let (action, verdict) = verdict_of(cookie, record)?;
         Some(match action {
@@ -452,19 +444,6 @@ impl Shared {
             action::PASSTHROUGH => Admission::Passthrough(verdict),
             _ => Admission::Pass(verdict),
         })
-    }
-
-    /// Forgets a socket's verdict once userspace has acted on it.
-    fn forget(&self, cookie: u64) {
-        match lock(&self.verdicts).remove(&cookie) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-            // The kernel deletes the record itself when the socket closes, and a rejected socket
-            // is closed before this runs; aya reports that delete as a failed syscall (ENOENT),
-            // not KeyNotFound. Warning here would log once per rejected connection.
-            Err(aya::maps::MapError::SyscallError(e))
-                if e.io_error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(cookie, error = %e, "could not delete a verdict record"),
-        }
     }
 
     fn probe(&self, bytes: &[u8]) -> Result<ProbeResult> {

@@ -1,6 +1,10 @@
 //! Accept loops. Each accepted connection gets its own task; the loop itself only accepts, so a
 //! slow handshake never delays the next client.
 //!
+//! The loop accepts plain sockets and lets the handshake screen each one first, synchronously:
+//! a connection refused there (the kernel gate's early verdict) is reset before it costs a
+//! task or a registration with the reactor.
+//!
 //! Shutdown: the loop stops accepting when told to, then every open connection is asked to
 //! finish its in-flight requests (hyper's graceful shutdown) for at most the drain timeout.
 
@@ -12,6 +16,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::unix::AsyncFd;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -44,10 +49,20 @@ pub fn http_server(settings: &HttpSettings) -> auto::Builder<TokioExecutor> {
 /// Turns an accepted TCP connection into the stream HTTP is spoken over (plain, or TLS).
 pub trait Handshake: Send + Sync + 'static {
     type Io: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static;
+    /// What `screen` learned, for `handshake`.
+    type Screened: Send + 'static;
+    /// Runs in the accept loop, before the connection has a task: it must not block. `None`
+    /// means it closed the connection (and logged and counted why).
+    fn screen(
+        &self,
+        stream: std::net::TcpStream,
+        conn: &ConnInfo,
+    ) -> Option<(std::net::TcpStream, Self::Screened)>;
     /// `None` closes the connection (the reason is logged and counted by the implementation).
     fn handshake(
         &self,
         stream: TcpStream,
+        screened: Self::Screened,
         conn: ConnInfo,
     ) -> impl Future<Output = Option<(Self::Io, ConnInfo)>> + Send;
 }
@@ -57,7 +72,20 @@ pub struct Plain;
 
 impl Handshake for Plain {
     type Io = TokioIo<TcpStream>;
-    async fn handshake(&self, stream: TcpStream, conn: ConnInfo) -> Option<(Self::Io, ConnInfo)> {
+    type Screened = ();
+    fn screen(
+        &self,
+        stream: std::net::TcpStream,
+        _: &ConnInfo,
+    ) -> Option<(std::net::TcpStream, ())> {
+        Some((stream, ()))
+    }
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+        (): (),
+        conn: ConnInfo,
+    ) -> Option<(Self::Io, ConnInfo)> {
         Some((TokioIo::new(stream), conn))
     }
 }
@@ -87,10 +115,20 @@ impl<H: Handshake> Listener<H> {
             .local_addr()
             .map(|a| a.port())
             .unwrap_or_default();
+        let listener = match self.listener.into_std().and_then(|l| {
+            // SAFETY: the AsyncFd owns the listener, so its fd stays open and unchanged.
+            unsafe { AsyncFd::register(l) }.map_err(|e| e.into_parts().1)
+        }) {
+            Ok(listener) => listener,
+            Err(err) => {
+                tracing::error!(listener = self.name, %err, "cannot watch the listening socket");
+                return;
+            }
+        };
         loop {
             let (stream, peer) = tokio::select! {
                 () = stop.cancelled() => break,
-                accepted = self.listener.accept() => match accepted {
+                accepted = accept(&listener) => match accepted {
                     Ok(pair) => pair,
                     Err(err) => {
                         // EMFILE and friends: back off briefly instead of spinning.
@@ -100,9 +138,19 @@ impl<H: Handshake> Listener<H> {
                     }
                 },
             };
-            let _ = stream.set_nodelay(true);
             metrics.connections.get_or_create(&labels).inc();
             let conn = ConnInfo::new(peer, local_port, self.https);
+            let Some((stream, screened)) = self.handshake.screen(stream, &conn) else {
+                continue;
+            };
+            let stream = match TcpStream::from_std(stream) {
+                Ok(stream) => stream,
+                Err(err) => {
+                    tracing::warn!(listener = self.name, %err, "cannot register a connection");
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
             let handshake = self.handshake.clone();
             let proxy = proxy.clone();
             let server = server.clone();
@@ -110,7 +158,7 @@ impl<H: Handshake> Listener<H> {
             let active = metrics.connections_active.get_or_create(&labels).clone();
             tokio::spawn(async move {
                 active.inc();
-                if let Some((io, conn)) = handshake.handshake(stream, conn).await {
+                if let Some((io, conn)) = handshake.handshake(stream, screened, conn).await {
                     let conn = Arc::new(conn);
                     let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
                     let connection = server.serve_connection_with_upgrades(io, service);
@@ -121,7 +169,7 @@ impl<H: Handshake> Listener<H> {
                 active.dec();
             });
         }
-        drop(self.listener);
+        drop(listener);
         tracing::info!(
             listener = self.name,
             "stopped accepting; draining open connections"
@@ -136,5 +184,49 @@ impl<H: Handshake> Listener<H> {
                 "drain timeout reached; closing remaining connections"
             );
         }
+    }
+}
+
+/// Accepts one connection as a plain non-blocking socket, not yet known to the reactor.
+async fn accept(
+    listener: &AsyncFd<std::net::TcpListener>,
+) -> std::io::Result<(std::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        let mut ready = listener.readable().await?;
+        let accepted = ready.try_io(|l| {
+            let (socket, addr) = socket2::SockRef::from(l.get_ref())
+                .accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)?;
+            let peer = addr.as_socket().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "not an IP peer")
+            })?;
+            Ok((std::net::TcpStream::from(socket), peer))
+        });
+        match accepted {
+            Ok(result) => return result,
+            // Readiness was stale: wait again.
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Holds connections back in the kernel until their first bytes arrive (or `wait` passes),
+/// as TCP_DEFER_ACCEPT does: for a protocol where the client speaks first.
+pub fn defer_accept(listener: &TcpListener, wait: Duration) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let seconds = libc::c_int::try_from(wait.as_secs().max(1)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: a valid socket fd and a pointer to a c_int of the stated size.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            std::ptr::from_ref(&seconds).cast(),
+            4, // size_of::<c_int>()
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }

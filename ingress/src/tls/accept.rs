@@ -15,6 +15,7 @@
 //! client sees the same thing whether the kernel gate or this code rejected it.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -27,7 +28,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::client_hello::{self, Peek};
-use crate::gate::{Admission, Gate, Reason as KernelReason};
+use crate::gate::{Admission, Gate, Reason as KernelReason, Screened};
 use crate::metrics::Metrics;
 use crate::passthrough::{Passthrough, PassthroughSettings};
 use crate::proxy::ConnInfo;
@@ -61,14 +62,45 @@ enum FirstRecord {
 
 impl Handshake for TlsHandshake {
     type Io = TokioIo<TlsStream<Recorded<TcpStream>>>;
+    /// eBPF mode: the socket's cookie and, usually, the kernel's verdict already.
+    type Screened = Option<Screened>;
+
+    /// eBPF mode: a connection the kernel already dropped is reset here, in the accept loop,
+    /// having cost one getsockopt beyond accept and close.
+    fn screen(
+        &self,
+        stream: std::net::TcpStream,
+        conn: &ConnInfo,
+    ) -> Option<(std::net::TcpStream, Option<Screened>)> {
+        let Some(gate) = &self.gate else {
+            return Some((stream, None));
+        };
+        match gate.screen(stream.as_fd()) {
+            Ok(Screened {
+                early: Some(Admission::Drop(kernel)),
+                ..
+            }) => {
+                let reason = reason_of(kernel.reason);
+                self.metrics.count_gate(reason);
+                tracing::debug!(peer = %conn.peer, %reason, "connection rejected by the kernel gate");
+                let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                drop(stream);
+                None
+            }
+            Ok(screened) => Some((stream, Some(screened))),
+            // `admit` tries again, and reports what fails.
+            Err(_) => Some((stream, None)),
+        }
+    }
 
     async fn handshake(
         &self,
         mut stream: TcpStream,
+        screened: Option<Screened>,
         mut conn: ConnInfo,
     ) -> Option<(Self::Io, ConnInfo)> {
         let first = match &self.gate {
-            Some(gate) => self.kernel_first_record(gate, &mut stream).await,
+            Some(gate) => self.kernel_first_record(gate, &mut stream, screened).await,
             None => {
                 tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
                     .await
@@ -139,8 +171,17 @@ impl Handshake for TlsHandshake {
 impl TlsHandshake {
     /// eBPF mode: the kernel has parsed the ClientHello already. Dropped connections are reset
     /// without a byte read; admitted ones hand over their first record, read exactly once.
-    async fn kernel_first_record(&self, gate: &Gate, stream: &mut TcpStream) -> FirstRecord {
-        let (verdict, kernel) = match gate.admit(stream).await {
+    async fn kernel_first_record(
+        &self,
+        gate: &Gate,
+        stream: &mut TcpStream,
+        screened: Option<Screened>,
+    ) -> FirstRecord {
+        let admission = match screened {
+            Some(screened) => gate.admit_screened(stream, screened).await,
+            None => gate.admit(stream).await,
+        };
+        let (verdict, kernel) = match admission {
             Ok(Admission::Drop(v)) => (Verdict::Drop, v),
             Ok(Admission::Pass(v)) => (Verdict::Pass, v),
             Ok(Admission::Passthrough(v)) => (Verdict::Passthrough, v),
@@ -168,7 +209,7 @@ impl TlsHandshake {
                 sni: None,
             };
         }
-        match gate.take_first_record(stream).await {
+        match gate.take_first_record(stream, &kernel).await {
             Ok(bytes) => {
                 let sni = match client_hello::peek(&bytes) {
                     Peek::Done(Ok(hello)) => hello.server_name.map(|n| n.as_str().to_owned()),
@@ -240,17 +281,9 @@ impl TlsHandshake {
         passthrough.serve(stream, bytes, sni, conn.peer).await;
     }
 
-    /// Resets a connection that will not be served. In eBPF mode the gate also forgets the
-    /// socket's verdict record.
+    /// Resets a connection that will not be served.
     fn close(&self, stream: TcpStream) {
-        match &self.gate {
-            Some(gate) => {
-                if let Err(err) = gate.reject(stream) {
-                    tracing::debug!(%err, "reset failed");
-                }
-            }
-            None => reset(stream),
-        }
+        reset(stream);
     }
 }
 
