@@ -98,7 +98,7 @@ impl Mode {
 
 /// Skips (or, under CI=true, fails) when this machine cannot run kernel tests.
 fn skip_or_fail(why: &str) {
-    if std::env::var("CI").as_deref() == Ok("true") {
+    if ingress_tests::in_ci() {
         panic!("kernel proxy test cannot run under CI=true: {why}");
     }
     eprintln!("\n**************** SKIPPED kernel proxy test: {why} ****************\n");
@@ -416,6 +416,18 @@ impl Proxy {
             if blocking_get(self.admin(), "/readyz", "localhost").0 == 200 {
                 return;
             }
+            // A proxy that exited at startup (it is a zombie until reaped) will not become
+            // ready; say so now rather than after the whole wait.
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()));
+            let exited = stat.map_or(true, |s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+            });
+            assert!(
+                !exited,
+                "ingress exited before it was ready; logs:\n{}",
+                self.logs()
+            );
             assert!(
                 Instant::now() < deadline,
                 "ingress not ready within {READY:?}; logs:\n{}",

@@ -95,7 +95,7 @@ impl Mode {
 // Skipping
 
 fn skip_or_fail(why: &str) {
-    if std::env::var("CI").as_deref() == Ok("true") {
+    if ingress_tests::in_ci() {
         panic!("passthrough test cannot run under CI=true: {why}");
     }
     eprintln!("\n**************** SKIPPED passthrough test: {why} ****************\n");
