@@ -22,8 +22,9 @@ const DRAIN_LIMIT: usize = 64 * 1024;
 /// socket leaves SOCKS anyway.
 const DRAIN_SETTLE: Duration = Duration::from_millis(100);
 
-/// What the accept loop learned about a connection with one syscall (its cookie): the
-/// kernel's verdict too, when its event came before accept() returned, as it usually does.
+/// What the accept loop learned about a connection: its cookie, and the kernel's verdict when
+/// the whole first record is in (as it usually is: the listener defers accept until the
+/// client's first bytes arrive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Screened {
     pub cookie: u64,
@@ -31,14 +32,20 @@ pub struct Screened {
 }
 
 impl Gate {
-    /// Reads the socket's cookie and any verdict the kernel already reached for it, without
-    /// waiting and without a map lookup. Cheap enough for the accept loop itself.
+    /// Reads the socket's cookie and the kernel's verdict if it can have one now, without
+    /// waiting and without a map lookup: cheap enough for the accept loop itself.
+    ///
+    /// With deferred accept the first bytes come with the segment that establishes the
+    /// connection, before sock_ops has put the socket in SOCKS, so the stream parser has not
+    /// seen them yet: the peek kick makes it run, and the verdict program with it, inside this
+    /// call. Its event is then in the ring buffer.
     pub fn screen(&self, socket: BorrowedFd<'_>) -> Result<Screened> {
         let cookie = sys::socket_cookie(socket).map_err(GateError::Socket)?;
-        Ok(Screened {
-            cookie,
-            early: self.early(cookie),
-        })
+        let early = self.early(cookie).or_else(|| {
+            sys::peek_kick(socket);
+            self.early(cookie)
+        });
+        Ok(Screened { cookie, early })
     }
 
     /// Waits for the kernel's verdict on a just-accepted connection. Reads nothing.
