@@ -695,3 +695,43 @@ fn non_tls_and_garbage_on_the_https_port_are_reset() {
         "no handshake was attempted"
     );
 }
+
+/// TLS clients speak first, so the HTTPS listener defers accept until their first bytes arrive:
+/// a client that connects and says nothing is not yet the proxy's connection, and costs it no
+/// task. Once it speaks, it is accepted and judged at once.
+// A plain #[test]: no runtime here for a blocking connect to stall.
+#[allow(clippy::disallowed_methods)]
+#[test]
+fn a_silent_client_is_not_accepted_until_it_speaks() {
+    let web = Backend::start("web");
+    let dir = Scratch::new("tls-deferred");
+    dir.write(
+        "a.yaml",
+        &(service("t", "web", &[&web])
+            + &ingress("t", "web", &[("d.example.com", "/", "Prefix", "web")])),
+    );
+    let ingress = Ingress::start(dir.path());
+    let accepted = || {
+        ingress
+            .metric("ingress_connections_total", &[("listener", "https")])
+            .unwrap_or(0.0)
+    };
+    let before = accepted();
+    let mut stream = std::net::TcpStream::connect(ingress.https).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(accepted(), before, "accepted before the client sent a byte");
+
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: d.example.com\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let result = std::io::Read::read(&mut stream, &mut buf);
+    assert!(
+        matches!(&result, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "plain HTTP on the HTTPS port: expected a reset, got {result:?}"
+    );
+    assert_eq!(accepted(), before + 1.0, "accepted once it spoke");
+}
