@@ -119,8 +119,11 @@ pub mod counter {
     /// differs from the one this object expects): spliced ones are forwarded untrimmed, and
     /// the parser hands on whole skbs after a verdict.
     pub const SEQ_UNREADABLE: u32 = 18;
+    /// Connections reset by the TC program before the kernel made a socket for them (their
+    /// verdict is also counted by reason and in DROPPED); the proxy never saw them.
+    pub const RESET_BEFORE_ACCEPT: u32 = 19;
     /// Slots in the array.
-    pub const LEN: u32 = 19;
+    pub const LEN: u32 = 20;
 
     /// The counter for a verdict's reason.
     pub const fn for_reason(reason: u32) -> u32 {
@@ -149,6 +152,7 @@ pub mod counter {
             SPLICE_TRIMMED => "splice_trimmed",
             SPLICE_UNTRIMMABLE => "splice_untrimmable",
             SEQ_UNREADABLE => "seq_unreadable",
+            RESET_BEFORE_ACCEPT => "reset_before_accept",
             _ => "invalid",
         }
     }

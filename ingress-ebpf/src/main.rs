@@ -12,6 +12,11 @@
 //!     ▼
 //!  stream verdict         classify the ClientHello → HOSTS (exact, then *.parent) → policy
 //!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
+//!  gate_early (TC ingress, before any of the above; a shortcut, never the only path)
+//!                         the first data of a connection still in the SYN queue (the listener
+//!                         defers accept) holding a whole first record that the verdict would
+//!                         drop → set SYN on it: the kernel answers RST and forgets the request,
+//!                         so no socket, no accept, no userspace work; anything else goes on
 //!  gate_probe (XDP, never attached): the same decision on a raw buffer through
 //!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
 //!
@@ -35,20 +40,24 @@
 #![no_main]
 
 mod hello;
+mod segment;
 
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        __sk_buff, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
-        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_TCP_CLOSE, sk_action, xdp_action,
+        __sk_buff, BPF_ANY, BPF_F_CURRENT_NETNS, BPF_F_NO_PREALLOC, BPF_NOEXIST,
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_TCP_CLOSE, BPF_TCP_NEW_SYN_RECV, TC_ACT_UNSPEC, sk_action, xdp_action,
     },
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash},
     helpers::{
         bpf_probe_read_kernel,
-        generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+        generated::{
+            bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_release, bpf_skc_lookup_tcp,
+        },
     },
-    macros::{btf_map, sock_ops, stream_parser, stream_verdict, xdp},
-    programs::{SkBuffContext, SockOpsContext, XdpContext},
+    macros::{btf_map, classifier, sock_ops, stream_parser, stream_verdict, xdp},
+    programs::{SkBuffContext, SockOpsContext, TcContext, XdpContext},
 };
 use aya_log_ebpf::debug;
 use core::ptr::read_volatile;
@@ -409,6 +418,92 @@ fn trim_delivered(ctx: &SkBuffContext, state: &mut SpliceState, len: u32) -> Tri
     } else {
         Trimmed::Len(len - overlap)
     }
+}
+
+/// Resets, before any socket exists, a connection whose first data the stream verdict would
+/// drop. With TCP_DEFER_ACCEPT on the listener the handshake's last ACK leaves the connection a
+/// request in the SYN queue; its first data segment is what would create the socket. Seen here
+/// first, a drop verdict turns the segment into one carrying SYN, which the kernel's request
+/// handling (`tcp_check_req`) answers with an RST before dropping the request: the client is
+/// reset at once, and the proxy never accepts, peeks or closes anything.
+///
+/// Only a whole first record in one segment is judged (most ClientHellos fit one; a split one
+/// is left to the socket path, which reassembles it), and only for a request socket, so an
+/// established connection's data is never touched. Always returns "next": other TC programs on
+/// the device still run.
+#[classifier]
+pub fn gate_early(ctx: TcContext) -> i32 {
+    if early_reset(&ctx).is_some() {
+        count(counter::RESET_BEFORE_ACCEPT);
+    }
+    TC_ACT_UNSPEC
+}
+
+#[inline(always)]
+fn early_reset(ctx: &TcContext) -> Option<()> {
+    let config = CONFIG.get(0)?;
+    let skb = ctx.skb.skb;
+    let mut seg = segment::read(skb)?;
+    let flags = seg.flags();
+    if flags & segment::TCP_ACK == 0
+        || flags & (segment::TCP_SYN | segment::TCP_RST) != 0
+        || seg.payload.len() == 0
+        || !port_gated(config, u32::from(seg.local_port))
+    {
+        return None;
+    }
+    match hello::frame(seg.payload) {
+        Frame::NeedMore => return None,
+        Frame::Record(total) if total > seg.payload.len() => return None,
+        Frame::Now | Frame::Record(_) => {}
+    }
+    if !in_syn_queue(skb, &mut seg) {
+        return None;
+    }
+    let decision = decide(seg.payload)?;
+    if decision.action != action::DROP {
+        return None;
+    }
+    count(counter::for_reason(decision.reason));
+    count(counter::DROPPED);
+    let old = seg.flags_word;
+    let new = [old[0], old[1] | segment::TCP_SYN];
+    let at = (seg.tcp + segment::TCP_FLAGS_WORD) as usize;
+    ctx.store(at, &new, 0).ok()?;
+    // Two bytes of the sum changed; the helper leaves a partial checksum (loopback, veth)
+    // alone, as it must.
+    ctx.l4_csum_replace(
+        (seg.tcp + segment::TCP_CHECKSUM) as usize,
+        u64::from(u16::from_ne_bytes(old)),
+        u64::from(u16::from_ne_bytes(new)),
+        2,
+    )
+    .ok()?;
+    Some(())
+}
+
+/// Whether the segment belongs to a connection the kernel has not made a socket for yet.
+#[inline(always)]
+fn in_syn_queue(skb: *mut __sk_buff, seg: &mut segment::Segment) -> bool {
+    let tuple = &raw mut seg.tuple;
+    let netns = BPF_F_CURRENT_NETNS as u64;
+    // SAFETY: the context pointer the kernel handed the program and a tuple of the size given
+    // (a constant in each call, as the verifier requires).
+    let sk = unsafe {
+        if seg.v6 {
+            bpf_skc_lookup_tcp(skb.cast(), tuple, segment::TUPLE_V6, netns, 0)
+        } else {
+            bpf_skc_lookup_tcp(skb.cast(), tuple, segment::TUPLE_V4, netns, 0)
+        }
+    };
+    if sk.is_null() {
+        return false;
+    }
+    // SAFETY: a referenced socket the helper returned, released right after one field read.
+    let state = unsafe { read_volatile(&raw const (*sk).state) };
+    // SAFETY: as above.
+    unsafe { bpf_sk_release(sk.cast()) };
+    state == BPF_TCP_NEW_SYN_RECV
 }
 
 /// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`, layout in

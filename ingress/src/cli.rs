@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use crate::gate::EarlyReset;
 use crate::snapshot::sni::{Admit, UnnamedPolicy};
 
 #[derive(Parser, Debug)]
@@ -72,6 +73,18 @@ pub struct KernelArgs {
     /// gate before it is closed.
     #[arg(long, env = "INGRESS_GATE_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub gate_timeout: Duration,
+    /// Where the kernel resets an unknown name before the connection is ever accepted (a TC
+    /// ingress program): `all` Ethernet and loopback interfaces, including ones that appear
+    /// later; `none`; or a comma-separated list of interface names. Connections it does not
+    /// see are still gated, after accept.
+    #[arg(
+        long,
+        env = "INGRESS_GATE_INTERFACES",
+        default_value = "all",
+        value_parser = early_reset,
+        value_name = "all|none|IF,..."
+    )]
+    pub gate_interfaces: EarlyReset,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,6 +342,25 @@ pub enum LogFormat {
     Json,
 }
 
+fn early_reset(s: &str) -> Result<EarlyReset, String> {
+    match s.trim() {
+        "all" => Ok(EarlyReset::All),
+        "none" => Ok(EarlyReset::Off),
+        list => {
+            let names: Vec<String> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(String::from)
+                .collect();
+            if names.is_empty() {
+                return Err("expected all, none, or interface names".into());
+            }
+            Ok(EarlyReset::Only(names))
+        }
+    }
+}
+
 fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
 }
@@ -377,5 +409,29 @@ mod tests {
             Cli::try_parse_from(["ingress", "version"]).unwrap().command,
             Some(Command::Version)
         ));
+    }
+
+    #[test]
+    fn gate_interfaces() {
+        let cases = [
+            (None, Some(EarlyReset::All)),
+            (Some("all"), Some(EarlyReset::All)),
+            (Some("none"), Some(EarlyReset::Off)),
+            (
+                Some("eth0, eth1"),
+                Some(EarlyReset::Only(vec!["eth0".into(), "eth1".into()])),
+            ),
+            (Some(","), None),
+        ];
+        for (value, want) in cases {
+            let mut argv = vec!["ingress"];
+            if let Some(value) = value {
+                argv.extend(["--gate-interfaces", value]);
+            }
+            let got = Cli::try_parse_from(argv)
+                .ok()
+                .map(|c| c.run.kernel.gate_interfaces);
+            assert_eq!(got, want, "{value:?}");
+        }
     }
 }

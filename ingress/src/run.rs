@@ -279,6 +279,7 @@ fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
         https_ports: vec![args.listen.https_port],
         policy: crate::mapsync::kernel_policy(&crate::snapshot::Snapshot::default(), &unnamed),
         verdict_timeout: args.kernel.gate_timeout,
+        early_reset: args.kernel.gate_interfaces.clone(),
         ..GateOptions::default()
     };
     match Gate::load(options) {

@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use aya::maps::{
     Array, HashMap as BpfHashMap, Map, MapData, MapInfo, PerCpuArray, RingBuf, SockHash,
 };
-use aya::programs::{CgroupAttachMode, ProgramFd, SkSkb, SockOps, Xdp};
+use aya::programs::{CgroupAttachMode, ProgramFd, SchedClassifier, SkSkb, SockOps, Xdp};
 use aya::{Ebpf, EbpfLoader};
 use ingress_common::{GateEvent, MAX_PORTS};
 
 use super::{
-    EMBEDDED_OBJECT, Gate, GateError, GateOptions, HostsState, KernelLog, Result, Shared, events,
-    lock, pins, sys,
+    EMBEDDED_OBJECT, EarlyReset, Gate, GateError, GateOptions, HostsState, KernelLog, Result,
+    Shared, early, events, lock, pins, sys,
 };
 
 /// Maps pinned by name: (map symbol, pin file, kept across restarts).
@@ -166,6 +166,39 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
             source,
         })?;
 
+    // Last: it judges with the policy already written, and a connection it leaves alone goes
+    // through everything attached above.
+    let early_prog: &mut SchedClassifier = program(&mut ebpf, early::PROGRAM)?;
+    early_prog.load().map_err(|source| GateError::Program {
+        name: early::PROGRAM,
+        source,
+    })?;
+    let mut programs = early::Programs::new(ebpf);
+    let outcome = programs.sync(&options.early_reset)?;
+    if options.early_reset != EarlyReset::All
+        && (!outcome.unusable.is_empty() || !outcome.failed.is_empty())
+    {
+        let failed = outcome
+            .failed
+            .iter()
+            .map(|(name, why)| format!("{name}: {why}"));
+        let unusable = outcome
+            .unusable
+            .iter()
+            .map(|name| format!("{name}: absent, or neither Ethernet nor loopback"));
+        return Err(GateError::EarlyReset(
+            failed.chain(unusable).collect::<Vec<_>>().join("; "),
+        ));
+    }
+    early::report(&outcome);
+    let programs = Arc::new(Mutex::new(programs));
+    let rescan_task = (options.early_reset != EarlyReset::Off).then(|| {
+        runtime.spawn(early::rescan(
+            Arc::downgrade(&programs),
+            options.early_reset.clone(),
+        ))
+    });
+
     let events_task = runtime.spawn(events::run(shared.clone(), logger));
     tracing::info!(
         pin_dir = %options.pin_dir.display(),
@@ -174,12 +207,14 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         netns_cookie,
         hosts = lock(&shared.hosts).current.len(),
         kernel_log_level = log_level,
+        early_reset = ?lock(&programs).interfaces(),
         "kernel SNI gate attached"
     );
     Ok(Gate {
         shared,
         events_task,
-        _ebpf: ebpf,
+        rescan_task,
+        programs,
     })
 }
 

@@ -26,6 +26,7 @@
 //! Needs a tokio runtime (the events task) and, for the kernel, root or CAP_BPF + CAP_NET_ADMIN.
 
 mod conn;
+mod early;
 mod events;
 mod load;
 pub mod policy;
@@ -40,6 +41,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, Soc
 use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action, reason};
 
 pub use conn::Screened;
+pub use early::EarlyReset;
 pub use ingress_common::counter;
 pub use policy::{CaseAction, HostAction, HostPolicy, HostRule, SyncPlan, plan};
 pub use splice::{
@@ -137,6 +139,8 @@ pub enum GateError {
     ProbeTooLarge(usize),
     #[error("probe: {0}")]
     Probe(std::io::Error),
+    #[error("early reset: {0}")]
+    EarlyReset(String),
 }
 
 /// Where and how to load. `Default` is the production layout with no ports.
@@ -155,6 +159,8 @@ pub struct GateOptions {
     pub verdict_timeout: Duration,
     /// Whether the programs log (aya-log, forwarded to `tracing` as `ingress::gate::kernel`).
     pub kernel_log: KernelLog,
+    /// Where the TC program resets connections before accept.
+    pub early_reset: EarlyReset,
 }
 
 /// Kernel-side logging, fixed at load: disabled log calls are removed by the verifier.
@@ -178,6 +184,7 @@ impl Default for GateOptions {
             netns_cookie: None,
             verdict_timeout: Duration::from_secs(10),
             kernel_log: KernelLog::default(),
+            early_reset: EarlyReset::default(),
         }
     }
 }
@@ -292,8 +299,10 @@ pub struct SyncReport {
 pub struct Gate {
     shared: Arc<Shared>,
     events_task: tokio::task::JoinHandle<()>,
-    /// Programs and their links: dropping this detaches everything.
-    _ebpf: aya::Ebpf,
+    rescan_task: Option<tokio::task::JoinHandle<()>>,
+    /// Programs and their links: dropping this detaches everything (the rescan task only holds
+    /// a weak reference).
+    programs: Arc<Mutex<early::Programs>>,
 }
 
 /// What the connection paths and the events task share.
@@ -364,11 +373,19 @@ impl Gate {
     pub fn pin_dir(&self) -> &std::path::Path {
         &self.shared.pin_dir
     }
+
+    /// The interfaces the early reset (TC ingress) is attached to now.
+    pub fn early_reset_interfaces(&self) -> Vec<String> {
+        lock(&self.programs).interfaces()
+    }
 }
 
 impl Drop for Gate {
     fn drop(&mut self) {
         self.events_task.abort();
+        if let Some(task) = &self.rescan_task {
+            task.abort();
+        }
         for name in [
             pins::VERDICTS,
             pins::SOCKS,

@@ -1,5 +1,6 @@
 //! The operating-system edges the gate needs that aya does not cover: bpffs, cgroup v2
-//! discovery, socket and network-namespace cookies, and `BPF_PROG_TEST_RUN`.
+//! discovery, socket and network-namespace cookies, network interfaces, and
+//! `BPF_PROG_TEST_RUN`.
 
 use std::ffi::CString;
 use std::io;
@@ -296,6 +297,72 @@ pub fn test_run(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
         return Err(io::Error::last_os_error());
     }
     Ok(attr.retval)
+}
+
+/// A network interface of the calling thread's namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Interface {
+    pub index: u32,
+    pub name: String,
+    /// `ARPHRD_*`: how frames on it start.
+    pub link_type: u16,
+}
+
+pub const ARPHRD_ETHER: u16 = 1;
+pub const ARPHRD_LOOPBACK: u16 = 772;
+
+/// The interfaces of the calling thread's network namespace (netlink, not /sys, which shows the
+/// namespace it was mounted in).
+pub fn interfaces() -> io::Result<Vec<Interface>> {
+    // SAFETY: no preconditions; the list is freed below.
+    let list = unsafe { libc::if_nameindex() };
+    if list.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    let mut found = Vec::new();
+    let mut entry = list;
+    // SAFETY: the list ends with an entry whose index is 0 and name null.
+    unsafe {
+        while (*entry).if_index != 0 && !(*entry).if_name.is_null() {
+            let name = std::ffi::CStr::from_ptr((*entry).if_name)
+                .to_string_lossy()
+                .into_owned();
+            found.push(((*entry).if_index, name));
+            entry = entry.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    Ok(found
+        .into_iter()
+        .map(|(index, name)| {
+            let link_type = link_type(socket.as_raw_fd(), &name).unwrap_or(0);
+            Interface {
+                index,
+                name,
+                link_type,
+            }
+        })
+        .collect())
+}
+
+/// `SIOCGIFHWADDR`: the hardware address family is the link type.
+fn link_type(socket: RawFd, name: &str) -> io::Result<u16> {
+    // SAFETY: an all-zero ifreq is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let bytes = name.as_bytes();
+    if bytes.len() >= req.ifr_name.len() {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    for (to, from) in req.ifr_name.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    // SAFETY: a valid socket and a NUL-terminated name in a full ifreq.
+    if unsafe { libc::ioctl(socket, libc::SIOCGIFHWADDR, &raw mut req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFHWADDR filled the hardware-address member.
+    Ok(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
 }
 
 #[cfg(test)]
