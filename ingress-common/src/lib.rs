@@ -119,11 +119,26 @@ pub mod counter {
     /// differs from the one this object expects): spliced ones are forwarded untrimmed, and
     /// the parser hands on whole skbs after a verdict.
     pub const SEQ_UNREADABLE: u32 = 18;
-    /// Connections reset by the TC program before the kernel made a socket for them (their
-    /// verdict is also counted by reason and in DROPPED); the proxy never saw them.
-    pub const RESET_BEFORE_ACCEPT: u32 = 19;
+    /// Connections the TC program reset before the kernel made a socket for them, by reason
+    /// (their verdicts are also counted by reason above, and in DROPPED); the proxy never saw
+    /// them. Only drops happen there, so pass and passthrough have no slot.
+    pub const RESET_BEFORE_ACCEPT_UNKNOWN: u32 = 19;
+    pub const RESET_BEFORE_ACCEPT_NO_SNI: u32 = 20;
+    pub const RESET_BEFORE_ACCEPT_MALFORMED: u32 = 21;
+    pub const RESET_BEFORE_ACCEPT_NOT_TLS: u32 = 22;
     /// Slots in the array.
-    pub const LEN: u32 = 20;
+    pub const LEN: u32 = 23;
+
+    /// The before-accept counter for a dropped verdict's reason.
+    pub const fn reset_before_accept(reason: u32) -> Option<u32> {
+        match reason {
+            super::reason::UNKNOWN => Some(RESET_BEFORE_ACCEPT_UNKNOWN),
+            super::reason::NO_SNI => Some(RESET_BEFORE_ACCEPT_NO_SNI),
+            super::reason::MALFORMED => Some(RESET_BEFORE_ACCEPT_MALFORMED),
+            super::reason::NOT_TLS => Some(RESET_BEFORE_ACCEPT_NOT_TLS),
+            _ => None,
+        }
+    }
 
     /// The counter for a verdict's reason.
     pub const fn for_reason(reason: u32) -> u32 {
@@ -152,7 +167,10 @@ pub mod counter {
             SPLICE_TRIMMED => "splice_trimmed",
             SPLICE_UNTRIMMABLE => "splice_untrimmable",
             SEQ_UNREADABLE => "seq_unreadable",
-            RESET_BEFORE_ACCEPT => "reset_before_accept",
+            RESET_BEFORE_ACCEPT_UNKNOWN => "reset_before_accept_unknown",
+            RESET_BEFORE_ACCEPT_NO_SNI => "reset_before_accept_no_sni",
+            RESET_BEFORE_ACCEPT_MALFORMED => "reset_before_accept_malformed",
+            RESET_BEFORE_ACCEPT_NOT_TLS => "reset_before_accept_not_tls",
             _ => "invalid",
         }
     }

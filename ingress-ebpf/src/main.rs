@@ -433,9 +433,7 @@ fn trim_delivered(ctx: &SkBuffContext, state: &mut SpliceState, len: u32) -> Tri
 /// the device still run.
 #[classifier]
 pub fn gate_early(ctx: TcContext) -> i32 {
-    if early_reset(&ctx).is_some() {
-        count(counter::RESET_BEFORE_ACCEPT);
-    }
+    let _ = early_reset(&ctx);
     TC_ACT_UNSPEC
 }
 
@@ -464,8 +462,6 @@ fn early_reset(ctx: &TcContext) -> Option<()> {
     if decision.action != action::DROP {
         return None;
     }
-    count(counter::for_reason(decision.reason));
-    count(counter::DROPPED);
     let old = seg.flags_word;
     let new = [old[0], old[1] | segment::TCP_SYN];
     let at = (seg.tcp + segment::TCP_FLAGS_WORD) as usize;
@@ -479,6 +475,11 @@ fn early_reset(ctx: &TcContext) -> Option<()> {
         2,
     )
     .ok()?;
+    count(counter::for_reason(decision.reason));
+    count(counter::DROPPED);
+    if let Some(slot) = counter::reset_before_accept(decision.reason) {
+        count(slot);
+    }
     Some(())
 }
 

@@ -113,9 +113,9 @@ const LATENCY_BUCKETS: [f64; 14] = [
 impl Metrics {
     pub fn new(ebpf_object: bool, gate: Option<Arc<crate::gate::Gate>>) -> Self {
         let mut registry = Registry::with_prefix("ingress");
-        if let Some(gate) = gate {
+        if let Some(gate) = &gate {
             registry.register_collector(Box::new(crate::mapsync::KernelCounters(Arc::downgrade(
-                &gate,
+                gate,
             ))));
         }
         let requests = Family::<RequestLabels, Counter>::default();
@@ -190,16 +190,10 @@ impl Metrics {
             tls_handshakes.clone(),
         );
         let sni_gate = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "sni_gate",
-            "HTTPS connections decided by the userspace SNI gate, by reason (pass, unknown, no_sni, malformed, not_tls, passthrough)",
+        registry.register_collector(Box::new(crate::mapsync::SniGateTotals::new(
             sni_gate.clone(),
-        );
-        for reason in GateReason::ALL {
-            let _ = sni_gate.get_or_create(&ReasonLabels {
-                reason: reason.as_str(),
-            });
-        }
+            gate.as_ref(),
+        )));
         let certificate_expiry = Family::<CertLabels, Gauge>::default();
         registry.register(
             "certificate_expiry_timestamp_seconds",
