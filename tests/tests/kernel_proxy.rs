@@ -909,6 +909,83 @@ async fn an_unknown_name_is_reset_within_50_ms_before_any_handshake_userspace() 
     an_unknown_name_is_reset_within_50_ms_before_any_handshake(Mode::Userspace).await;
 }
 
+/// The TC program resets a whole single-segment ClientHello for an unknown name before the
+/// kernel makes a socket: on IPv4 through the veth and on IPv6 through loopback, nothing is
+/// accepted and sock_ops never sees a socket. With `--gate-interfaces none` the same hello is
+/// judged after accept, as fast.
+#[tokio::test]
+async fn an_unknown_name_is_reset_before_accept_unless_the_early_reset_is_off() {
+    let Some(site) = Site::new("before-accept", &[KNOWN]) else {
+        return;
+    };
+    let hello = corpus("curl-tls13.bin");
+    let dual_stack = |ports: Ports, extra: &[&str]| {
+        let mut args = site.args("ebpf", ports, extra);
+        let bind = args
+            .iter()
+            .position(|a| a == "0.0.0.0")
+            .expect("--bind value");
+        args[bind] = "::".into();
+        args
+    };
+    let accepted = |s: &Scrape| s.value("ingress_connections_total", &[("listener", "https")]);
+    let send_v6 = |port: u16| {
+        let hello = hello.clone();
+        async move {
+            // This thread lives in the server namespace: ::1 is its loopback.
+            let stream = TcpStream::connect(("::1", port))
+                .await
+                .expect("connect to ::1");
+            send_raw(stream, &[&hello], Duration::ZERO).await
+        }
+    };
+
+    let proxy = site.spawn(&[], &dual_stack(MAIN, &[]), MAIN);
+    proxy.wait_ready().await;
+    let before = proxy.scrape();
+    let ending = site.send(MAIN.https, &[&hello], Duration::ZERO).await;
+    assert_fast_reset(&ending, "IPv4 through the veth");
+    assert_fast_reset(&send_v6(MAIN.https).await, "IPv6 through loopback");
+    let after = scrape_until(&proxy, "two unknown decisions", |s| {
+        s.gate("unknown") >= before.gate("unknown") + 2.0
+    })
+    .await;
+    let delta = |name: &str| after.kernel(name) - before.kernel(name);
+    assert_eq!(delta("reset_before_accept_unknown"), 2.0, "{}", after.0);
+    assert_eq!(delta("unknown"), 2.0);
+    assert_eq!(delta("sock_added"), 0.0, "a socket was made");
+    assert_eq!(
+        accepted(&after),
+        accepted(&before),
+        "a connection was accepted"
+    );
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 2.0);
+    assert_eq!(after.handshakes(), before.handshakes());
+    // The known name is still served, through the socket path.
+    assert_eq!(site.curl(KNOWN).await, Ok(200), "{}", proxy.logs());
+    drop(proxy);
+
+    let proxy = site.spawn(
+        &[],
+        &dual_stack(SECOND, &["--gate-interfaces", "none"]),
+        SECOND,
+    );
+    proxy.wait_ready().await;
+    let before = proxy.scrape();
+    let ending = site.send(SECOND.https, &[&hello], Duration::ZERO).await;
+    assert_fast_reset(&ending, "IPv4, early reset off");
+    assert_fast_reset(&send_v6(SECOND.https).await, "IPv6, early reset off");
+    let after = scrape_until(&proxy, "two unknown decisions", |s| {
+        s.gate("unknown") >= before.gate("unknown") + 2.0
+    })
+    .await;
+    let delta = |name: &str| after.kernel(name) - before.kernel(name);
+    assert_eq!(delta("reset_before_accept_unknown"), 0.0, "{}", after.0);
+    assert_eq!(delta("unknown"), 2.0);
+    assert_eq!(delta("sock_added"), 2.0);
+    assert_eq!(accepted(&after) - accepted(&before), 2.0);
+}
+
 async fn a_wildcard_admits_one_label_and_no_more(mode: Mode) {
     let Some(site) = Site::new(&format!("wild-{}", mode.flag()), &[WILDCARD]) else {
         return;
@@ -1545,6 +1622,19 @@ fn programs_using(maps: &BTreeSet<u64>) -> Vec<(u64, String)> {
         .collect()
 }
 
+/// TCX links by program id, counted. bpftool 7.1 (Debian's) names the type only by number (11,
+/// BPF_LINK_TYPE_TCX) and shows no device; newer ones say "tcx".
+fn tc_attached() -> BTreeMap<u64, usize> {
+    let mut found = BTreeMap::<u64, usize>::new();
+    for link in bpftool(&["link", "show"]).as_array().expect("links") {
+        let tcx = link["type"] == "tcx" || link["type"] == 11;
+        if let (true, Some(id)) = (tcx, link["prog_id"].as_u64()) {
+            *found.entry(id).or_default() += 1;
+        }
+    }
+    found
+}
+
 /// Every program id attached to some cgroup.
 fn cgroup_attached() -> BTreeSet<u64> {
     bpftool(&["cgroup", "tree"])
@@ -1594,7 +1684,13 @@ async fn load_then_restart_on_the_same_pins_then_load_again() {
     let ids: BTreeSet<u64> = maps.values().copied().collect();
     let programs = programs_using(&ids);
     let names: BTreeSet<&str> = programs.iter().map(|(_, n)| n.as_str()).collect();
-    for program in ["gate_probe", "gate_parser", "gate_verdict", "gate_sock_ops"] {
+    for program in [
+        "gate_probe",
+        "gate_parser",
+        "gate_verdict",
+        "gate_sock_ops",
+        "gate_early",
+    ] {
         assert!(
             names.contains(program),
             "{program} is not loaded: {programs:?}"
@@ -1608,6 +1704,18 @@ async fn load_then_restart_on_the_same_pins_then_load_again() {
     assert!(
         cgroup_attached().contains(&sock_ops),
         "sock_ops is attached"
+    );
+    let early = programs
+        .iter()
+        .find(|(_, n)| n == "gate_early")
+        .map(|(id, _)| *id)
+        .expect("gate_early");
+    // Both of the server namespace's interfaces: its loopback and its end of the veth.
+    assert_eq!(tc_attached().get(&early), Some(&2), "gate_early links");
+    assert!(
+        first.logs().contains("early_reset=[\"lo\", "),
+        "{}",
+        first.logs()
     );
 
     // SIGTERM: a clean exit detaches everything and unpins only the per-socket maps.
@@ -1627,6 +1735,10 @@ async fn load_then_restart_on_the_same_pins_then_load_again() {
     assert!(
         !cgroup_attached().contains(&sock_ops),
         "sock_ops still attached"
+    );
+    assert!(
+        !tc_attached().contains_key(&early),
+        "gate_early still attached"
     );
     let left = pinned_maps(&pins);
     assert_eq!(
@@ -1662,6 +1774,65 @@ async fn load_then_restart_on_the_same_pins_then_load_again() {
     drop(second);
 }
 
+/// An interface that appears after startup (a pod's veth on a node) gets the early reset at the
+/// next rescan, and one that goes away is forgotten.
+#[tokio::test]
+async fn interfaces_that_come_and_go_are_followed() {
+    let Some(site) = Site::new("rescan", &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(Mode::Ebpf, &[]).await;
+    // Which interfaces the proxy logged as newly attached, or as detached.
+    let changed = |which: &str| -> Vec<String> {
+        proxy
+            .logs()
+            .lines()
+            .filter(|l| l.contains("early reset (TC ingress) interfaces changed"))
+            .filter_map(|l| {
+                let (attached, detached) = l.split_once(" detached=")?;
+                Some(
+                    if which == "attached" {
+                        attached
+                    } else {
+                        detached
+                    }
+                    .to_string(),
+                )
+            })
+            .collect()
+    };
+    let mentions = |lines: &[String], name: &str| lines.iter().any(|l| l.contains(name));
+    assert!(!mentions(&changed("attached"), "ingtest0"));
+    site.pair
+        .server
+        .ip(&[
+            "link", "add", "ingtest0", "type", "veth", "peer", "name", "ingtest1",
+        ])
+        .expect("add a veth pair");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !mentions(&changed("attached"), "ingtest0") {
+        assert!(
+            Instant::now() < deadline,
+            "never attached:\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    site.pair
+        .server
+        .ip(&["link", "del", "ingtest0"])
+        .expect("delete the veth pair");
+    while !mentions(&changed("detached"), "ingtest0") {
+        assert!(
+            Instant::now() < deadline,
+            "never forgotten:\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(site.curl(KNOWN).await, Ok(200));
+}
+
 #[tokio::test]
 async fn a_killed_proxy_leaves_no_gate_attached_and_a_restart_replaces_its_remains() {
     let Some(site) = Site::new("killed", &[KNOWN]) else {
@@ -1672,19 +1843,29 @@ async fn a_killed_proxy_leaves_no_gate_attached_and_a_restart_replaces_its_remai
     some_load(&site, 5).await;
     let maps = pinned_maps(&pins);
     let ids: BTreeSet<u64> = maps.values().copied().collect();
-    let sock_ops = programs_using(&ids)
-        .into_iter()
-        .find(|(_, n)| n == "gate_sock_ops")
-        .map(|(id, _)| id)
-        .expect("sock_ops");
+    let programs = programs_using(&ids);
+    let find = |name: &str| {
+        programs
+            .iter()
+            .find(|(_, n)| n == name)
+            .map(|(id, _)| *id)
+            .unwrap_or_else(|| panic!("{name} is not loaded: {programs:?}"))
+    };
+    let (sock_ops, early) = (find("gate_sock_ops"), find("gate_early"));
+    assert!(tc_attached().contains_key(&early), "gate_early is attached");
 
     first.signal(libc::SIGKILL);
     first.wait_exit(STEP).await;
-    // The cgroup link died with the process, so nothing gates any more; the per-socket pins
-    // (and the stream programs attached to SOCKS) remain until the next start replaces them.
+    // The cgroup and TCX links died with the process, so nothing gates any more; the
+    // per-socket pins (and the stream programs attached to SOCKS) remain until the next start
+    // replaces them.
     assert!(
         !cgroup_attached().contains(&sock_ops),
         "sock_ops outlived a SIGKILL"
+    );
+    assert!(
+        !tc_attached().contains_key(&early),
+        "gate_early outlived a SIGKILL"
     );
     assert!(pins.join("socks").exists() && pins.join("verdicts").exists());
 
@@ -1720,10 +1901,14 @@ async fn ebpf_mode_fails_at_startup_with_the_reason() {
         return;
     };
     let not_bpffs = site.dir.path().join("not-bpffs");
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 3] = [
         (
             &["--bpf-cgroup", "/nonexistent/cgroup"],
             "opening cgroup /nonexistent/cgroup",
+        ),
+        (
+            &["--gate-interfaces", "lo,nosuch0"],
+            "early reset: nosuch0: absent, or neither Ethernet nor loopback",
         ),
         (
             &["--bpf-pin-dir", not_bpffs.to_str().unwrap()],
