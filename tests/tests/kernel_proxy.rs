@@ -1656,15 +1656,20 @@ fn map_exists(id: u64) -> bool {
 }
 
 /// Known names served and unknown ones reset, `n` of each, a few at a time.
-async fn some_load(site: &Site, n: usize) {
+async fn some_load(site: &Site, proxy: &Proxy, n: usize) {
     for i in 0..n {
         let unknown = format!("nobody-{i}.test");
         let (served, reset) = tokio::join!(
             site.https_get(MAIN.https, Some(KNOWN), KNOWN),
             site.https_get(MAIN.https, Some(&unknown), KNOWN)
         );
-        assert_eq!(served, Outcome::Served(200), "#{i}");
-        assert_eq!(reset, Outcome::Reset, "#{i}");
+        assert_eq!(
+            served,
+            Outcome::Served(200),
+            "#{i}; logs:\n{}",
+            proxy.logs()
+        );
+        assert_eq!(reset, Outcome::Reset, "#{i}; logs:\n{}", proxy.logs());
     }
 }
 
@@ -1675,7 +1680,7 @@ async fn load_then_restart_on_the_same_pins_then_load_again() {
     };
     let pins = site.pins.0.clone();
     let mut first = site.start(Mode::Ebpf, &[]).await;
-    some_load(&site, 30).await;
+    some_load(&site, &first, 30).await;
     let counted = scrape_until(&first, "30 passes", |s| s.kernel("pass") >= 30.0).await;
     let maps = pinned_maps(&pins);
     for pin in KEPT_PINS.iter().chain(&["socks", "verdicts"]) {
@@ -1764,7 +1769,7 @@ async fn load_then_restart_on_the_same_pins_then_load_again() {
         "{}",
         second.logs()
     );
-    some_load(&site, 30).await;
+    some_load(&site, &second, 30).await;
     let last = scrape_until(&second, "60 passes", |s| s.kernel("pass") >= 60.0).await;
     assert!(
         last.kernel("pass") >= counted.kernel("pass") + 30.0,
@@ -1840,7 +1845,7 @@ async fn a_killed_proxy_leaves_no_gate_attached_and_a_restart_replaces_its_remai
     };
     let pins = site.pins.0.clone();
     let mut first = site.start(Mode::Ebpf, &[]).await;
-    some_load(&site, 5).await;
+    some_load(&site, &first, 5).await;
     let maps = pinned_maps(&pins);
     let ids: BTreeSet<u64> = maps.values().copied().collect();
     let programs = programs_using(&ids);
@@ -1889,7 +1894,7 @@ async fn a_killed_proxy_leaves_no_gate_attached_and_a_restart_replaces_its_remai
         left.is_empty(),
         "programs of the killed run remain: {left:?}"
     );
-    some_load(&site, 5).await;
+    some_load(&site, &second, 5).await;
 }
 
 // ---------------------------------------------------------------------------------------------

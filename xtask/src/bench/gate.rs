@@ -13,13 +13,15 @@
 //!
 //! Per round and mode (the modes alternate which goes first):
 //! 1. wrk alone: the known traffic's requests/s and p99 without a flood;
-//! 2. the flood alone: proxy CPU per 1000 rejected connections (counted by the proxy);
+//! 2. the flood alone: proxy CPU per 1000 rejected connections (ingress_sni_gate_total, which
+//!    counts the ones the kernel reset before accept too);
 //! 3. the flood and wrk together: what the flood costs the known traffic;
 //! 4. h2load alone: known-host handshakes per proxy CPU-second, the gate's overhead on them.
 //!
 //! On loopback the kernel receives a packet in the sender's softirq, so the work an eBPF gate
-//! does on the flood's ClientHellos (the parser and verdict) is charged to the flood client, not
-//! to the proxy. The flood client's CPU is printed beside the proxy's for that reason.
+//! does on the flood's ClientHellos (the TC program, or the parser and verdict) is charged to the
+//! flood client, not to the proxy. The flood client's CPU is printed beside the proxy's for that
+//! reason, and so is the two together: all the work the machine did per rejected connection.
 //!
 //! The known name is `localhost` because wrk takes its SNI from the URL and has no way to
 //! connect elsewhere; that is also the one name that resolves without touching /etc/hosts.
@@ -36,6 +38,7 @@ use super::procs::{self, Running};
 use super::{Bench, median, write, wrk};
 
 const HOST: &str = "localhost";
+const BEFORE_ACCEPT: &str = "ingress_ebpf_gate_total{counter=\"reset_before_accept_unknown\"}";
 const UPSTREAM_PORT: u16 = 19000;
 /// Unknown names per second in the flood.
 const FLOOD_RATE: u32 = 1000;
@@ -204,6 +207,8 @@ struct FloodRun {
     rejected: f64,
     /// `ingress_ebpf_gate_total{counter="unknown"}` moved by this much (0 in userspace mode).
     kernel_unknown: f64,
+    /// Of those, reset by the TC program before the kernel made a socket (never accepted).
+    before_accept: f64,
     /// TLS handshakes the proxy started for the flood (each one would be a failure).
     handshakes: f64,
     proxy_cpu: Duration,
@@ -266,6 +271,7 @@ impl Site {
                 - sample(&before, "ingress_sni_gate_total{reason=\"unknown\"}"),
             kernel_unknown: sample(&after, "ingress_ebpf_gate_total{counter=\"unknown\"}")
                 - sample(&before, "ingress_ebpf_gate_total{counter=\"unknown\"}"),
+            before_accept: sample(&after, BEFORE_ACCEPT) - sample(&before, BEFORE_ACCEPT),
             handshakes: family_sum(&after, "ingress_tls_handshakes_total")
                 - family_sum(&before, "ingress_tls_handshakes_total"),
             proxy_cpu,
@@ -830,12 +836,13 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
 
     println!("\n### Rejecting the flood (flood alone)");
     println!(
-        "{:<10} {:>9} {:>9} {:>8} {:>12} {:>12} {:>11} {:>11} {:>16} {:>13}",
+        "{:<10} {:>9} {:>9} {:>8} {:>12} {:>14} {:>12} {:>11} {:>11} {:>16} {:>13}",
         "mode",
         "launched",
         "rejected",
         "not RST",
         "kernel drop",
+        "before accept",
         "TLS started",
         "RST p50 ms",
         "RST p99 ms",
@@ -843,19 +850,26 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
         "client ms/1k"
     );
     let mut per_1k = Vec::new();
+    let mut node_per_1k = Vec::new();
     for (mode, runs) in results {
         let m = |f: &dyn Fn(&Round) -> f64| median(runs.iter().map(f).collect());
         let proxy_per_1k =
             m(&|r| r.flood.proxy_cpu.as_secs_f64() * 1000.0 / r.flood.rejected.max(1.0) * 1000.0);
         let client_per_1k = m(&|r| r.flood.report.cpu_ms / r.flood.report.reset.max(1.0) * 1000.0);
         per_1k.push(proxy_per_1k);
+        node_per_1k.push(m(&|r| {
+            (r.flood.proxy_cpu.as_secs_f64() * 1000.0 + r.flood.report.cpu_ms)
+                / r.flood.rejected.max(1.0)
+                * 1000.0
+        }));
         println!(
-            "{:<10} {:>9.0} {:>9.0} {:>8.0} {:>12.0} {:>12.0} {:>11.2} {:>11.2} {:>16.1} {:>13.1}",
+            "{:<10} {:>9.0} {:>9.0} {:>8.0} {:>12.0} {:>14.0} {:>12.0} {:>11.2} {:>11.2} {:>16.1} {:>13.1}",
             mode.name,
             m(&|r| r.flood.report.launched),
             m(&|r| r.flood.rejected),
             m(&|r| r.flood.report.not_reset),
             m(&|r| r.flood.kernel_unknown),
+            m(&|r| r.flood.before_accept),
             m(&|r| r.flood.handshakes),
             m(&|r| r.flood.report.reset_p50_ms),
             m(&|r| r.flood.report.reset_p99_ms),
@@ -869,8 +883,17 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
             ebpf / userspace
         );
     }
+    if let [ebpf, userspace] = node_per_1k.as_slice() {
+        println!(
+            "ratio ebpf/userspace: proxy + flood client CPU per 1000 rejected {:.2}x (all the work on this machine, wherever the kernel charged it)",
+            ebpf / userspace
+        );
+    }
     println!(
-        "(rejected: the proxy's ingress_sni_gate_total{{reason=\"unknown\"}}; kernel drop: ingress_ebpf_gate_total{{counter=\"unknown\"}};"
+        "(rejected: ingress_sni_gate_total{{reason=\"unknown\"}}; kernel drop: ingress_ebpf_gate_total{{counter=\"unknown\"}};"
+    );
+    println!(
+        " before accept: of those, reset by the TC program before a socket existed (counter=\"reset_before_accept_unknown\");"
     );
     println!(
         " client: the flood's own CPU, which on loopback includes the kernel receive path where the eBPF gate runs{})",
