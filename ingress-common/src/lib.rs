@@ -126,8 +126,11 @@ pub mod counter {
     pub const RESET_BEFORE_ACCEPT_NO_SNI: u32 = 20;
     pub const RESET_BEFORE_ACCEPT_MALFORMED: u32 = 21;
     pub const RESET_BEFORE_ACCEPT_NOT_TLS: u32 = 22;
+    /// Connections the TC program passed before accept, whose socket sock_ops then left out of
+    /// SOCKS: no parser, no verdict program, nothing for userspace to take back out.
+    pub const PASSED_BEFORE_ACCEPT: u32 = 23;
     /// Slots in the array.
-    pub const LEN: u32 = 23;
+    pub const LEN: u32 = 24;
 
     /// The before-accept counter for a dropped verdict's reason.
     pub const fn reset_before_accept(reason: u32) -> Option<u32> {
@@ -171,6 +174,7 @@ pub mod counter {
             RESET_BEFORE_ACCEPT_NO_SNI => "reset_before_accept_no_sni",
             RESET_BEFORE_ACCEPT_MALFORMED => "reset_before_accept_malformed",
             RESET_BEFORE_ACCEPT_NOT_TLS => "reset_before_accept_not_tls",
+            PASSED_BEFORE_ACCEPT => "passed_before_accept",
             _ => "invalid",
         }
     }
@@ -236,8 +240,34 @@ pub struct VerdictRecord {
     /// [`GateConfig::generation`] at the time of the verdict.
     pub generation: u32,
     /// Bytes the verdict covered: the first TLS record (header included), or for bytes that were
-    /// not a framable record, what had arrived. Userspace reads exactly this many.
+    /// not a framable record, what had arrived. Userspace reads exactly this many. 0: decided
+    /// before accept (the TC program passed it), so the socket never joined SOCKS and its bytes
+    /// are all in its plain receive queue.
     pub record_len: u32,
+}
+
+/// The PASSED_EARLY key: one connection, as the TC program sees its first data segment and as
+/// sock_ops sees the socket that segment creates. IPv4 addresses are written v4-mapped, as a
+/// dual-stack listener's sockets hold them; `seq` (the client's first data byte, which a new
+/// connection with the same addresses would not repeat) keeps a stale entry from ever matching.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    /// Network byte order, as on the wire.
+    pub local_ip: [u32; 4],
+    pub remote_ip: [u32; 4],
+    /// Host byte order.
+    pub local_port: u32,
+    pub remote_port: u32,
+    /// Host byte order.
+    pub seq: u32,
+}
+
+impl FlowKey {
+    /// An IPv4 address (network byte order) as its v4-mapped IPv6 form.
+    pub const fn v4_mapped(ip: u32) -> [u32; 4] {
+        [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), ip]
+    }
 }
 
 /// The SPLICES value, keyed by the cookie of a socket in SPLICE_SOCKS: where its bytes go.
@@ -373,6 +403,7 @@ mod pod {
     unsafe impl aya::Pod for GateEvent {}
     unsafe impl aya::Pod for SpliceEntry {}
     unsafe impl aya::Pod for SpliceState {}
+    unsafe impl aya::Pod for FlowKey {}
 }
 
 #[cfg(test)]
@@ -402,6 +433,7 @@ mod tests {
             ),
             ("SpliceEntry", size_of::<SpliceEntry>(), 8 + 8, 8),
             ("SpliceState", size_of::<SpliceState>(), 8 + 4 * 4, 8),
+            ("FlowKey", size_of::<FlowKey>(), 4 * 11, 4),
         ];
         let aligns = [
             align_of::<HostKey>(),

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //!  sock_ops (cgroup)      PASSIVE_ESTABLISHED on a gated port, in the proxy's netns
-//!     │                       → SOCKS[cookie] = socket, VERDICTS[cookie] = pending,
+//!     │                       passed early (PASSED_EARLY[flow]) → VERDICTS[cookie] = pass,
+//!     │                         EVENTS, ask for STATE_CB; the socket stays out of SOCKS
+//!     │                       otherwise → SOCKS[cookie] = socket, VERDICTS[cookie] = pending,
 //!     │                         ask for STATE_CB
 //!     │                   STATE_CB to TCP_CLOSE → delete VERDICTS[cookie]
 //!     ▼
@@ -14,9 +16,10 @@
 //!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
 //!  gate_early (TC ingress, before any of the above; a shortcut, never the only path)
 //!                         the first data of a connection still in the SYN queue (the listener
-//!                         defers accept) holding a whole first record that the verdict would
+//!                         defers accept) holding a whole first record: the verdict's decision
 //!                         drop → set SYN on it: the kernel answers RST and forgets the request,
-//!                         so no socket, no accept, no userspace work; anything else goes on
+//!                              so no socket, no accept, no userspace work
+//!                         pass → PASSED_EARLY[flow] for sock_ops; anything else goes on
 //!  gate_probe (XDP, never attached): the same decision on a raw buffer through
 //!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
 //!
@@ -63,8 +66,8 @@ use aya_log_ebpf::debug;
 use core::ptr::read_volatile;
 use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
-    GateConfig, GateEvent, HostKey, HostValue, SpliceEntry, SpliceState, VerdictRecord, action,
-    counter, reason,
+    FlowKey, GateConfig, GateEvent, HostKey, HostValue, SpliceEntry, SpliceState, VerdictRecord,
+    action, counter, reason,
 };
 
 const AF_INET: u32 = 2;
@@ -83,6 +86,14 @@ static EVENTS: RingBuf<GateEvent, { 1 << 19 }> = RingBuf::new();
 static COUNTERS: PerCpuArray<u64, { counter::LEN as usize }> = PerCpuArray::new();
 #[btf_map]
 static SCRATCH: PerCpuArray<Workspace, 1> = PerCpuArray::new();
+/// The TC program's own working memory: it runs in softirq, which can interrupt a stream
+/// verdict that runs in process context on the same CPU.
+#[btf_map]
+static EARLY_SCRATCH: PerCpuArray<Workspace, 1> = PerCpuArray::new();
+/// Connections the TC program passed before their socket existed; sock_ops takes the verdict
+/// from here and leaves the socket out of SOCKS.
+#[btf_map]
+static PASSED_EARLY: LruHashMap<FlowKey, VerdictRecord, 16384> = LruHashMap::new();
 #[btf_map]
 static PROBE: Array<GateEvent, 1> = Array::new();
 #[btf_map]
@@ -138,6 +149,9 @@ fn gate_socket(ctx: &SockOpsContext) {
     }
     // SAFETY: as above.
     let mut cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if passed_early(ctx, cookie) {
+        return;
+    }
     // SAFETY: `ops` is the kernel's bpf_sock_ops for this callback.
     let ops = unsafe { &mut *ctx.ops };
     match SOCKS.update(&mut cookie, ops, u64::from(BPF_NOEXIST)) {
@@ -158,6 +172,98 @@ fn gate_socket(ctx: &SockOpsContext) {
             debug!(ctx, "gated socket {} on port {}", cookie, ctx.local_port());
         }
         Err(_) => count(counter::SOCK_ADD_FAILED),
+    }
+}
+
+/// Takes the TC program's pass verdict for this socket, if it gave one: recorded for userspace
+/// (VERDICTS and an event, with `record_len` 0: nothing to take back out of a psock) and counted;
+/// the socket stays out of SOCKS.
+#[inline(always)]
+fn passed_early(ctx: &SockOpsContext, cookie: u64) -> bool {
+    let flow = flow_of(ctx);
+    let Some(record) = PASSED_EARLY.get_ptr(&flow) else {
+        return false;
+    };
+    // SAFETY: a live map value, copied out at once.
+    let record = unsafe { *record };
+    let _ = PASSED_EARLY.remove(&flow);
+    if VERDICTS.insert(cookie, record, u64::from(BPF_ANY)).is_err() {
+        count(counter::RECORD_FAILED);
+    }
+    let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
+    match EVENTS.reserve(0) {
+        Some(mut entry) => {
+            // SAFETY: a GateEvent-sized reservation, every field written before submit.
+            unsafe {
+                let e = &mut *entry.as_mut_ptr();
+                e.cookie = cookie;
+                e.action = record.action;
+                e.reason = record.reason;
+                e.route_id = record.route_id;
+                e.generation = record.generation;
+                e.record_len = 0;
+                e.family = ctx.family();
+                e.local_port = flow.local_port;
+                e.remote_port = flow.remote_port;
+                e.local_ip = flow.local_ip;
+                e.remote_ip = flow.remote_ip;
+                e.name_len = 0;
+                e._reserved = 0;
+                hello::zero_key(&mut *(&raw mut e.name).cast::<HostKey>());
+            }
+            entry.submit(0);
+        }
+        None => count(counter::EVENT_LOST),
+    }
+    count(counter::for_reason(record.reason));
+    count(counter::PASSED_BEFORE_ACCEPT);
+    true
+}
+
+/// The socket's FlowKey, as `segment::read` builds it from the packet that created it. Every
+/// context field is read once, unconditionally and on its own: the verifier only allows
+/// fixed-offset context loads, and loads inside the family branches get merged into one with a
+/// variable offset.
+#[inline(always)]
+fn flow_of(ctx: &SockOpsContext) -> FlowKey {
+    let ops = ctx.ops;
+    // SAFETY: the kernel's bpf_sock_ops for this callback, read field by field.
+    let (family, local4, remote4, local6, remote6, local_port, remote_port, seq) = unsafe {
+        (
+            read_volatile(&raw const (*ops).family),
+            read_volatile(&raw const (*ops).local_ip4),
+            read_volatile(&raw const (*ops).remote_ip4),
+            [
+                read_volatile(&raw const (*ops).local_ip6[0]),
+                read_volatile(&raw const (*ops).local_ip6[1]),
+                read_volatile(&raw const (*ops).local_ip6[2]),
+                read_volatile(&raw const (*ops).local_ip6[3]),
+            ],
+            [
+                read_volatile(&raw const (*ops).remote_ip6[0]),
+                read_volatile(&raw const (*ops).remote_ip6[1]),
+                read_volatile(&raw const (*ops).remote_ip6[2]),
+                read_volatile(&raw const (*ops).remote_ip6[3]),
+            ],
+            read_volatile(&raw const (*ops).local_port),
+            read_volatile(&raw const (*ops).remote_port),
+            read_volatile(&raw const (*ops).rcv_nxt),
+        )
+    };
+    let (local_ip, remote_ip) = if family == AF_INET {
+        (FlowKey::v4_mapped(local4), FlowKey::v4_mapped(remote4))
+    } else {
+        (local6, remote6)
+    };
+    FlowKey {
+        local_ip,
+        remote_ip,
+        local_port,
+        // Network byte order in the upper 16 bits, as in `__sk_buff`.
+        remote_port: u32::from(u16::from_be((remote_port >> 16) as u16)),
+        // Established on the segment that carried the first data: the next byte expected is
+        // that segment's first.
+        seq,
     }
 }
 
@@ -210,7 +316,11 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
     if let Some(action) = decided(cookie) {
         return sk_result(action);
     }
-    let Some(decision) = decide(Skb(skb)) else {
+    // SAFETY: per-CPU scratch, used only for the length of this program run.
+    let Some(work) = SCRATCH.get_ptr_mut(0).map(|w| unsafe { &mut *w }) else {
+        return sk_action::SK_PASS;
+    };
+    let Some(decision) = decide(Skb(skb), work) else {
         return sk_action::SK_PASS;
     };
     let record = VerdictRecord {
@@ -425,7 +535,8 @@ fn trim_delivered(ctx: &SkBuffContext, state: &mut SpliceState, len: u32) -> Tri
 /// request in the SYN queue; its first data segment is what would create the socket. Seen here
 /// first, a drop verdict turns the segment into one carrying SYN, which the kernel's request
 /// handling (`tcp_check_req`) answers with an RST before dropping the request: the client is
-/// reset at once, and the proxy never accepts, peeks or closes anything.
+/// reset at once, and the proxy never accepts, peeks or closes anything. A pass is left for
+/// sock_ops, which then keeps the socket out of SOCKS: no psock to build, run or tear down.
 ///
 /// Only a whole first record in one segment is judged (most ClientHellos fit one; a split one
 /// is left to the socket path, which reassembles it), and only for a request socket, so an
@@ -458,7 +569,21 @@ fn early_reset(ctx: &TcContext) -> Option<()> {
     if !in_syn_queue(skb, &mut seg) {
         return None;
     }
-    let decision = decide(seg.payload)?;
+    // SAFETY: per-CPU scratch, used only for the length of this program run.
+    let work = unsafe { &mut *EARLY_SCRATCH.get_ptr_mut(0)? };
+    let decision = decide(seg.payload, work)?;
+    if decision.action == action::PASS {
+        // Passthrough stays with the socket path, which hands userspace the first record.
+        let record = VerdictRecord {
+            action: decision.action,
+            reason: decision.reason,
+            route_id: decision.route_id,
+            generation: decision.generation,
+            record_len: 0,
+        };
+        let _ = PASSED_EARLY.insert(&seg.flow, &record, u64::from(BPF_ANY));
+        return None;
+    }
     if decision.action != action::DROP {
         return None;
     }
@@ -512,7 +637,11 @@ fn in_syn_queue(skb: *mut __sk_buff, seg: &mut segment::Segment) -> bool {
 /// can hold the kernel and userspace parsers to the same answers without a socket per case.
 #[xdp(frags)]
 pub fn gate_probe(ctx: XdpContext) -> u32 {
-    if let Some(decision) = ProbeBuffer::new(ctx.ctx).and_then(decide)
+    // SAFETY: per-CPU scratch, used only for the length of this program run.
+    let work = SCRATCH.get_ptr_mut(0).map(|w| unsafe { &mut *w });
+    if let Some(decision) = ProbeBuffer::new(ctx.ctx)
+        .zip(work)
+        .and_then(|(buffer, work)| decide(buffer, work))
         && let Some(slot) = PROBE.get_ptr_mut(0)
     {
         fill_event(slot, 0, &decision);
@@ -536,10 +665,8 @@ struct Decision {
     clippy::needless_borrows_for_generic_args,
     reason = "by value, each 256-byte key would be copied onto the 512-byte stack"
 )]
-fn decide<P: Packet>(pkt: P) -> Option<Decision> {
+fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision> {
     let config = CONFIG.get(0)?;
-    // SAFETY: per-CPU scratch, used only for the length of this program run.
-    let work = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
     let classified = hello::classify(pkt, work);
     let mut decision = Decision {
         action: action::PASS,

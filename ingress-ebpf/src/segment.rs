@@ -14,6 +14,8 @@ use aya_ebpf::{
     helpers::generated::bpf_skb_load_bytes,
 };
 
+use ingress_common::FlowKey;
+
 use crate::hello::Packet;
 
 const ETH_HLEN: u32 = 14;
@@ -51,6 +53,8 @@ pub struct Segment {
     pub tuple: bpf_sock_tuple,
     /// Which half of `tuple` is filled.
     pub v6: bool,
+    /// The connection as sock_ops will see the socket this segment creates.
+    pub flow: FlowKey,
 }
 
 /// `bpf_skc_lookup_tcp`'s key sizes: the helper takes the size as a constant.
@@ -107,6 +111,7 @@ pub fn read(skb: *mut __sk_buff) -> Option<Segment> {
         _ => return None,
     };
     let ports = load::<4>(skb, tcp)?;
+    let seq = u32::from_be_bytes(load::<4>(skb, tcp + 4)?);
     let flags_word = load::<2>(skb, tcp + TCP_FLAGS_WORD)?;
     let data = tcp + u32::from(flags_word[0] >> 4) * 4;
     // SAFETY: the context pointer the kernel handed the program.
@@ -118,12 +123,25 @@ pub fn read(skb: *mut __sk_buff) -> Option<Segment> {
         u16::from_ne_bytes([ports[0], ports[1]]),
         u16::from_ne_bytes([ports[2], ports[3]]),
     );
-    if v6 {
-        tuple.__bindgen_anon_1.ipv6.sport = sport;
-        tuple.__bindgen_anon_1.ipv6.dport = dport;
-    } else {
-        tuple.__bindgen_anon_1.ipv4.sport = sport;
-        tuple.__bindgen_anon_1.ipv4.dport = dport;
+    let mut flow = FlowKey {
+        local_port: u32::from(u16::from_be(dport)),
+        remote_port: u32::from(u16::from_be(sport)),
+        seq,
+        ..FlowKey::default()
+    };
+    // SAFETY: reading back the union member the match above filled.
+    unsafe {
+        if v6 {
+            tuple.__bindgen_anon_1.ipv6.sport = sport;
+            tuple.__bindgen_anon_1.ipv6.dport = dport;
+            flow.local_ip = tuple.__bindgen_anon_1.ipv6.daddr;
+            flow.remote_ip = tuple.__bindgen_anon_1.ipv6.saddr;
+        } else {
+            tuple.__bindgen_anon_1.ipv4.sport = sport;
+            tuple.__bindgen_anon_1.ipv4.dport = dport;
+            flow.local_ip = FlowKey::v4_mapped(tuple.__bindgen_anon_1.ipv4.daddr);
+            flow.remote_ip = FlowKey::v4_mapped(tuple.__bindgen_anon_1.ipv4.saddr);
+        }
     }
     Some(Segment {
         tcp,
@@ -136,6 +154,7 @@ pub fn read(skb: *mut __sk_buff) -> Option<Segment> {
         },
         tuple,
         v6,
+        flow,
     })
 }
 

@@ -299,6 +299,11 @@ impl Site {
     /// `curl https://<name>/` verified against the test CA; the HTTP status, or `None` if
     /// curl failed (with its exit code).
     async fn curl(&self, name: &str) -> Result<u16, Option<i32>> {
+        self.curl_port(name, MAIN.https).await
+    }
+
+    /// `curl` against the HTTPS listener on `port`.
+    async fn curl_port(&self, name: &str, port: u16) -> Result<u16, Option<i32>> {
         let out = self
             .pair
             .client
@@ -315,8 +320,8 @@ impl Site {
             .arg("--cacert")
             .arg(&self.ca_file)
             .arg("--resolve")
-            .arg(format!("{name}:{}:{SERVER_IP}", MAIN.https))
-            .arg(format!("https://{name}/"))
+            .arg(format!("{name}:{port}:{SERVER_IP}"))
+            .arg(format!("https://{name}:{port}/"))
             .kill_on_drop(true)
             .output();
         let out = tokio::time::timeout(STEP * 2, out)
@@ -837,9 +842,15 @@ async fn known_names_are_served_to_curl_and_openssl(mode: Mode) {
     assert_eq!(after.gate("pass") - before.gate("pass"), 2.0);
     if mode == Mode::Ebpf {
         assert_eq!(after.kernel("pass") - before.kernel("pass"), 2.0);
+        // Both hellos fit one segment, so the TC program passed them before accept and their
+        // sockets never joined SOCKS.
+        assert_eq!(
+            after.kernel("passed_before_accept") - before.kernel("passed_before_accept"),
+            2.0
+        );
         assert_eq!(
             after.kernel("sock_added") - before.kernel("sock_added"),
-            2.0
+            0.0
         );
     }
 }
@@ -961,8 +972,13 @@ async fn an_unknown_name_is_reset_before_accept_unless_the_early_reset_is_off() 
     );
     assert_eq!(after.gate("unknown") - before.gate("unknown"), 2.0);
     assert_eq!(after.handshakes(), before.handshakes());
-    // The known name is still served, through the socket path.
+    // A known name in one segment is passed there too, and its socket never joins SOCKS.
     assert_eq!(site.curl(KNOWN).await, Ok(200), "{}", proxy.logs());
+    let known = scrape_until(&proxy, "one pass", |s| s.gate("pass") > after.gate("pass")).await;
+    let delta = |name: &str| known.kernel(name) - after.kernel(name);
+    assert_eq!(delta("passed_before_accept"), 1.0, "{}", known.0);
+    assert_eq!(delta("pass"), 1.0);
+    assert_eq!(delta("sock_added"), 0.0);
     drop(proxy);
 
     let proxy = site.spawn(
@@ -984,6 +1000,11 @@ async fn an_unknown_name_is_reset_before_accept_unless_the_early_reset_is_off() 
     assert_eq!(delta("unknown"), 2.0);
     assert_eq!(delta("sock_added"), 2.0);
     assert_eq!(accepted(&after) - accepted(&before), 2.0);
+    assert_eq!(site.curl_port(KNOWN, SECOND.https).await, Ok(200));
+    let known = scrape_until(&proxy, "one pass", |s| s.gate("pass") > after.gate("pass")).await;
+    let delta = |name: &str| known.kernel(name) - after.kernel(name);
+    assert_eq!(delta("passed_before_accept"), 0.0, "{}", known.0);
+    assert_eq!(delta("sock_added"), 1.0);
 }
 
 async fn a_wildcard_admits_one_label_and_no_more(mode: Mode) {

@@ -138,6 +138,11 @@ impl Gate {
         verdict: &Verdict,
     ) -> Result<Vec<u8>> {
         let cookie = verdict.cookie;
+        // Passed before accept: the socket never joined SOCKS, and every byte is still in its
+        // receive queue for TLS to read.
+        if verdict.record_len == 0 {
+            return Ok(Vec::new());
+        }
         let want = usize::try_from(verdict.record_len)
             .unwrap_or(usize::MAX)
             .min((RECORD_HEADER_LEN + MAX_FRAGMENT_LEN) as usize);
