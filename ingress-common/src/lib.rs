@@ -415,7 +415,7 @@ mod tests {
     /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
     #[test]
     fn types_have_no_padding() {
-        let cases: [(&str, usize, usize, usize); 7] = [
+        let cases: [(&str, usize, usize, usize); 8] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
             ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
             (

@@ -181,12 +181,12 @@ fn gate_socket(ctx: &SockOpsContext) {
 #[inline(always)]
 fn passed_early(ctx: &SockOpsContext, cookie: u64) -> bool {
     let flow = flow_of(ctx);
-    let Some(record) = PASSED_EARLY.get_ptr(&flow) else {
+    let Some(record) = PASSED_EARLY.get_ptr(flow) else {
         return false;
     };
     // SAFETY: a live map value, copied out at once.
     let record = unsafe { *record };
-    let _ = PASSED_EARLY.remove(&flow);
+    let _ = PASSED_EARLY.remove(flow);
     if VERDICTS.insert(cookie, record, u64::from(BPF_ANY)).is_err() {
         count(counter::RECORD_FAILED);
     }
@@ -581,7 +581,7 @@ fn early_reset(ctx: &TcContext) -> Option<()> {
             generation: decision.generation,
             record_len: 0,
         };
-        let _ = PASSED_EARLY.insert(&seg.flow, &record, u64::from(BPF_ANY));
+        let _ = PASSED_EARLY.insert(seg.flow, record, u64::from(BPF_ANY));
         return None;
     }
     if decision.action != action::DROP {
