@@ -1569,15 +1569,26 @@ async fn a_route_change_under_load_never_resets_a_still_valid_name_userspace() {
 // Restarts and the kernel state left behind
 
 fn bpftool(args: &[&str]) -> serde_json::Value {
-    let out = Command::new("bpftool")
-        .arg("--json")
-        .args(args)
-        .output()
-        .expect("run bpftool");
+    // A listing walks object ids and then opens each one; an object of a parallel test that goes
+    // away in between fails the whole listing, so try again a few times.
+    let mut attempt = 0;
+    let out = loop {
+        let out = Command::new("bpftool")
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("run bpftool");
+        attempt += 1;
+        if out.status.success() || attempt == 5 {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         out.status.success(),
-        "bpftool {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "bpftool {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
     serde_json::from_slice(&out.stdout).expect("bpftool json")
 }

@@ -147,6 +147,10 @@ impl Handshake for TlsHandshake {
                     .tls_handshakes
                     .get_or_create(&result("ok"))
                     .inc();
+                // A connection the kernel passed before accept had no first record read here.
+                if conn.sni.is_none() {
+                    conn.sni = tls.get_ref().1.server_name().map(str::to_owned);
+                }
                 Some((TokioIo::new(tls), conn))
             }
             Ok(Err(err)) => {
