@@ -1582,6 +1582,10 @@ fn bpftool(args: &[&str]) -> serde_json::Value {
         if out.status.success() || attempt == 5 {
             break out;
         }
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "a synchronous helper; 50 ms on a listing that just failed"
+        )]
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(
