@@ -13,7 +13,7 @@ use crate::cli::{Mode, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::metrics::Metrics;
-use crate::proxy::listener::{self, HttpSettings, Listener, Plain, defer_accept};
+use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::report;
@@ -125,10 +125,13 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                 .and_then(|v| http::HeaderValue::from_str(&v).ok()),
         },
     ));
-    let server = Arc::new(listener::http_server(&HttpSettings {
-        header_read_timeout: args.proxy.header_read_timeout,
-        max_header_size: args.proxy.max_header_size,
-    }));
+    let serving = Arc::new(Serving::new(
+        proxy.clone(),
+        HttpSettings {
+            header_read_timeout: args.proxy.header_read_timeout,
+            max_header_size: args.proxy.max_header_size,
+        },
+    ));
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
     let http = Listener {
         name: "http",
@@ -160,15 +163,13 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(
-        proxy.clone(),
-        server.clone(),
+        serving.clone(),
         metrics.clone(),
         stop.clone(),
         args.proxy.drain_timeout,
     ));
     tasks.spawn(https.run(
-        proxy.clone(),
-        server.clone(),
+        serving.clone(),
         metrics.clone(),
         stop.clone(),
         args.proxy.drain_timeout,

@@ -2,6 +2,7 @@
 //! Ingresses written inline by each test.
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 
 use crate::upstream::Backend;
 
@@ -9,6 +10,12 @@ use crate::upstream::Backend;
 /// endpoints. All backends must share a port number only if they share an address, so each
 /// backend gets its own slice.
 pub fn service(namespace: &str, name: &str, backends: &[&Backend]) -> String {
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
+    service_at(namespace, name, &addrs)
+}
+
+/// The same for upstreams given by address.
+pub fn service_at(namespace: &str, name: &str, backends: &[SocketAddr]) -> String {
     let mut out = format!(
         "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n"
     );
@@ -16,8 +23,8 @@ pub fn service(namespace: &str, name: &str, backends: &[&Backend]) -> String {
         let _ = write!(
             out,
             "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-{i}, namespace: {namespace}, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"], conditions: {{ready: true}}}}]\n",
-            port = backend.addr.port(),
-            ip = backend.addr.ip(),
+            port = backend.port(),
+            ip = backend.ip(),
         );
     }
     out

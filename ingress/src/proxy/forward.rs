@@ -96,21 +96,22 @@ impl ClientSide {
     }
 }
 
-/// Sets the forwarding headers. `X-Forwarded-For` is appended to, so the upstream sees the whole
-/// chain; the others describe this hop and overwrite whatever the client sent, so a client
+/// Sets the forwarding headers. `X-Forwarded-For` is appended to (every such header the client
+/// sent, in order), so the upstream sees the whole chain; the others describe this hop and overwrite whatever the client sent, so a client
 /// cannot claim it came over HTTPS. `X-Forwarded-Host` is the Host the client sent, port
 /// included, as ingress-nginx passes it.
 pub fn add_forwarding(headers: &mut HeaderMap, client: &ClientSide, host: Option<&HeaderValue>) {
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => {
-            let ip = client.client_ip.to_str().unwrap_or_default();
-            HeaderValue::from_str(&format!("{existing}, {ip}")).ok()
+    let mut chain = Vec::new();
+    for value in headers.get_all(&X_FORWARDED_FOR) {
+        if let Some(value) = chain_value(value.as_bytes()) {
+            chain.extend_from_slice(value);
+            chain.extend_from_slice(b", ");
         }
-        _ => Some(client.client_ip.clone()),
-    };
-    match xff {
-        Some(v) => headers.insert(X_FORWARDED_FOR.clone(), v),
-        None => headers.remove(&X_FORWARDED_FOR),
+    }
+    chain.extend_from_slice(client.client_ip.as_bytes());
+    match HeaderValue::from_bytes(&chain) {
+        Ok(v) => headers.insert(X_FORWARDED_FOR.clone(), v),
+        Err(_) => headers.insert(X_FORWARDED_FOR.clone(), client.client_ip.clone()),
     };
     headers.insert(X_REAL_IP.clone(), client.client_ip.clone());
     let proto = HeaderValue::from_static(if client.https { "https" } else { "http" });
@@ -123,20 +124,36 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: &ClientSide, host: Option
     };
 }
 
+/// An existing `X-Forwarded-For` value worth keeping: trimmed, not empty, and printable (what
+/// `HeaderValue::to_str` accepts).
+pub fn chain_value(value: &[u8]) -> Option<&[u8]> {
+    let value = value.trim_ascii();
+    let printable = value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..0x7f).contains(&b));
+    (!value.is_empty() && printable).then_some(value)
+}
+
 /// Gives the request an `X-Request-ID` if it has none, so logs on both sides can be joined.
 pub fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
     if let Some(existing) = headers.get(&X_REQUEST_ID) {
         return existing.clone();
     }
+    // Hex digits are always a valid header value.
+    let id = HeaderValue::from_bytes(&new_request_id())
+        .unwrap_or_else(|_| HeaderValue::from_static("0"));
+    headers.insert(X_REQUEST_ID.clone(), id.clone());
+    id
+}
+
+/// 128 random bits as 32 hex digits.
+pub fn new_request_id() -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = [0u8; 32];
     let random = fastrand::u128(..);
     for (i, slot) in id.iter_mut().enumerate() {
         *slot = HEX[((random >> (i * 4)) & 0xf) as usize];
     }
-    // Hex digits are always a valid header value.
-    let id = HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("0"));
-    headers.insert(X_REQUEST_ID.clone(), id.clone());
     id
 }
 
@@ -275,6 +292,16 @@ mod tests {
                 &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")],
             ),
             (&[("x-forwarded-host", "evil")], &plain, None, &[]),
+            (
+                &[
+                    ("x-forwarded-for", "10.0.0.1"),
+                    ("x-forwarded-for", " "),
+                    ("x-forwarded-for", "10.0.0.2, 10.0.0.3"),
+                ],
+                &plain,
+                Some(&host),
+                &[("x-forwarded-for", "10.0.0.1, 10.0.0.2, 10.0.0.3, 192.0.2.7")],
+            ),
         ];
         for (input, client, host, want) in cases {
             let mut h = headers(input);

@@ -5,8 +5,13 @@
 //! a connection refused there (the kernel gate's early verdict) is reset before it costs a
 //! task or a registration with the reactor.
 //!
+//! Each connection is served by the HTTP/1.1 fast path (`h1`) until a request needs hyper, or
+//! by hyper from the start when TLS negotiated HTTP/2.
+//!
 //! Shutdown: the loop stops accepting when told to, then every open connection is asked to
-//! finish its in-flight requests (hyper's graceful shutdown) for at most the drain timeout.
+//! finish its in-flight requests for at most the drain timeout: idle fast-path connections
+//! close at once, busy ones after their response (with `Connection: close`), and hyper's
+//! after its graceful shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,11 +20,13 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use super::h1::{self, rewind::Rewind};
 use super::{ConnInfo, Proxy};
 use crate::metrics::{ListenerLabels, Metrics};
 
@@ -27,6 +34,55 @@ use crate::metrics::{ListenerLabels, Metrics};
 pub struct HttpSettings {
     pub header_read_timeout: Duration,
     pub max_header_size: usize,
+}
+
+/// What every connection is served with.
+pub struct Serving {
+    pub proxy: Arc<Proxy>,
+    /// hyper's HTTP/1.1 + HTTP/2 server, for what the fast path hands over.
+    pub server: auto::Builder<TokioExecutor>,
+    pub http: HttpSettings,
+}
+
+impl Serving {
+    pub fn new(proxy: Arc<Proxy>, http: HttpSettings) -> Self {
+        Self {
+            server: http_server(&http),
+            proxy,
+            http,
+        }
+    }
+
+    async fn serve<IO>(&self, io: IO, conn: ConnInfo, stop: &CancellationToken)
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = if conn.h2 {
+            Rewind::new(bytes::Bytes::new(), io)
+        } else {
+            match h1::serve(&self.proxy, io, &conn, &self.http, stop).await {
+                h1::Ended::Closed => return,
+                h1::Ended::HandOff(io) => io,
+            }
+        };
+        let conn = Arc::new(conn);
+        let proxy = self.proxy.clone();
+        let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
+        let mut connection = std::pin::pin!(
+            self.server
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+        );
+        let result = tokio::select! {
+            result = connection.as_mut() => result,
+            () = stop.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(err) = result {
+            tracing::debug!(%err, "connection ended with an error");
+        }
+    }
 }
 
 /// Builds the HTTP/1.1 + HTTP/2 connection server shared by the listeners.
@@ -48,7 +104,7 @@ pub fn http_server(settings: &HttpSettings) -> auto::Builder<TokioExecutor> {
 
 /// Turns an accepted TCP connection into the stream HTTP is spoken over (plain, or TLS).
 pub trait Handshake: Send + Sync + 'static {
-    type Io: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static;
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// What `screen` learned, for `handshake`.
     type Screened: Send + 'static;
     /// Runs in the accept loop, before the connection has a task: it must not block. `None`
@@ -71,7 +127,7 @@ pub trait Handshake: Send + Sync + 'static {
 pub struct Plain;
 
 impl Handshake for Plain {
-    type Io = TokioIo<TcpStream>;
+    type Io = TcpStream;
     type Screened = ();
     fn screen(
         &self,
@@ -86,7 +142,7 @@ impl Handshake for Plain {
         (): (),
         conn: ConnInfo,
     ) -> Option<(Self::Io, ConnInfo)> {
-        Some((TokioIo::new(stream), conn))
+        Some((stream, conn))
     }
 }
 
@@ -100,13 +156,12 @@ pub struct Listener<H> {
 impl<H: Handshake> Listener<H> {
     pub async fn run(
         self,
-        proxy: Arc<Proxy>,
-        server: Arc<auto::Builder<TokioExecutor>>,
+        serving: Arc<Serving>,
         metrics: Arc<Metrics>,
         stop: CancellationToken,
         drain_timeout: Duration,
     ) {
-        let graceful = GracefulShutdown::new();
+        let connections = TaskTracker::new();
         let labels = ListenerLabels {
             listener: self.name,
         };
@@ -152,19 +207,13 @@ impl<H: Handshake> Listener<H> {
             };
             let _ = stream.set_nodelay(true);
             let handshake = self.handshake.clone();
-            let proxy = proxy.clone();
-            let server = server.clone();
-            let watcher = graceful.watcher();
+            let serving = serving.clone();
+            let stop = stop.clone();
             let active = metrics.connections_active.get_or_create(&labels).clone();
-            tokio::spawn(async move {
+            connections.spawn(async move {
                 active.inc();
                 if let Some((io, conn)) = handshake.handshake(stream, screened, conn).await {
-                    let conn = Arc::new(conn);
-                    let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
-                    let connection = server.serve_connection_with_upgrades(io, service);
-                    if let Err(err) = watcher.watch(connection.into_owned()).await {
-                        tracing::debug!(%err, "connection ended with an error");
-                    }
+                    serving.serve(io, conn, &stop).await;
                 }
                 active.dec();
             });
@@ -174,7 +223,8 @@ impl<H: Handshake> Listener<H> {
             listener = self.name,
             "stopped accepting; draining open connections"
         );
-        if tokio::time::timeout(drain_timeout, graceful.shutdown())
+        connections.close();
+        if tokio::time::timeout(drain_timeout, connections.wait())
             .await
             .is_err()
         {

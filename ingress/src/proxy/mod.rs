@@ -9,6 +9,7 @@
 //! a configuration change never disturbs a request in flight.
 
 pub mod forward;
+pub mod h1;
 pub mod listener;
 pub mod pool;
 pub mod respond;
@@ -32,7 +33,7 @@ use pool::{Pool, PoolKey, PoolSettings, UpstreamBody};
 use crate::metrics::Metrics;
 use crate::publish::Published;
 use crate::snapshot::Route;
-use crate::snapshot::backend::Target;
+use crate::snapshot::backend::{InFlight, Target};
 use crate::snapshot::host::request_host;
 use crate::snapshot::path::normalize;
 use forward::ClientSide;
@@ -61,6 +62,8 @@ pub struct ConnInfo {
     pub sni: Option<String>,
     /// Forwarding header values, made once per connection.
     pub client: ClientSide,
+    /// TLS negotiated HTTP/2 by ALPN.
+    pub h2: bool,
 }
 
 impl ConnInfo {
@@ -71,6 +74,7 @@ impl ConnInfo {
             https,
             sni: None,
             client: ClientSide::new(peer.ip(), https, local_port),
+            h2: false,
         }
     }
 }
@@ -78,6 +82,8 @@ impl ConnInfo {
 pub struct Proxy {
     published: Arc<Published>,
     pool: Arc<Pool>,
+    /// The HTTP/1.1 fast path's upstream connections.
+    streams: h1::streams::StreamPool,
     metrics: Arc<Metrics>,
     settings: ProxySettings,
 }
@@ -85,9 +91,40 @@ pub struct Proxy {
 static SERVER: HeaderValue = HeaderValue::from_static("ingress");
 
 /// How a request ended, for the access log.
-struct Outcome {
+pub(crate) struct Outcome {
     upstream: Option<PoolKey>,
     error: Option<UpstreamError>,
+}
+
+/// What to do with a request, decided from its route alone; both HTTP paths act on it.
+pub(crate) enum Decision {
+    /// Answer locally with this status (404).
+    Respond(StatusCode),
+    /// Redirect to this location (308).
+    Redirect(String),
+    Fail(UpstreamError),
+    Forward(Forward),
+}
+
+pub(crate) struct Forward {
+    key: PoolKey,
+    /// Counts toward the endpoint's load (least-loaded picking) until the response head.
+    in_flight: Option<InFlight>,
+    /// How long the upstream has to send its response head.
+    timeout: Duration,
+}
+
+/// One finished request, for the metrics and the access log.
+pub(crate) struct Record<'a> {
+    conn: &'a ConnInfo,
+    route: Option<&'a Route>,
+    status: u16,
+    elapsed: Duration,
+    /// Method and target, when the access log is on.
+    request: Option<(&'a str, &'a str)>,
+    host: Option<&'a str>,
+    version: Version,
+    outcome: &'a Outcome,
 }
 
 impl Outcome {
@@ -99,14 +136,15 @@ impl Outcome {
 
 impl Proxy {
     pub fn new(published: Arc<Published>, metrics: Arc<Metrics>, settings: ProxySettings) -> Self {
-        let pool = Pool::new(PoolSettings {
+        let pool_settings = PoolSettings {
             connect_timeout: settings.connect_timeout,
             idle_timeout: Duration::from_secs(55),
             max_idle_per_endpoint: 256,
-        });
+        };
         Self {
             published,
-            pool,
+            pool: Pool::new(pool_settings.clone()),
+            streams: h1::streams::StreamPool::new(pool_settings),
             metrics,
             settings,
         }
@@ -124,24 +162,28 @@ impl Proxy {
             .as_ref()
             .and_then(|a| a.to_str().ok())
             .and_then(request_host);
-        let route = {
-            let snapshot = self.published.load();
-            snapshot
-                .route(host.as_deref(), &normalize(req.uri().path()))
-                .cloned()
-        };
+        let route = self.route_for(host.as_deref(), req.uri().path());
         // Only what the access log needs survives the request being moved upstream.
         let logged = self
             .settings
             .access_log
-            .then(|| (req.method().clone(), req.uri().clone()));
-        let (mut response, outcome) = match &route {
-            None => (respond::status(StatusCode::NOT_FOUND), Outcome::LOCAL),
-            Some(route) => match self.redirect(route, &conn, host.as_deref(), req.uri()) {
-                Some(redirect) => (redirect, Outcome::LOCAL),
-                None => self.forward(req, route, authority.as_ref(), &conn).await,
-            },
-        };
+            .then(|| (req.method().clone(), req.uri().to_string()));
+        let target = req.uri().path_and_query().map_or("/", PathAndQuery::as_str);
+        let (mut response, outcome) =
+            match self.decide(route.as_ref(), &conn, host.as_deref(), target) {
+                Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
+                Decision::Redirect(location) => (respond::redirect(&location), Outcome::LOCAL),
+                Decision::Fail(error) => (
+                    respond::status(error.status()),
+                    Outcome {
+                        upstream: None,
+                        error: Some(error),
+                    },
+                ),
+                Decision::Forward(forward) => {
+                    self.forward(req, forward, authority.as_ref(), &conn).await
+                }
+            };
         response
             .headers_mut()
             .insert(header::SERVER, SERVER.clone());
@@ -153,27 +195,80 @@ impl Proxy {
         }
         // The upstream may speak HTTP/1.0; the client gets the version it asked with.
         *response.version_mut() = client_version;
-        let elapsed = started.elapsed();
-        let status = response.status();
-        self.metrics
-            .observe_request(route.as_deref(), status.as_u16(), elapsed);
-        if let Some((method, uri)) = logged {
-            tracing::info!(
-                target: "access",
-                client = %conn.peer.ip(),
-                method = %method,
-                host = host.as_deref().unwrap_or("-"),
-                uri = %uri,
-                version = ?client_version,
-                status = status.as_u16(),
-                duration_ms = %format_args!("{:.3}", elapsed.as_secs_f64() * 1000.0),
-                upstream = %outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
-                ingress = route.as_ref().map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
-                service = route.as_ref().map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
-                error = outcome.error.as_ref().map(ToString::to_string).as_deref().unwrap_or("-"),
-            );
-        }
+        self.record(&Record {
+            conn: &conn,
+            route: route.as_deref(),
+            status: response.status().as_u16(),
+            elapsed: started.elapsed(),
+            request: logged.as_ref().map(|(m, u)| (m.as_str(), u.as_str())),
+            host: host.as_deref(),
+            version: client_version,
+            outcome: &outcome,
+        });
         Ok(response)
+    }
+
+    /// The route for a request, from the snapshot current when it arrives.
+    pub(crate) fn route_for(&self, host: Option<&str>, path: &str) -> Option<Arc<Route>> {
+        let snapshot = self.published.load();
+        snapshot.route(host, &normalize(path)).cloned()
+    }
+
+    /// Everything about a request that depends on its route and not on how it is spoken.
+    pub(crate) fn decide(
+        &self,
+        route: Option<&Arc<Route>>,
+        conn: &ConnInfo,
+        host: Option<&str>,
+        target: &str,
+    ) -> Decision {
+        let Some(route) = route else {
+            return Decision::Respond(StatusCode::NOT_FOUND);
+        };
+        if let Some(location) = self.redirect(route, conn, host, target) {
+            return Decision::Redirect(location);
+        }
+        let (key, in_flight) = match &route.backend.target {
+            Target::Endpoints(_) => match route.backend.pick() {
+                Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
+                None => return Decision::Fail(UpstreamError::NoEndpoints),
+            },
+            Target::ExternalName { host, port } => {
+                (PoolKey::Name(host.as_str().into(), *port), None)
+            }
+            Target::Unavailable => return Decision::Fail(UpstreamError::NoEndpoints),
+        };
+        Decision::Forward(Forward {
+            key,
+            in_flight,
+            timeout: route
+                .options
+                .read_timeout
+                .unwrap_or(self.settings.response_timeout),
+        })
+    }
+
+    /// Metrics and the access log line, the same for both HTTP paths.
+    pub(crate) fn record(&self, r: &Record<'_>) {
+        self.metrics.observe_request(r.route, r.status, r.elapsed);
+        let Some((method, uri)) = r.request else {
+            return;
+        };
+        let outcome = r.outcome;
+        tracing::info!(
+            target: "access",
+            client = %r.conn.peer.ip(),
+            method = method,
+            host = r.host.unwrap_or("-"),
+            uri = uri,
+            version = ?r.version,
+            status = r.status,
+            duration_ms = %format_args!("{:.3}", r.elapsed.as_secs_f64() * 1000.0),
+            upstream = %outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
+            ingress = r.route.map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
+            service = r.route.map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
+            error = outcome.error.as_ref().map(ToString::to_string).as_deref().unwrap_or("-"),
+        );
     }
 
     /// HTTP to HTTPS redirects (`ssl-redirect`, `force-ssl-redirect`).
@@ -182,8 +277,8 @@ impl Proxy {
         route: &Route,
         conn: &ConnInfo,
         host: Option<&str>,
-        uri: &Uri,
-    ) -> Option<Response<ProxyBody>> {
+        target: &str,
+    ) -> Option<String> {
         if conn.https || !route.redirects_to_https() {
             return None;
         }
@@ -192,14 +287,13 @@ impl Proxy {
             443 => String::new(),
             p => format!(":{p}"),
         };
-        let path = uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        Some(respond::redirect(&format!("https://{host}{port}{path}")))
+        Some(format!("https://{host}{port}{target}"))
     }
 
     async fn forward(
         &self,
         mut req: Request<Incoming>,
-        route: &Arc<Route>,
+        forward: Forward,
         authority: Option<&HeaderValue>,
         conn: &ConnInfo,
     ) -> (Response<ProxyBody>, Outcome) {
@@ -212,16 +306,11 @@ impl Proxy {
                 },
             )
         };
-        let (key, in_flight) = match &route.backend.target {
-            Target::Endpoints(_) => match route.backend.pick() {
-                Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
-                None => return fail(UpstreamError::NoEndpoints, None),
-            },
-            Target::ExternalName { host, port } => {
-                (PoolKey::Name(host.as_str().into(), *port), None)
-            }
-            Target::Unavailable => return fail(UpstreamError::NoEndpoints, None),
-        };
+        let Forward {
+            key,
+            in_flight,
+            timeout,
+        } = forward;
 
         let upgrade = req.version() == Version::HTTP_11 && forward::is_upgrade(req.headers());
         let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -245,10 +334,6 @@ impl Proxy {
         parts.version = Version::HTTP_11;
         let upstream_req = Request::from_parts(parts, body);
 
-        let timeout = route
-            .options
-            .read_timeout
-            .unwrap_or(self.settings.response_timeout);
         if let Some(client_upgrade) = client_upgrade {
             let mut response =
                 match tokio::time::timeout(timeout, self.pool.send_upgrade(&key, upstream_req))

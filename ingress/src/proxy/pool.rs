@@ -188,19 +188,7 @@ impl Pool {
     }
 
     async fn open(&self, key: &PoolKey) -> Result<TcpStream, UpstreamError> {
-        let connect = async {
-            let stream = match key {
-                PoolKey::Addr(addr) => TcpStream::connect(addr).await,
-                // ExternalName: the system resolver, on each new connection.
-                PoolKey::Name(host, port) => TcpStream::connect((host.as_ref(), *port)).await,
-            }
-            .map_err(|e| UpstreamError::Connect(e.to_string()))?;
-            let _ = stream.set_nodelay(true);
-            Ok(stream)
-        };
-        tokio::time::timeout(self.settings.connect_timeout, connect)
-            .await
-            .map_err(|_| UpstreamError::ConnectTimeout)?
+        open(key, self.settings.connect_timeout).await
     }
 
     fn checkin(&self, checked: Checked) {
@@ -225,6 +213,23 @@ impl Pool {
             .map(|i| i.values().map(Vec::len).sum())
             .unwrap_or(0)
     }
+}
+
+/// Opens a new connection to `key`, with Nagle off: requests and responses are written whole.
+pub async fn open(key: &PoolKey, timeout: Duration) -> Result<TcpStream, UpstreamError> {
+    let connect = async {
+        let stream = match key {
+            PoolKey::Addr(addr) => TcpStream::connect(addr).await,
+            // ExternalName: the system resolver, on each new connection.
+            PoolKey::Name(host, port) => TcpStream::connect((host.as_ref(), *port)).await,
+        }
+        .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    };
+    tokio::time::timeout(timeout, connect)
+        .await
+        .map_err(|_| UpstreamError::ConnectTimeout)?
 }
 
 impl Checked {

@@ -8,8 +8,7 @@ use http_body_util::{Either, Full};
 use super::ProxyBody;
 
 pub fn status(code: StatusCode) -> Response<ProxyBody> {
-    let reason = code.canonical_reason().unwrap_or("");
-    let body = Bytes::from(format!("{} {reason}\n", code.as_u16()));
+    let body = Bytes::from(status_text(code));
     let mut response = Response::new(Either::Right(Full::new(body)));
     *response.status_mut() = code;
     response.headers_mut().insert(
@@ -17,6 +16,12 @@ pub fn status(code: StatusCode) -> Response<ProxyBody> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// The body of a response the proxy makes itself: the code and its reason.
+pub fn status_text(code: StatusCode) -> String {
+    let reason = code.canonical_reason().unwrap_or("");
+    format!("{} {reason}\n", code.as_u16())
 }
 
 /// A permanent redirect that keeps the method and body (308), as ingress-nginx sends for

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
@@ -61,7 +60,7 @@ enum FirstRecord {
 }
 
 impl Handshake for TlsHandshake {
-    type Io = TokioIo<TlsStream<Recorded<TcpStream>>>;
+    type Io = TlsStream<Recorded<TcpStream>>;
     /// eBPF mode: the socket's cookie and, usually, the kernel's verdict already.
     type Screened = Option<Screened>;
 
@@ -148,10 +147,12 @@ impl Handshake for TlsHandshake {
                     .get_or_create(&result("ok"))
                     .inc();
                 // A connection the kernel passed before accept had no first record read here.
+                let session = tls.get_ref().1;
                 if conn.sni.is_none() {
-                    conn.sni = tls.get_ref().1.server_name().map(str::to_owned);
+                    conn.sni = session.server_name().map(str::to_owned);
                 }
-                Some((TokioIo::new(tls), conn))
+                conn.h2 = session.alpn_protocol() == Some(b"h2");
+                Some((tls, conn))
             }
             Ok(Err(err)) => {
                 self.metrics

@@ -1,0 +1,242 @@
+//! Where a chunked body ends (RFC 9112 section 7.1), found without decoding it: the fast path
+//! relays chunked responses byte for byte and only needs to know which bytes belong to them.
+
+/// Longest chunk size accepted, in hex digits: 15 keeps the size inside a u64.
+const MAX_SIZE_DIGITS: u8 = 15;
+/// Longest chunk extension or trailer line accepted.
+const MAX_LINE: u32 = 8 * 1024;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ChunkError {
+    #[error("invalid chunk size")]
+    Size,
+    #[error("chunk size too large")]
+    TooLarge,
+    #[error("chunk extension or trailer line too long")]
+    LineTooLong,
+    #[error("missing CRLF after chunk")]
+    Crlf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Reading hex digits; `digits` so far.
+    Size {
+        digits: u8,
+    },
+    /// After the size: an extension (or whitespace) up to CR.
+    Extension {
+        len: u32,
+    },
+    SizeLf,
+    Data {
+        left: u64,
+    },
+    DataCr,
+    DataLf,
+    /// At the start of a trailer line, or of the final empty line.
+    TrailerStart,
+    Trailer {
+        len: u32,
+    },
+    TrailerLf,
+    EndLf,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunked {
+    state: State,
+    size: u64,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Self {
+            state: State::Size { digits: 0 },
+            size: 0,
+        }
+    }
+}
+
+impl Chunked {
+    /// Walks `buf`, the next bytes of the body. Returns how many of them belong to the body
+    /// (all of them unless it ended inside `buf`) and whether it has ended.
+    pub fn advance(&mut self, buf: &[u8]) -> Result<(usize, bool), ChunkError> {
+        let mut i = 0;
+        while i < buf.len() {
+            if let State::Data { left } = self.state {
+                let take = usize::try_from(left)
+                    .unwrap_or(usize::MAX)
+                    .min(buf.len() - i);
+                i += take;
+                let left = left - take as u64;
+                self.state = if left == 0 {
+                    State::DataCr
+                } else {
+                    State::Data { left }
+                };
+                continue;
+            }
+            let byte = buf[i];
+            i += 1;
+            self.state = self.step(byte)?;
+            if self.state == State::Done {
+                return Ok((i, true));
+            }
+        }
+        Ok((i, self.state == State::Done))
+    }
+
+    fn step(&mut self, byte: u8) -> Result<State, ChunkError> {
+        Ok(match self.state {
+            State::Size { digits } => match hex(byte) {
+                Some(d) => {
+                    if digits >= MAX_SIZE_DIGITS {
+                        return Err(ChunkError::TooLarge);
+                    }
+                    self.size = self.size * 16 + u64::from(d);
+                    State::Size { digits: digits + 1 }
+                }
+                None if digits == 0 => return Err(ChunkError::Size),
+                None => match byte {
+                    b'\r' => State::SizeLf,
+                    b';' | b' ' | b'\t' => State::Extension { len: 0 },
+                    _ => return Err(ChunkError::Size),
+                },
+            },
+            State::Extension { len } => match byte {
+                b'\r' => State::SizeLf,
+                b'\n' => return Err(ChunkError::Crlf),
+                _ if len >= MAX_LINE => return Err(ChunkError::LineTooLong),
+                _ => State::Extension { len: len + 1 },
+            },
+            State::SizeLf => match (byte, self.size) {
+                (b'\n', 0) => State::TrailerStart,
+                (b'\n', left) => State::Data { left },
+                _ => return Err(ChunkError::Crlf),
+            },
+            State::DataCr => match byte {
+                b'\r' => State::DataLf,
+                _ => return Err(ChunkError::Crlf),
+            },
+            State::DataLf => match byte {
+                b'\n' => {
+                    self.size = 0;
+                    State::Size { digits: 0 }
+                }
+                _ => return Err(ChunkError::Crlf),
+            },
+            State::TrailerStart => match byte {
+                b'\r' => State::EndLf,
+                b'\n' => return Err(ChunkError::Crlf),
+                _ => State::Trailer { len: 1 },
+            },
+            State::Trailer { len } => match byte {
+                b'\r' => State::TrailerLf,
+                b'\n' => return Err(ChunkError::Crlf),
+                _ if len >= MAX_LINE => return Err(ChunkError::LineTooLong),
+                _ => State::Trailer { len: len + 1 },
+            },
+            State::TrailerLf => match byte {
+                b'\n' => State::TrailerStart,
+                _ => return Err(ChunkError::Crlf),
+            },
+            State::EndLf => match byte {
+                b'\n' => State::Done,
+                _ => return Err(ChunkError::Crlf),
+            },
+            // `advance` handles data in bulk and stops at Done.
+            State::Data { .. } | State::Done => self.state,
+        })
+    }
+}
+
+fn hex(byte: u8) -> Option<u8> {
+    match byte {
+        b'0'..=b'9' => Some(byte - b'0'),
+        b'a'..=b'f' => Some(byte - b'a' + 10),
+        b'A'..=b'F' => Some(byte - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `input` split at every position, and as single bytes, and checks each way agrees.
+    fn body_len(input: &[u8]) -> Result<Option<usize>, ChunkError> {
+        let whole = {
+            let mut c = Chunked::default();
+            let (n, done) = c.advance(input)?;
+            done.then_some(n)
+        };
+        for split in 0..=input.len() {
+            let mut c = Chunked::default();
+            let (a, done_a) = c.advance(&input[..split])?;
+            let got = if done_a {
+                Some(a)
+            } else {
+                let (b, done_b) = c.advance(&input[split..])?;
+                done_b.then_some(split + b)
+            };
+            assert_eq!(got, whole, "split at {split} of {:?}", input);
+        }
+        let mut c = Chunked::default();
+        let mut bytewise = None;
+        for (i, byte) in input.iter().enumerate() {
+            let (n, done) = c.advance(std::slice::from_ref(byte))?;
+            assert_eq!(n, 1);
+            if done {
+                bytewise = Some(i + 1);
+                break;
+            }
+        }
+        assert_eq!(bytewise, whole, "byte by byte {:?}", input);
+        Ok(whole)
+    }
+
+    #[test]
+    fn finds_the_end_of_chunked_bodies() {
+        let cases: &[(&[u8], Result<Option<usize>, ChunkError>)] = &[
+            (b"0\r\n\r\n", Ok(Some(5))),
+            (b"5\r\nhello\r\n0\r\n\r\n", Ok(Some(15))),
+            (b"5\r\nhello\r\n0\r\n\r\nGET / HTTP/1.1", Ok(Some(15))),
+            (b"A\r\n0123456789\r\n0\r\n\r\n", Ok(Some(20))),
+            (b"a;name=value\r\n0123456789\r\n0\r\n\r\n", Ok(Some(31))),
+            (b"5 \r\nhello\r\n0\r\n\r\n", Ok(Some(16))),
+            (
+                b"3\r\nabc\r\n0\r\nExpires: never\r\nX-A: b\r\n\r\n",
+                Ok(Some(37)),
+            ),
+            (b"5\r\nhel", Ok(None)),
+            (b"5\r\nhello\r\n", Ok(None)),
+            (b"0\r\n\r", Ok(None)),
+            (b"\r\n", Err(ChunkError::Size)),
+            (b"x\r\n", Err(ChunkError::Size)),
+            (b"5\r\nhelloX", Err(ChunkError::Crlf)),
+            (b"5\nhello", Err(ChunkError::Size)),
+            (b"0\r\n\n", Err(ChunkError::Crlf)),
+            (b"1000000000000000\r\n", Err(ChunkError::TooLarge)),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                &body_len(input),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn long_lines_are_refused() {
+        let mut input = b"1;".to_vec();
+        input.extend(std::iter::repeat_n(b'x', MAX_LINE as usize + 1));
+        assert_eq!(
+            Chunked::default().advance(&input),
+            Err(ChunkError::LineTooLong)
+        );
+    }
+}
