@@ -184,7 +184,13 @@ fn read_reply(reader: &mut BufReader<TcpStream>, head_request: bool) -> Reply {
 }
 
 fn connect(ingress: &Ingress) -> (TcpStream, BufReader<TcpStream>) {
-    let stream = TcpStream::connect(ingress.http).unwrap();
+    let stream = TcpStream::connect(ingress.http).unwrap_or_else(|err| {
+        panic!(
+            "connect to {}: {err}; ingress logs:\n{}",
+            ingress.http,
+            ingress.logs()
+        )
+    });
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();

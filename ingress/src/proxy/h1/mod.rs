@@ -45,7 +45,10 @@ use super::{ConnInfo, Decision, Forward, Outcome, Proxy, Record};
 use crate::snapshot::Route;
 use crate::snapshot::host::request_host;
 
-/// Bytes asked for per read.
+/// Room made for a client's next request head: most are well under this, and an idle
+/// kept-alive connection holds its buffer.
+const HEAD_READ: usize = 4 * 1024;
+/// Bytes asked for per read of an upstream response.
 const READ_SIZE: usize = 16 * 1024;
 /// Largest upstream response head accepted (then 502).
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -75,7 +78,7 @@ where
         settings,
         stop,
         io,
-        inbuf: BytesMut::with_capacity(READ_SIZE),
+        inbuf: BytesMut::with_capacity(HEAD_READ),
         request: Vec::with_capacity(1024),
         response: Vec::with_capacity(1024),
         headers_due: Deadline::new(),
@@ -168,7 +171,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     Parsed::Partial | Parsed::HandOff => return Next::HandOff,
                 }
             }
-            self.inbuf.reserve(READ_SIZE);
+            self.inbuf.reserve(HEAD_READ);
             let read = tokio::select! {
                 biased;
                 () = stopped.as_mut(), if self.inbuf.is_empty() => return Next::Closed,
@@ -185,7 +188,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         // A small body, read whole so the request can be sent (and resent) in one write.
         let total = prepared.head_len + prepared.body_len;
         while self.inbuf.len() < total {
-            self.inbuf.reserve(READ_SIZE);
+            self.inbuf.reserve(total - self.inbuf.len());
             let read = tokio::select! {
                 () = self.headers_due.expired() => return Next::Closed,
                 read = self.io.read_buf(&mut self.inbuf) => read,
