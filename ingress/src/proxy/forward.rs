@@ -8,7 +8,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 section 7.6.1), plus the
 /// non-standard ones proxies have historically honoured.
-const HOP_BY_HOP: [HeaderName; 8] = [
+pub(crate) const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),

@@ -30,6 +30,8 @@ pub struct Request<'h, 'b> {
     pub body_len: usize,
     /// The client asked to close the connection after this request.
     pub close: bool,
+    /// A `Connection` header names other headers, which must not be forwarded.
+    pub lists_headers: bool,
 }
 
 impl Request<'_, '_> {
@@ -74,7 +76,7 @@ pub fn parse_request<'h, 'b>(
         return RequestParse::HandOff;
     }
     let headers: &'h [httparse::Header<'b>] = req.headers;
-    let (mut host, mut body_len, mut close) = (None, None, false);
+    let (mut host, mut body_len, mut close, mut lists_headers) = (None, None, false, false);
     for h in headers {
         match kind(h.name) {
             Kind::Host if host.is_none() => host = Some(h.value),
@@ -88,6 +90,8 @@ pub fn parse_request<'h, 'b>(
                         close = true;
                     } else if token.eq_ignore_ascii_case(b"upgrade") {
                         return RequestParse::HandOff;
+                    } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                        lists_headers = true;
                     }
                 }
             }
@@ -110,6 +114,7 @@ pub fn parse_request<'h, 'b>(
         host,
         body_len: body_len.unwrap_or(0),
         close,
+        lists_headers,
     })
 }
 
@@ -136,7 +141,7 @@ pub fn write_upstream_head(out: &mut Vec<u8>, req: &Request<'_, '_>, client: &Cl
             | Kind::Forwarding => continue,
             Kind::RequestId => has_request_id = true,
             Kind::Host | Kind::ContentLength => {}
-            _ if listed_in_connection(req.headers, h.name) => continue,
+            _ if req.lists_headers && listed_in_connection(req.headers, h.name) => continue,
             _ => {}
         }
         push(out, &[h.name.as_bytes(), b": ", h.value, b"\r\n"]);
@@ -256,6 +261,7 @@ pub fn rewrite_response(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>
     let mut length = None;
     let (mut chunked, mut other_coding) = (false, false);
     let mut keep_alive = version == 1;
+    let mut lists_headers = false;
     let (mut has_date, mut has_hsts) = (false, false);
     for h in headers {
         match kind(h.name) {
@@ -275,8 +281,10 @@ pub fn rewrite_response(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>
                 for token in tokens(h.value) {
                     if token.eq_ignore_ascii_case(b"close") {
                         keep_alive = false;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") && version == 0 {
-                        keep_alive = true;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        keep_alive |= version == 0;
+                    } else {
+                        lists_headers = true;
                     }
                 }
             }
@@ -323,7 +331,7 @@ pub fn rewrite_response(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>
             | Kind::Server => continue,
             // Written below, once, unless the body is chunked (RFC 9112 section 6.3).
             Kind::ContentLength => continue,
-            _ if listed_in_connection(headers, h.name) => continue,
+            _ if lists_headers && listed_in_connection(headers, h.name) => continue,
             _ => {}
         }
         push(out, &[h.name.as_bytes(), b": ", h.value, b"\r\n"]);
@@ -431,39 +439,32 @@ enum Kind {
     Other,
 }
 
-const KINDS: [(&str, Kind); 20] = [
-    ("host", Kind::Host),
-    ("content-length", Kind::ContentLength),
-    ("transfer-encoding", Kind::TransferEncoding),
-    ("expect", Kind::Expect),
-    ("upgrade", Kind::Upgrade),
-    ("connection", Kind::Connection),
-    ("keep-alive", Kind::HopByHop),
-    ("proxy-connection", Kind::HopByHop),
-    ("proxy-authenticate", Kind::HopByHop),
-    ("proxy-authorization", Kind::HopByHop),
-    ("te", Kind::HopByHop),
-    ("trailer", Kind::HopByHop),
-    ("x-forwarded-for", Kind::Forwarding),
-    ("x-real-ip", Kind::Forwarding),
-    ("x-forwarded-proto", Kind::Forwarding),
-    ("x-forwarded-scheme", Kind::Forwarding),
-    ("x-forwarded-port", Kind::Forwarding),
-    ("x-forwarded-host", Kind::Forwarding),
-    ("x-request-id", Kind::RequestId),
-    ("server", Kind::Server),
-];
-
+/// By length first: this runs for every header line in both directions.
 fn kind(name: &str) -> Kind {
-    if let Some((_, kind)) = KINDS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
-        return *kind;
-    }
-    if name.eq_ignore_ascii_case("date") {
-        Kind::Date
-    } else if name.eq_ignore_ascii_case("strict-transport-security") {
-        Kind::Hsts
-    } else {
-        Kind::Other
+    let is = |known: &str| name.eq_ignore_ascii_case(known);
+    match name.len() {
+        2 if is("te") => Kind::HopByHop,
+        4 if is("host") => Kind::Host,
+        4 if is("date") => Kind::Date,
+        6 if is("expect") => Kind::Expect,
+        6 if is("server") => Kind::Server,
+        7 if is("upgrade") => Kind::Upgrade,
+        7 if is("trailer") => Kind::HopByHop,
+        9 if is("x-real-ip") => Kind::Forwarding,
+        10 if is("connection") => Kind::Connection,
+        10 if is("keep-alive") => Kind::HopByHop,
+        12 if is("x-request-id") => Kind::RequestId,
+        14 if is("content-length") => Kind::ContentLength,
+        15 if is("x-forwarded-for") => Kind::Forwarding,
+        16 if is("proxy-connection") => Kind::HopByHop,
+        16 if is("x-forwarded-port") || is("x-forwarded-host") => Kind::Forwarding,
+        17 if is("transfer-encoding") => Kind::TransferEncoding,
+        17 if is("x-forwarded-proto") => Kind::Forwarding,
+        18 if is("proxy-authenticate") => Kind::HopByHop,
+        18 if is("x-forwarded-scheme") => Kind::Forwarding,
+        19 if is("proxy-authorization") => Kind::HopByHop,
+        25 if is("strict-transport-security") => Kind::Hsts,
+        _ => Kind::Other,
     }
 }
 
@@ -872,6 +873,36 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("content-length: 14\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\n"), "HEAD has no body: {text}");
+    }
+
+    #[test]
+    fn header_kinds_cover_forward_rs_lists() {
+        for name in &forward::HOP_BY_HOP {
+            for spelled in [
+                name.as_str().to_string(),
+                name.as_str().to_ascii_uppercase(),
+            ] {
+                assert!(
+                    matches!(
+                        kind(&spelled),
+                        Kind::Connection | Kind::HopByHop | Kind::TransferEncoding
+                    ),
+                    "{spelled}"
+                );
+            }
+        }
+        for name in [
+            &forward::X_FORWARDED_FOR,
+            &forward::X_FORWARDED_PROTO,
+            &forward::X_FORWARDED_HOST,
+            &forward::X_FORWARDED_PORT,
+            &forward::X_FORWARDED_SCHEME,
+            &forward::X_REAL_IP,
+        ] {
+            assert_eq!(kind(name.as_str()), Kind::Forwarding, "{name}");
+        }
+        assert_eq!(kind("X-Request-Id"), Kind::RequestId);
+        assert_eq!(kind("x-forwarded-fox"), Kind::Other);
     }
 
     #[test]
