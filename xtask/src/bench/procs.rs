@@ -142,6 +142,19 @@ impl Drop for Running {
 }
 
 /// Waits until `url` answers 200 (curl), or fails after `timeout`.
+/// Fails if something already listens on a loopback port the bench is about to use: a leftover
+/// proxy from an interrupted run would otherwise answer in place of the one being measured.
+pub fn ensure_free(ports: &[u16]) -> Result<()> {
+    for &port in ports {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            anyhow::bail!(
+                "127.0.0.1:{port} is already in use (a leftover benchmark process? `ss -ltnp sport = :{port}` shows whose)"
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn wait_http(url: &str, host: &str, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {

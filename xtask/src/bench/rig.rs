@@ -27,6 +27,14 @@ pub struct Rig {
 
 impl Rig {
     pub fn start(bench: &Bench, extra_args: &[&str]) -> Result<Rig> {
+        procs::ensure_free(&[
+            UPSTREAM_PORT,
+            NGINX_HTTP,
+            NGINX_HTTPS,
+            INGRESS_HTTP,
+            INGRESS_HTTPS,
+            INGRESS_ADMIN,
+        ])?;
         let dir = bench.scratch("rig")?;
         let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
         let status = Command::new("openssl")
