@@ -19,3 +19,13 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// A listener on a loopback port from `free_port`, so test servers never take a port already
+/// handed to an `ingress` that has not bound it yet.
+pub fn listen_loopback() -> TcpListener {
+    loop {
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", free_port())) {
+            return listener;
+        }
+    }
+}

@@ -103,16 +103,25 @@ impl Ingress {
     }
 
     pub fn wait_ready(&self, timeout: Duration) {
+        if let Err(why) = self.try_wait_ready(timeout) {
+            panic!("{why}; logs:\n{}", self.logs());
+        }
+    }
+
+    /// Ready means this process says so: a port handed out by `free_port` can be taken by
+    /// another test's listener before ingress binds it, and that listener may answer too.
+    fn try_wait_ready(&self, timeout: Duration) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if self.admin_get("/readyz").0 == 200 {
-                return;
+            if !alive(self.pid()) {
+                return Err("ingress exited before it was ready".into());
             }
-            assert!(
-                Instant::now() < deadline,
-                "ingress not ready within {timeout:?}; logs:\n{}",
-                self.logs()
-            );
+            if self.admin_get("/readyz") == (200, "ready\n".to_string()) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("ingress not ready within {timeout:?}"));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -185,7 +194,24 @@ impl IngressBuilder {
         self
     }
 
+    /// Starts the process and, unless told not to, waits until it is ready. A start that lost
+    /// one of its ports to another test is retried on new ports.
     pub fn start(self) -> Ingress {
+        for _ in 0..3 {
+            let ingress = self.spawn();
+            if !self.wait_ready {
+                return ingress;
+            }
+            match ingress.try_wait_ready(Duration::from_secs(20)) {
+                Ok(()) => return ingress,
+                Err(_) if ingress.logs().contains("Address already in use") => continue,
+                Err(why) => panic!("{why}; logs:\n{}", ingress.logs()),
+            }
+        }
+        panic!("ingress could not get free ports in 3 attempts");
+    }
+
+    fn spawn(&self) -> Ingress {
         let scratch = Scratch::new("ingress-proc");
         let log = scratch.path().join("ingress.log");
         let (http, https, admin) = (free_port(), free_port(), free_port());
@@ -228,7 +254,7 @@ impl IngressBuilder {
         }
         let child = cmd.spawn().expect("spawn ingress");
         let ip = std::net::Ipv4Addr::LOCALHOST.into();
-        let ingress = Ingress {
+        Ingress {
             child: Some(child),
             http: SocketAddr::new(ip, http),
             https: SocketAddr::new(ip, https),
@@ -236,10 +262,18 @@ impl IngressBuilder {
             log,
             pin_dir,
             _scratch: scratch,
-        };
-        if self.wait_ready {
-            ingress.wait_ready(Duration::from_secs(20));
         }
-        ingress
     }
+}
+
+/// The process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The state follows the parenthesised command name, which may contain spaces.
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().next().map(|state| state != "Z")
+        })
+        .unwrap_or(false)
 }

@@ -45,7 +45,7 @@ pub struct Backend {
 
 impl Backend {
     pub fn start(name: &str) -> Backend {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind backend");
+        let listener = crate::ports::listen_loopback();
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let served = Arc::new(AtomicUsize::new(0));

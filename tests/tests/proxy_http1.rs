@@ -5,12 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ingress_tests::manifests::{ingress, service, service_at};
+use ingress_tests::ports::listen_loopback;
 use ingress_tests::process::Ingress;
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::{Backend, Echo};
@@ -30,7 +31,7 @@ struct Scripted {
 
 impl Scripted {
     fn start() -> Scripted {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = listen_loopback();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let counter = connections.clone();
