@@ -94,6 +94,11 @@ fn serve_scripted(stream: TcpStream) {
             "/hints" => b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
             "/garbage" => b"NOT HTTP AT ALL\r\n\r\n".to_vec(),
             "/drop-reused" if served > 0 => return,
+            // Answers, then closes as an upstream's idle timeout would, with no warning.
+            "/then-close" => {
+                let _ = out.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                return;
+            }
             _ => {
                 let text = format!("{method} {path} body={} served={served}", body.len());
                 format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}", text.len()).into_bytes()
@@ -406,6 +411,24 @@ fn closed_upstream_connections_are_retried_only_when_safe() {
         "a POST may have been acted on, so it is not sent twice"
     );
     assert_eq!(scripted.connections.load(Ordering::SeqCst), 2);
+
+    // A pooled connection the upstream has since closed is noticed before it is used, so even
+    // a POST, which is never resent, gets through.
+    stream
+        .write_all(get(host, "/then-close").as_bytes())
+        .unwrap();
+    assert_eq!(read_reply(&mut reader, false).status, 200);
+    std::thread::sleep(Duration::from_millis(200));
+    stream
+        .write_all(
+            format!("POST /echo HTTP/1.1\r\nHost: {host}\r\nContent-Length: 1\r\n\r\nx").as_bytes(),
+        )
+        .unwrap();
+    let reply = read_reply(&mut reader, false);
+    assert_eq!(
+        (reply.status, reply.text().as_str()),
+        (200, "POST /echo body=1 served=0")
+    );
 }
 
 #[test]
