@@ -80,15 +80,40 @@ impl Running {
     /// processes: nginx does its work in workers forked from the process we started.
     pub fn cpu_time(&self) -> Result<Duration> {
         let pid = self.pid();
-        let mut ticks = process_ticks(pid).context("reading the proxy's CPU time")?;
+        let mut total = process_cpu(pid).context("reading the proxy's CPU time")?;
         for child in children(pid) {
             // A child may exit between the listing and the read; it then counts for nothing.
-            ticks += process_ticks(child).unwrap_or(0);
+            total += process_cpu(child).unwrap_or_default();
         }
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Ok(Duration::from_millis(ticks * 1000 / hz))
+        Ok(total)
     }
+}
+
+/// A process's CPU time from its POSIX CPU-time clock, to the nanosecond: the 10 ms ticks of
+/// /proc/PID/stat are a 7% error on the ~150 ms a short `--quick` phase costs. The ticks are
+/// the fallback.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let mut clock: libc::clockid_t = 0;
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let pid_t = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: both pointers are to live locals of the types the calls expect.
+    let read = unsafe {
+        libc::clock_getcpuclockid(pid_t, &raw mut clock) == 0
+            && libc::clock_gettime(clock, &raw mut now) == 0
+    };
+    if read {
+        let secs = u64::try_from(now.tv_sec).ok()?;
+        let nanos = u32::try_from(now.tv_nsec).ok()?;
+        return Some(Duration::new(secs, nanos));
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .unwrap_or(100)
+        .max(1);
+    Some(Duration::from_millis(process_ticks(pid)? * 1000 / hz))
 }
 
 /// The fields of /proc/PID/stat after the parenthesised command name (which may hold spaces).
