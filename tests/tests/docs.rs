@@ -1,11 +1,11 @@
-//! The README is the operator's reference: every flag, its environment twin, and every metric
-//! the binary can export must be documented there. These tests read the real binary's `--help`
-//! and a real `/metrics` scrape, so a new flag or metric without docs fails here.
+//! `docs/` is the operator's reference: every flag, its environment twin, and every metric the
+//! binary can export must be documented there. These tests read the real binary's `--help` and
+//! a real `/metrics` scrape, so a new flag or metric without docs fails here.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ingress_tests::manifests;
@@ -13,12 +13,33 @@ use ingress_tests::process::{Ingress, binary};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root")
-        .join("README.md");
-    std::fs::read_to_string(path).expect("read README.md")
+        .to_path_buf()
+}
+
+/// Every `docs/*.md`, sorted.
+fn docs_pages() -> Vec<PathBuf> {
+    let dir = workspace().join("docs");
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("docs entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() > 5, "only {} pages in docs/", pages.len());
+    pages
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The whole reference, every page of `docs/` one after the other.
+fn reference() -> String {
+    docs_pages().iter().map(|page| read(page)).collect()
 }
 
 fn help(args: &[&str]) -> String {
@@ -58,20 +79,20 @@ fn flags_and_envs(help: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[test]
-fn every_flag_and_its_environment_twin_is_in_the_readme() {
-    let readme = readme();
+fn every_flag_and_its_environment_twin_is_in_the_docs() {
+    let docs = reference();
     let mut missing = Vec::new();
     let mut seen = 0;
     for command in [&[][..], &["check"][..]] {
         let (flags, envs) = flags_and_envs(&help(command));
         seen += flags.len();
         for flag in flags {
-            if !readme.contains(&format!("`{flag}")) {
+            if !docs.contains(&format!("`{flag}")) {
                 missing.push(flag);
             }
         }
         for env in envs {
-            if !readme.contains(&format!("`{env}`")) {
+            if !docs.contains(&format!("`{env}`")) {
                 missing.push(env);
             }
         }
@@ -80,14 +101,11 @@ fn every_flag_and_its_environment_twin_is_in_the_readme() {
         seen > 30,
         "only {seen} flags parsed from --help; the parser is broken"
     );
-    assert!(
-        missing.is_empty(),
-        "not documented in README.md: {missing:?}"
-    );
+    assert!(missing.is_empty(), "not documented in docs/: {missing:?}");
 }
 
 #[test]
-fn every_exported_metric_is_in_the_readme() {
+fn every_exported_metric_is_in_the_docs() {
     let backend = Backend::start("web");
     let scratch = Scratch::new("docs-metrics");
     scratch.write(
@@ -114,16 +132,13 @@ fn every_exported_metric_is_in_the_readme() {
         "only {} metric families scraped",
         names.len()
     );
-    let readme = readme();
+    let docs = reference();
     let missing: Vec<&str> = names
         .into_iter()
         .filter(|name| {
             // OpenMetrics names counters without `_total` in TYPE lines.
-            !readme.contains(&format!("`{name}`")) && !readme.contains(&format!("`{name}_total`"))
+            !docs.contains(&format!("`{name}`")) && !docs.contains(&format!("`{name}_total`"))
         })
         .collect();
-    assert!(
-        missing.is_empty(),
-        "not documented in README.md: {missing:?}"
-    );
+    assert!(missing.is_empty(), "not documented in docs/: {missing:?}");
 }
