@@ -1,10 +1,12 @@
 //! `docs/` is the operator's reference: every flag, its environment twin, and every metric the
 //! binary can export must be documented there. These tests read the real binary's `--help` and
-//! a real `/metrics` scrape, so a new flag or metric without docs fails here.
+//! a real `/metrics` scrape, so a new flag or metric without docs fails here. The last test
+//! follows every relative link in README.md and `docs/` to a file, and to a heading when it
+//! names one, so moving a section cannot leave a dead link behind.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,6 +14,7 @@ use ingress_tests::manifests;
 use ingress_tests::process::{Ingress, binary};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
+use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -141,4 +144,124 @@ fn every_exported_metric_is_in_the_docs() {
         })
         .collect();
     assert!(missing.is_empty(), "not documented in docs/: {missing:?}");
+}
+
+#[test]
+fn relative_links_lead_to_files_and_headings_that_exist() {
+    let root = workspace();
+    let mut files = vec![root.join("README.md")];
+    files.extend(docs_pages());
+    let mut anchors: BTreeMap<PathBuf, BTreeSet<String>> = BTreeMap::new();
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for file in &files {
+        let dir = file.parent().expect("a file has a directory");
+        for target in links(&read(file)) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                dir.join(path)
+            };
+            let shown = format!(
+                "{}: ({target})",
+                file.strip_prefix(&root).unwrap_or(file).display()
+            );
+            if !resolved.exists() {
+                broken.push(format!("{shown}: no such file"));
+                continue;
+            }
+            if anchor.is_empty() || resolved.extension().is_none_or(|ext| ext != "md") {
+                continue;
+            }
+            let known = anchors
+                .entry(resolved.clone())
+                .or_insert_with(|| heading_anchors(&read(&resolved)));
+            if !known.contains(anchor) {
+                broken.push(format!("{shown}: no heading with anchor #{anchor}"));
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "only {checked} relative links found; the link parser is broken"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn anchors_follow_githubs_rules() {
+    let text = "# The `ingress` command\n## Falling back, and timeouts\n## Metrics\n\
+                ## Metrics\n## Routing: Ingress v1 as specified\n## 10,000 hosts × 2 — p99\n\
+                ```\n# not a heading\n```\n";
+    let expected: BTreeSet<String> = [
+        "the-ingress-command",
+        "falling-back-and-timeouts",
+        "metrics",
+        "metrics-1",
+        "routing-ingress-v1-as-specified",
+        "10000-hosts--2--p99",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(heading_anchors(text), expected);
+}
+
+fn markdown(text: &str) -> Parser<'_> {
+    Parser::new_ext(text, Options::ENABLE_TABLES)
+}
+
+/// The destinations of every link and image.
+fn links(text: &str) -> Vec<String> {
+    markdown(text)
+        .filter_map(|event| match event {
+            Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => {
+                Some(dest_url.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors GitHub gives a page's headings: the heading's text lowercased, characters other
+/// than letters, digits, `-`, `_` and spaces removed, spaces turned into `-`, and `-1`, `-2`, …
+/// appended to repeats.
+fn heading_anchors(text: &str) -> BTreeSet<String> {
+    let mut anchors = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut heading: Option<String> = None;
+    for event in markdown(text) {
+        match event {
+            Event::Start(Tag::Heading { .. }) => heading = Some(String::new()),
+            Event::Text(t) | Event::Code(t) => {
+                if let Some(h) = heading.as_mut() {
+                    h.push_str(&t);
+                }
+            }
+            Event::End(TagEnd::Heading(_)) => {
+                let slug: String = heading
+                    .take()
+                    .unwrap_or_default()
+                    .to_lowercase()
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect();
+                let count = seen.entry(slug.clone()).or_insert(0);
+                anchors.insert(if *count == 0 {
+                    slug
+                } else {
+                    format!("{slug}-{count}")
+                });
+                *count += 1;
+            }
+            _ => {}
+        }
+    }
+    anchors
 }
