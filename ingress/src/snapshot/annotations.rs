@@ -3,13 +3,14 @@
 //! project's own prefix (`ingress.rs/…`), which wins when both are present.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
 
 /// Per-Ingress options, parsed once per snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
     /// `ssl-redirect`: `None` means "redirect when the host has TLS".
     pub ssl_redirect: Option<bool>,
@@ -19,6 +20,22 @@ pub struct Options {
     pub ssl_passthrough: bool,
     /// `proxy-read-timeout`, in seconds: how long to wait for the upstream's response headers.
     pub read_timeout: Option<Duration>,
+    /// `ingress.rs/upgrades`: the protocols a client may switch to with `Upgrade` (lower-case);
+    /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
+    /// passes every `Upgrade` on.
+    pub upgrades: Arc<[String]>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            ssl_redirect: None,
+            force_ssl_redirect: false,
+            ssl_passthrough: false,
+            read_timeout: None,
+            upgrades: Arc::from(["websocket".to_string()]),
+        }
+    }
 }
 
 /// Parses the annotations this controller knows. Unknown keys are ignored, because other tools
@@ -45,7 +62,32 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    if let Some(value) = annotations.get(&format!("{PREFIX}upgrades")) {
+        match upgrade_list(value) {
+            Some(list) => options.upgrades = list,
+            None => errors.push(format!(
+                "{PREFIX}upgrades: {value:?} is not a comma-separated list of protocol names"
+            )),
+        }
+    }
     (options, errors)
+}
+
+/// Protocol names as `Upgrade` carries them (RFC 9110 tokens), without versions; empty is a
+/// valid list that allows none.
+fn upgrade_list(value: &str) -> Option<Arc<[String]>> {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| token(s).then(|| s.to_ascii_lowercase()))
+        .collect::<Option<Vec<String>>>()
+        .map(Arc::from)
 }
 
 fn seconds_of(
@@ -134,6 +176,25 @@ mod tests {
             ),
             (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
             (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
+            (
+                vec![(o("upgrades"), "WebSocket, h2c")],
+                Options {
+                    upgrades: Arc::from(["websocket".to_string(), "h2c".to_string()]),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("upgrades"), "")],
+                Options {
+                    upgrades: Arc::from(Vec::<String>::new()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            // Not an ingress-nginx annotation: its prefix does nothing here.
+            (vec![(n("upgrades"), "h2c")], Options::default(), 0),
             (
                 vec![("example.com/other".to_string(), "x")],
                 Options::default(),
