@@ -83,6 +83,21 @@ impl Ingress {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the log contains `needle` (the process writes its log from a background
+    /// thread), for at most `timeout`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.logs().contains(needle) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.http, path)
     }

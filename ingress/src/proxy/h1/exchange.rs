@@ -68,21 +68,30 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             timeout,
             ..
         } = forward;
-        let upload = match self.buffer_small_body(p).await {
-            Ok(upload) => upload,
-            Err(()) => return (0, Outcome::LOCAL, false),
-        };
+        let upload = self.buffer_small_body(p).await;
+        // After a failure reading the body, part of it may be unread: treat it as streamed.
+        let sent_as = upload
+            .as_ref()
+            .ok()
+            .copied()
+            .unwrap_or(Upload::Stream(p.body));
         let response_due = p.started + timeout;
         self.upstream_due.set(response_due);
         let streams = &self.proxy.streams;
-        let first = tokio::select! {
-            up = streams.checkout(&key, p.started) => up,
-            () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
+        let mut result = match upload {
+            Ok(upload) => {
+                let first = tokio::select! {
+                    up = streams.checkout(&key, p.started) => up,
+                    () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
+                };
+                match first {
+                    Ok(up) => self.send(up, upload, p, timeout, ctx).await,
+                    Err(error) => Err(Failure::Error(error)),
+                }
+            }
+            Err(failure) => Err(failure),
         };
-        let mut result = match first {
-            Ok(up) => self.send(up, upload, p, timeout, ctx).await,
-            Err(error) => Err(Failure::Error(error)),
-        };
+        let upload = sent_as;
         if let Err(Failure::Stale(error)) = &result {
             tracing::debug!(upstream = %key, %error, "kept-alive upstream connection was closed; retrying on a new one");
             self.upstream_due.set(response_due);
@@ -144,21 +153,29 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
 
     /// A small `Content-Length` body is read whole (after `100 Continue`, if asked for) and
     /// put behind the head, so the request goes out in one write and can be sent again.
-    async fn buffer_small_body(&mut self, p: &Prepared) -> Result<Upload, ()> {
+    async fn buffer_small_body(&mut self, p: &Prepared) -> Result<Upload, Failure> {
         let n = match p.body {
             BodyFraming::None => return Ok(Upload::WithHead),
             BodyFraming::Length(n) if n <= BUFFERED_BODY => n,
             framing => return Ok(Upload::Stream(framing)),
         };
-        let n = usize::try_from(n).map_err(|_| ())?;
+        // BUFFERED_BODY fits in usize.
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
         if p.expect_continue && self.inbuf.len() < n && !self.continue_client().await {
-            return Err(());
+            return Err(Failure::ClientGone);
         }
         let timeout = self.proxy.settings.client_body_timeout;
         while self.inbuf.len() < n {
             match read_timed(&mut self.io, &mut self.inbuf, &mut self.client_due, timeout).await {
                 Ok(read) if read > 0 => {}
-                _ => return Err(()),
+                Err(err) if err.kind() == std::io::ErrorKind::TimedOut => {
+                    tracing::debug!(peer = %self.conn.peer, "request body stalled");
+                    return Err(Failure::Client(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "the request body stalled",
+                    ));
+                }
+                _ => return Err(Failure::ClientGone),
             }
         }
         self.request.extend_from_slice(&self.inbuf[..n]);
