@@ -9,7 +9,6 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::gate::EarlyReset;
 use crate::proxy::authority::NoSniRequests;
-use crate::proxy::target::EscapedSlashes;
 use crate::snapshot::sni::{Admit, UnnamedPolicy};
 
 #[derive(Parser, Debug)]
@@ -344,6 +343,24 @@ pub struct RequestArgs {
     /// Pass on request headers whose names contain `_` (dropped by default, as nginx does).
     #[arg(long, env = "INGRESS_ENABLE_UNDERSCORES_IN_HEADERS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub enable_underscores_in_headers: bool,
+}
+
+/// `--escaped-slashes`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscapedSlashes {
+    Keep,
+    Reject,
+    Unescape,
+}
+
+impl From<EscapedSlashes> for ingress_wire::target::EscapedSlashes {
+    fn from(value: EscapedSlashes) -> Self {
+        match value {
+            EscapedSlashes::Keep => Self::Keep,
+            EscapedSlashes::Reject => Self::Reject,
+            EscapedSlashes::Unescape => Self::Unescape,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]

@@ -16,7 +16,6 @@ use crate::metrics::Metrics;
 use crate::proxy::caps::ConnectionCaps;
 use crate::proxy::forward::HeaderOptions;
 use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
-use crate::proxy::target::PathSettings;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::report;
@@ -27,6 +26,7 @@ use crate::source::watch;
 use crate::store::ObjectKey;
 use crate::tls::accept::TlsHandshake;
 use crate::tls::{certs, resolver};
+use ingress_wire::target::PathSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -130,7 +130,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                 .hsts_value()
                 .and_then(|v| http::HeaderValue::from_str(&v).ok()),
             paths: PathSettings {
-                escaped_slashes: args.requests.escaped_slashes,
+                escaped_slashes: args.requests.escaped_slashes.into(),
                 merge_slashes: args.requests.merge_slashes,
             },
             headers: HeaderOptions {

@@ -21,6 +21,8 @@
 use std::net::IpAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use ingress_wire::header::{Kind, chain_value, kind, passes, tokens, usable_request_id};
+use ingress_wire::request::ClientFacts;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -33,72 +35,6 @@ pub static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri"
 pub static X_ORIGINAL_FORWARDED_FOR: HeaderName =
     HeaderName::from_static("x-original-forwarded-for");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-/// How the proxy treats a header by its name, in either direction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Host,
-    ContentLength,
-    TransferEncoding,
-    Expect,
-    Upgrade,
-    Connection,
-    /// Hop-by-hop headers other than the ones above (RFC 9110 section 7.6.1, and the
-    /// non-standard ones proxies have historically honoured).
-    HopByHop,
-    /// Set by the proxy for this hop; whatever the client sent is replaced.
-    Forwarding,
-    /// Claims a backend may trust that the proxy does not set: dropped.
-    Spoofable,
-    RequestId,
-    Server,
-    Date,
-    Hsts,
-    Other,
-}
-
-/// By length first: this runs for every header line in both directions.
-pub fn kind(name: &str) -> Kind {
-    let is = |known: &str| name.eq_ignore_ascii_case(known);
-    match name.len() {
-        2 if is("te") => Kind::HopByHop,
-        4 if is("host") => Kind::Host,
-        4 if is("date") => Kind::Date,
-        5 if is("proxy") => Kind::Spoofable,
-        6 if is("expect") => Kind::Expect,
-        6 if is("server") => Kind::Server,
-        7 if is("upgrade") => Kind::Upgrade,
-        7 if is("trailer") => Kind::HopByHop,
-        8 if is("x-scheme") => Kind::Forwarding,
-        9 if is("x-real-ip") => Kind::Forwarding,
-        9 if is("forwarded") => Kind::Spoofable,
-        10 if is("connection") => Kind::Connection,
-        10 if is("keep-alive") => Kind::HopByHop,
-        12 if is("x-request-id") => Kind::RequestId,
-        14 if is("content-length") => Kind::ContentLength,
-        14 if is("x-original-uri") => Kind::Forwarding,
-        15 if is("x-forwarded-for") => Kind::Forwarding,
-        16 if is("proxy-connection") => Kind::HopByHop,
-        16 if is("x-forwarded-port") || is("x-forwarded-host") => Kind::Forwarding,
-        17 if is("transfer-encoding") => Kind::TransferEncoding,
-        17 if is("x-forwarded-proto") => Kind::Forwarding,
-        18 if is("proxy-authenticate") => Kind::HopByHop,
-        18 if is("x-forwarded-scheme") => Kind::Forwarding,
-        18 if is("x-forwarded-prefix") => Kind::Spoofable,
-        19 if is("proxy-authorization") => Kind::HopByHop,
-        24 if is("x-original-forwarded-for") => Kind::Forwarding,
-        25 if is("strict-transport-security") => Kind::Hsts,
-        _ => Kind::Other,
-    }
-}
-
-/// The comma-separated tokens of a header value, trimmed.
-pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
-}
 
 /// What the upstream is told about the client side of one connection, as header values made
 /// once per connection rather than once per request.
@@ -125,6 +61,15 @@ impl ClientSide {
     pub fn proto(&self) -> &'static str {
         if self.https { "https" } else { "http" }
     }
+
+    /// The same, as the HTTP/1.1 writer takes them.
+    pub fn facts(&self) -> ClientFacts<'_> {
+        ClientFacts {
+            ip: self.client_ip.as_bytes(),
+            port: self.port.as_bytes(),
+            https: self.https,
+        }
+    }
 }
 
 /// Per-request values of the headers the proxy sets.
@@ -139,35 +84,8 @@ pub struct RequestSide<'a> {
 /// Options for request headers; from flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeaderOptions {
-    /// Pass on header names containing `_` (nginx's `underscores_in_headers`, off by default:
-    /// `X_Forwarded_For` is `X-Forwarded-For` to many frameworks).
+    /// Pass on header names containing `_` (`--enable-underscores-in-headers`).
     pub underscores: bool,
-}
-
-/// Whether a client's request header is passed on as it is.
-pub fn passes(name: &str, kind: Kind, options: &HeaderOptions) -> bool {
-    matches!(kind, Kind::Other | Kind::Server | Kind::Date | Kind::Hsts)
-        && (options.underscores || !name.contains('_'))
-}
-
-/// Whether the request's `Connection` header names `name` as hop-by-hop.
-pub fn connection_lists<'v>(mut values: impl Iterator<Item = &'v [u8]>, name: &str) -> bool {
-    values.any(|v| tokens(v).any(|t| t.eq_ignore_ascii_case(name.as_bytes())))
-}
-
-/// An `X-Request-ID` a client sent that is worth keeping: 1 to 200 visible ASCII characters.
-pub fn usable_request_id(value: &[u8]) -> bool {
-    (1..=200).contains(&value.len()) && value.iter().all(|b| (0x21..0x7f).contains(b))
-}
-
-/// A client's `X-Forwarded-For` element worth keeping in `X-Original-Forwarded-For`: trimmed,
-/// not empty, and printable.
-pub fn chain_value(value: &[u8]) -> Option<&[u8]> {
-    let value = value.trim_ascii();
-    let printable = value
-        .iter()
-        .all(|&b| b == b'\t' || (b' '..0x7f).contains(&b));
-    (!value.is_empty() && printable).then_some(value)
 }
 
 /// Rewrites an HTTP/2 request's headers for an HTTP/1.1 upstream with the same rules the
@@ -197,7 +115,7 @@ pub fn rewrite_request(
         .flat_map(|v| tokens(v.as_bytes()))
         .filter_map(|t| HeaderName::from_bytes(t).ok())
         .collect();
-    headers.retain_names(|name| passes(name.as_str(), kind(name.as_str()), options));
+    headers.retain_names(|name| passes(name.as_str(), kind(name.as_str()), options.underscores));
     for name in listed {
         headers.remove(name);
     }
@@ -280,6 +198,9 @@ impl RetainNames for HeaderMap {
 
 #[cfg(test)]
 mod tests {
+    use ingress_wire::request::{self, MAX_HEADERS, RequestParse, Upstream, UpstreamBody};
+    use ingress_wire::target::{self, PathSettings};
+
     use super::*;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -423,18 +344,135 @@ mod tests {
         assert_eq!(names(&h), ["content-type"]);
     }
 
+    /// The HTTP/1.1 path's upstream head and the HTTP/2 path's HeaderMap rewrite agree.
     #[test]
-    fn kinds_are_case_insensitive() {
-        for (name, want) in [
-            ("Host", Kind::Host),
-            ("X-Forwarded-For", Kind::Forwarding),
-            ("X-ORIGINAL-URI", Kind::Forwarding),
-            ("Forwarded", Kind::Spoofable),
-            ("X-Forwarded-Prefix", Kind::Spoofable),
-            ("x-forwarded-fox", Kind::Other),
-            ("TRANSFER-ENCODING", Kind::TransferEncoding),
-        ] {
-            assert_eq!(kind(name), want, "{name}");
+    fn upstream_heads_match_the_header_map_rules() {
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let cases: &[(&[(&str, &str)], bool, bool)] = &[
+            (&[("host", "shop.example.com:8080")], false, false),
+            (
+                &[
+                    ("Host", "a"),
+                    ("X-Forwarded-For", "10.0.0.1"),
+                    ("x-forwarded-for", "10.0.0.2, 10.0.0.3"),
+                    ("X-Forwarded-Proto", "https"),
+                    ("X-Real-IP", "1.1.1.1"),
+                    ("X-Forwarded-Host", "evil"),
+                    ("X-Original-URI", "/admin"),
+                    ("X-Scheme", "https"),
+                    ("Forwarded", "for=1.1.1.1"),
+                    ("X-Forwarded-Prefix", "/x"),
+                    ("Proxy", "http://evil"),
+                    ("Accept", "*/*"),
+                ],
+                true,
+                false,
+            ),
+            (
+                &[
+                    ("host", "a"),
+                    ("connection", "x-secret, keep-alive"),
+                    ("x-secret", "1"),
+                    ("keep-alive", "timeout=5"),
+                    ("te", "trailers"),
+                    ("trailer", "x"),
+                    ("proxy-authorization", "basic x"),
+                    ("proxy-connection", "keep-alive"),
+                    ("x-other", "2"),
+                    ("x-request-id", "abc"),
+                ],
+                false,
+                false,
+            ),
+            (&[("host", "a"), ("x-forwarded-for", "  ")], false, false),
+            (
+                &[("host", "a"), ("x_forwarded_for", "1.2.3.4"), ("x_ok", "1")],
+                false,
+                false,
+            ),
+            (
+                &[("host", "a"), ("x_forwarded_for", "1.2.3.4"), ("x_ok", "1")],
+                false,
+                true,
+            ),
+            (&[("host", "a"), ("x-request-id", "bad id")], false, false),
+        ];
+        let paths = PathSettings::default();
+        for (pairs, https, underscores) in cases {
+            let client = ClientSide::new(ip, *https, if *https { 443 } else { 80 });
+            let options = HeaderOptions {
+                underscores: *underscores,
+            };
+            let mut text = "GET /p/../q?x=1 HTTP/1.1\r\n".to_string();
+            for (k, v) in *pairs {
+                text.push_str(&format!("{k}: {v}\r\n"));
+            }
+            text.push_str("\r\n");
+            let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let RequestParse::Complete(req) = request::parse(text.as_bytes(), &mut storage) else {
+                panic!("not complete: {text:?}");
+            };
+            let target = target::parse(&req.target, &paths).unwrap();
+            let authority = req.authority.as_ref().unwrap().raw;
+            let mut out = Vec::new();
+            request::write_upstream(
+                &mut out,
+                &req,
+                &Upstream {
+                    target: &target,
+                    authority,
+                    client: client.facts(),
+                    underscores: options.underscores,
+                    body: UpstreamBody::None,
+                    upgrade: false,
+                    new_request_id: new_request_id(),
+                },
+            );
+
+            let mut fast = HeaderMap::new();
+            let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut parsed = httparse::Request::new(&mut storage);
+            assert!(parsed.parse(&out).unwrap().is_complete(), "{out:?}");
+            assert_eq!(parsed.path, Some("/q?x=1"), "the normalised target is sent");
+            for h in parsed.headers.iter() {
+                fast.append(
+                    HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                    HeaderValue::from_bytes(h.value).unwrap(),
+                );
+            }
+
+            let mut slow = HeaderMap::new();
+            for (k, v) in *pairs {
+                slow.append(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            let request = RequestSide {
+                authority,
+                original_uri: "/p/../q?x=1",
+            };
+            rewrite_request(&mut slow, &client, &request, &options);
+
+            let names = |m: &HeaderMap| {
+                let mut n: Vec<String> = m.keys().map(|k| k.to_string()).collect();
+                n.sort();
+                n
+            };
+            assert_eq!(names(&fast), names(&slow), "{pairs:?}");
+            for name in slow.keys() {
+                if name == "x-request-id" && slow.get(name).is_some_and(|v| v.len() == 32) {
+                    assert_eq!(fast.get(name).unwrap().len(), 32);
+                    continue;
+                }
+                let all = |m: &HeaderMap| {
+                    m.get_all(name)
+                        .iter()
+                        .map(|v| v.to_str().unwrap().to_string())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(all(&fast), all(&slow), "{pairs:?} {name}");
+            }
         }
     }
 }

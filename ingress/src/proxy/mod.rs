@@ -25,7 +25,6 @@ pub mod listener;
 pub mod pool;
 pub mod respond;
 pub mod route;
-pub mod target;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -41,9 +40,9 @@ use hyper::body::Incoming;
 
 use authority::NoSniRequests;
 use forward::{ClientSide, HeaderOptions};
+use ingress_wire::target::{self, PathSettings};
 use pool::{Pool, PoolKey, PoolSettings, UpstreamBody};
 use route::Refusal;
-use target::PathSettings;
 
 use crate::metrics::Metrics;
 use crate::publish::Published;

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use http::StatusCode;
 
 use super::authority;
-use super::target::Target;
 use super::{ConnInfo, Proxy};
 use crate::snapshot::Route;
+use ingress_wire::target::Target;
 
 /// A request refused by the proxy before it reaches any route, with the reason the log gives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,8 +15,9 @@ use bytes::Buf;
 use http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::chunked::Chunked;
-use super::request::BodyFraming;
+use ingress_wire::chunked::{self, Chunked};
+use ingress_wire::request::BodyFraming;
+
 use super::response::{self, Framing, ResponseContext, ResponseParse};
 use super::streams::Upstream;
 use super::{
@@ -333,19 +334,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                                 ));
                             }
                         };
-                        let data = &self.inbuf[step.data.clone()];
-                        if !data.is_empty() {
-                            let mut size = [0u8; 16];
-                            out.extend_from_slice(hex(data.len(), &mut size));
-                            out.extend_from_slice(b"\r\n");
-                            out.extend_from_slice(data);
-                            out.extend_from_slice(b"\r\n");
-                        }
+                        chunked::encode_chunk(&self.inbuf[step.data.clone()], &mut out);
                         done = step.done;
                         self.inbuf.advance(step.consumed);
                     }
                     if done {
-                        out.extend_from_slice(b"0\r\n\r\n");
+                        out.extend_from_slice(chunked::LAST_CHUNK);
                     }
                     done
                 }
@@ -488,32 +482,5 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         }
         let reusable = done && response.reusable && up.buf.is_empty();
         (!response.close_client, reusable.then_some(up))
-    }
-}
-
-/// `n` in lower-case hex, for a chunk size.
-fn hex(n: usize, buf: &mut [u8; 16]) -> &[u8] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut i = buf.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        buf[i] = DIGITS[n & 0xf];
-        n >>= 4;
-        if n == 0 {
-            break;
-        }
-    }
-    &buf[i..]
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn chunk_sizes_in_hex() {
-        let mut buf = [0u8; 16];
-        for (n, want) in [(0, "0"), (1, "1"), (255, "ff"), (16384, "4000")] {
-            assert_eq!(super::hex(n, &mut buf), want.as_bytes());
-        }
     }
 }

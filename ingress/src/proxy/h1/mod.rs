@@ -28,10 +28,8 @@
 //! a way past routing. Now hyper parses HTTP/1.1 only in tests, as the reference this parser is
 //! checked against.
 
-pub mod chunked;
 mod deadline;
 mod exchange;
-pub mod request;
 pub mod response;
 pub mod rewind;
 pub mod streams;
@@ -47,13 +45,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use deadline::Deadline;
-use request::{BodyFraming, RequestParse, Version};
+use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
+use ingress_wire::target;
 use response::ResponseContext;
 use rewind::Rewind;
 
 use super::listener::HttpSettings;
 use super::route::Refusal;
-use super::target;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
 
@@ -269,10 +267,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         &request::Upstream {
                             target: &target,
                             authority,
-                            client: &self.conn.client,
-                            options: &proxy.settings.headers,
+                            client: self.conn.client.facts(),
+                            underscores: proxy.settings.headers.underscores,
                             body: req.body.into(),
                             upgrade: upgrade.is_some(),
+                            new_request_id: super::forward::new_request_id(),
                         },
                     );
                 }
@@ -432,7 +431,7 @@ fn unreachable_forward() -> (StatusCode, Option<String>, Outcome) {
 /// Whether every protocol an `Upgrade` header offers is one the route allows.
 fn allowed(upgrades: &[String], offered: &[u8]) -> bool {
     let mut any = false;
-    for token in super::forward::tokens(offered) {
+    for token in ingress_wire::header::tokens(offered) {
         let name = token.split(|&b| b == b'/').next().unwrap_or(token);
         if !upgrades
             .iter()

@@ -18,9 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::StatusCode;
 
-use super::chunked::Chunked;
-use super::request::{MAX_HEADERS, push};
-use crate::proxy::forward::{self, Kind, tokens};
+use ingress_wire::chunked::{ChunkError, Chunked};
+use ingress_wire::header::{self, Kind, tokens};
+use ingress_wire::request::{MAX_HEADERS, push};
 
 /// How a response body is delimited, as the upstream sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub enum Framing {
 impl Framing {
     /// Of `avail`, the next bytes from the upstream, how many belong to the body, and whether
     /// the body ended there.
-    pub fn take(&mut self, avail: &[u8]) -> Result<(usize, bool), super::chunked::ChunkError> {
+    pub fn take(&mut self, avail: &[u8]) -> Result<(usize, bool), ChunkError> {
         match self {
             Framing::Empty => Ok((0, true)),
             Framing::Length(left) => {
@@ -119,7 +119,7 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
     let (mut has_date, mut has_hsts) = (false, false);
     let mut upgrade_to = None;
     for h in headers {
-        match forward::kind(h.name) {
+        match header::kind(h.name) {
             Kind::ContentLength => match (content_length(h.value), length) {
                 (Some(n), None) => length = Some(n),
                 (Some(n), Some(m)) if n == m => {}
@@ -206,7 +206,7 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
         ],
     );
     for h in headers {
-        match forward::kind(h.name) {
+        match header::kind(h.name) {
             Kind::Connection
             | Kind::HopByHop
             | Kind::Upgrade
@@ -266,7 +266,7 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
 fn single_chunked(headers: &[httparse::Header<'_>]) -> bool {
     let mut codings = headers
         .iter()
-        .filter(|h| forward::kind(h.name) == Kind::TransferEncoding)
+        .filter(|h| header::kind(h.name) == Kind::TransferEncoding)
         .flat_map(|h| tokens(h.value));
     codings
         .next()
@@ -280,7 +280,7 @@ fn write_codings(out: &mut Vec<u8>, headers: &[httparse::Header<'_>]) {
     let mut first = true;
     for h in headers
         .iter()
-        .filter(|h| forward::kind(h.name) == Kind::TransferEncoding)
+        .filter(|h| header::kind(h.name) == Kind::TransferEncoding)
     {
         for coding in tokens(h.value) {
             if !first {
@@ -304,10 +304,10 @@ fn same_protocol(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn listed(headers: &[httparse::Header<'_>], name: &str) -> bool {
-    forward::connection_lists(
+    header::connection_lists(
         headers
             .iter()
-            .filter(|h| forward::kind(h.name) == Kind::Connection)
+            .filter(|h| header::kind(h.name) == Kind::Connection)
             .map(|h| h.value),
         name,
     )

@@ -25,7 +25,7 @@ use std::fmt;
 
 /// What to do with an encoded slash (`%2F`) or backslash (`%5C`) in a path, as Envoy names the
 /// choices.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EscapedSlashes {
     /// Leave them encoded, in routing and upstream; the request is refused (400) if decoding
     /// them would route it anywhere else. Keeps APIs that put `%2F` in a path segment working.

@@ -11,7 +11,7 @@
 //!     │          Content-Length, never in HTTP/1.0 (400); one Content-Length, digits only (400)
 //!     │ Expect: 100-continue, or 417
 //!     └> RequestHead ─ write_upstream: METHOD normalised-target HTTP/1.1, the proxy's Host and
-//!                      forwarding headers, the client's other headers (forward.rs), and the
+//!                      forwarding headers, the client's other headers (header.rs), and the
 //!                      body framed by the proxy (Content-Length, or chunked re-encoded)
 //! ```
 //!
@@ -23,9 +23,9 @@ use std::borrow::Cow;
 
 use http::StatusCode;
 
-use crate::proxy::authority::{self, Authority};
-use crate::proxy::forward::{self, ClientSide, HeaderOptions, Kind, tokens};
-use crate::proxy::target::Target;
+use crate::authority::{self, Authority};
+use crate::header::{self, Kind, tokens};
+use crate::target::Target;
 
 /// As many header lines as hyper accepts.
 pub const MAX_HEADERS: usize = 100;
@@ -157,10 +157,9 @@ pub fn parse<'h, 'b>(
     let (mut te_seen, mut chunked, mut other_coding, mut last_chunked) = (false, 0, false, false);
     let mut expect = None;
     let mut upgrade = None;
-    let (mut close, mut keep_alive, mut wants_upgrade, mut lists_headers) =
-        (false, false, false, false);
+    let (mut close, mut wants_upgrade, mut lists_headers) = (false, false, false);
     for h in headers {
-        match forward::kind(h.name) {
+        match header::kind(h.name) {
             Kind::Host => {
                 hosts += 1;
                 host = Some(h.value);
@@ -187,7 +186,7 @@ pub fn parse<'h, 'b>(
                     if token.eq_ignore_ascii_case(b"close") {
                         close = true;
                     } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        keep_alive = true;
+                        // The default for HTTP/1.1; HTTP/1.0 connections close regardless.
                     } else if token.eq_ignore_ascii_case(b"upgrade") {
                         wants_upgrade = true;
                     } else {
@@ -263,7 +262,6 @@ pub fn parse<'h, 'b>(
     // HTTP/1.0 connections close after one exchange; persistent ones are rare enough not to be
     // worth HTTP/1.0's keep-alive rules.
     let close = close || version == Version::Http10;
-    let _ = keep_alive;
     let upgrade = upgrade.filter(|_| wants_upgrade && version == Version::Http11);
 
     RequestParse::Complete(RequestHead {
@@ -341,15 +339,30 @@ impl From<BodyFraming> for UpstreamBody {
     }
 }
 
+/// What the upstream is told about the client side of the connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientFacts<'a> {
+    /// `X-Forwarded-For` and `X-Real-IP`.
+    pub ip: &'a [u8],
+    /// `X-Forwarded-Port`: the port the client connected to.
+    pub port: &'a [u8],
+    /// `X-Forwarded-Proto`, `X-Forwarded-Scheme` and `X-Scheme`.
+    pub https: bool,
+}
+
 /// Everything the upstream head is written from.
 pub struct Upstream<'a> {
     pub target: &'a Target<'a>,
+    /// `Host` and `X-Forwarded-Host`.
     pub authority: &'a str,
-    pub client: &'a ClientSide,
-    pub options: &'a HeaderOptions,
+    pub client: ClientFacts<'a>,
+    /// Pass on header names with `_`.
+    pub underscores: bool,
     pub body: UpstreamBody,
     /// Pass `Upgrade` on, with `Connection: upgrade`.
     pub upgrade: bool,
+    /// The request id to send when the client's is missing or unusable.
+    pub new_request_id: [u8; 32],
 }
 
 /// Writes the head sent upstream.
@@ -361,27 +374,25 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
     out.extend_from_slice(up.authority.as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut request_id = None;
-    let mut chain_started = false;
     let mut chain = Vec::new();
     for h in req.headers {
-        let kind = forward::kind(h.name);
+        let kind = header::kind(h.name);
         match kind {
-            Kind::RequestId if request_id.is_none() && forward::usable_request_id(h.value) => {
+            Kind::RequestId if request_id.is_none() && header::usable_request_id(h.value) => {
                 request_id = Some(h.value);
             }
             Kind::Forwarding if h.name.eq_ignore_ascii_case("x-forwarded-for") => {
-                if let Some(value) = forward::chain_value(h.value) {
-                    if chain_started {
+                if let Some(value) = header::chain_value(h.value) {
+                    if !chain.is_empty() {
                         chain.extend_from_slice(b", ");
                     }
                     chain.extend_from_slice(value);
-                    chain_started = true;
                 }
             }
             Kind::Upgrade if up.upgrade => push(out, &[b"upgrade: ", h.value, b"\r\n"]),
             _ => {}
         }
-        if !forward::passes(h.name, kind, up.options)
+        if !header::passes(h.name, kind, up.underscores)
             || (req.lists_headers && listed_in_connection(req.headers, h.name))
         {
             continue;
@@ -403,9 +414,8 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
         ),
         UpstreamBody::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
     }
-    let client = up.client;
-    let ip = client.client_ip.as_bytes();
-    let proto = client.proto().as_bytes();
+    let ip = up.client.ip;
+    let proto: &[u8] = if up.client.https { b"https" } else { b"http" };
     push(
         out,
         &[
@@ -420,7 +430,7 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
             b"\r\nx-scheme: ",
             proto,
             b"\r\nx-forwarded-port: ",
-            client.port.as_bytes(),
+            up.client.port,
             b"\r\nx-forwarded-host: ",
             up.authority.as_bytes(),
             b"\r\nx-original-uri: ",
@@ -431,27 +441,21 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
     if !chain.is_empty() {
         push(out, &[b"x-original-forwarded-for: ", &chain, b"\r\n"]);
     }
-    match request_id {
-        Some(id) => push(out, &[b"x-request-id: ", id, b"\r\n"]),
-        None => push(
-            out,
-            &[b"x-request-id: ", &forward::new_request_id(), b"\r\n"],
-        ),
-    }
-    out.extend_from_slice(b"\r\n");
+    let id = request_id.unwrap_or(&up.new_request_id);
+    push(out, &[b"x-request-id: ", id, b"\r\n\r\n"]);
 }
 
 fn listed_in_connection(headers: &[httparse::Header<'_>], name: &str) -> bool {
-    forward::connection_lists(
+    header::connection_lists(
         headers
             .iter()
-            .filter(|h| forward::kind(h.name) == Kind::Connection)
+            .filter(|h| header::kind(h.name) == Kind::Connection)
             .map(|h| h.value),
         name,
     )
 }
 
-pub(super) fn push(out: &mut Vec<u8>, parts: &[&[u8]]) {
+pub fn push(out: &mut Vec<u8>, parts: &[&[u8]]) {
     for part in parts {
         out.extend_from_slice(part);
     }

@@ -225,6 +225,32 @@ impl Chunked {
     }
 }
 
+/// Appends one chunk holding `data` (nothing for empty data, which would end the body).
+pub fn encode_chunk(data: &[u8], out: &mut Vec<u8>) {
+    if data.is_empty() {
+        return;
+    }
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut size = [0u8; 16];
+    let mut i = size.len();
+    let mut n = data.len();
+    loop {
+        i -= 1;
+        size[i] = DIGITS[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&size[i..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The last chunk, with no trailers: what ends every body the proxy re-encodes.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
 fn hex(byte: u8) -> Option<u8> {
     match byte {
         b'0'..=b'9' => Some(byte - b'0'),
@@ -352,6 +378,26 @@ mod tests {
                     "{:?} in pieces of {step}",
                     String::from_utf8_lossy(input)
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_are_encoded_in_hex() {
+        for (data, want) in [
+            (&b""[..], &b""[..]),
+            (b"a", b"1\r\na\r\n"),
+            (&[b'x'; 255], b"ff\r\n"),
+            (&[b'x'; 16384], b"4000\r\n"),
+        ] {
+            let mut out = Vec::new();
+            encode_chunk(data, &mut out);
+            assert!(out.starts_with(want), "{}", data.len());
+            if !data.is_empty() {
+                let (_, done) = Chunked::default()
+                    .advance(&[out.as_slice(), LAST_CHUNK].concat())
+                    .unwrap();
+                assert!(done);
             }
         }
     }
