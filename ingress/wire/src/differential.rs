@@ -225,8 +225,8 @@ async fn hyper_reads_async(input: &[u8]) -> Vec<Read> {
         let (_served, ()) = tokio::join!(serve, feed);
     })
     .await;
-    let out = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    out
+    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    std::mem::take(&mut *seen)
 }
 
 /// The property: every request this crate accepts, hyper reads the same way from the client's
