@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::diagnostics::{DiagnosticKind, Severity};
+use crate::snapshot::address::Refusal;
 use crate::snapshot::sni::GateReason;
 use crate::snapshot::{Route, RouteLabels, Snapshot};
 use crate::tls::certs::CertSource;
@@ -102,6 +103,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub status_updates: Family<ResultLabels, Counter>,
     pub events_published: Family<ResultLabels, Counter>,
+    pub upstream_address_refused: Family<ReasonLabels, Counter>,
     pub passthrough: crate::passthrough::PassthroughMetrics,
 }
 
@@ -236,6 +238,18 @@ impl Metrics {
             "Kubernetes Events published for diagnostics, by result (ok, error)",
             events_published.clone(),
         );
+        let upstream_address_refused = Family::<ReasonLabels, Counter>::default();
+        for refusal in Refusal::ALL {
+            // A zero sample for each reason, so alerts see the series before it first moves.
+            drop(upstream_address_refused.get_or_create(&ReasonLabels {
+                reason: refusal.as_str(),
+            }));
+        }
+        registry.register(
+            "upstream_address_refused",
+            "Connections not made because an ExternalName resolved to an address refused as a backend, by reason (loopback, link_local, unspecified, host_address)",
+            upstream_address_refused.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -282,8 +296,17 @@ impl Metrics {
             leader,
             status_updates,
             events_published,
+            upstream_address_refused,
             passthrough,
         }
+    }
+
+    pub fn count_address_refused(&self, refusal: Refusal) {
+        self.upstream_address_refused
+            .get_or_create(&ReasonLabels {
+                reason: refusal.as_str(),
+            })
+            .inc();
     }
 
     pub fn count_gate(&self, reason: GateReason) {
