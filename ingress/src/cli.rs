@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use crate::admin::RemoteAccess;
 use crate::gate::EarlyReset;
 use crate::snapshot::annotations::UnsupportedAccess;
 use crate::snapshot::sni::{Admit, UnnamedPolicy};
@@ -296,7 +297,7 @@ pub struct ListenArgs {
         value_name = "N"
     )]
     pub https_port: u16,
-    /// Address the HTTP, HTTPS and admin listeners bind to.
+    /// Address the HTTP and HTTPS listeners bind to.
     #[arg(
         long,
         env = "INGRESS_BIND",
@@ -312,6 +313,21 @@ pub struct ListenArgs {
         value_name = "N"
     )]
     pub admin_port: u16,
+    /// Address the admin listener binds to. On a hostNetwork pod the kubelet probes the node's
+    /// address, so the default is every address; `127.0.0.1` keeps it off the network entirely
+    /// (then use exec probes and a node-local scraper).
+    #[arg(
+        long,
+        env = "INGRESS_ADMIN_BIND",
+        default_value = "0.0.0.0",
+        value_name = "ADDR"
+    )]
+    pub admin_bind: IpAddr,
+    /// Which admin paths answer peers other than loopback: `probes` (/healthz, /readyz),
+    /// `metrics` (those and /metrics, for Prometheus) or `all` (/routes too, which lists every
+    /// host, Service, endpoint and Secret name).
+    #[arg(long, env = "INGRESS_ADMIN_REMOTE_ACCESS", value_enum, default_value_t = RemoteAccess::Metrics)]
+    pub admin_remote_access: RemoteAccess,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -410,6 +426,8 @@ mod tests {
         let l = &cli.run.listen;
         assert_eq!((l.http_port, l.https_port, l.admin_port), (80, 443, 10254));
         assert_eq!(l.bind.to_string(), "0.0.0.0");
+        assert_eq!(l.admin_bind.to_string(), "0.0.0.0");
+        assert_eq!(l.admin_remote_access, RemoteAccess::Metrics);
     }
 
     #[test]

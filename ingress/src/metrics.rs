@@ -104,6 +104,7 @@ pub struct Metrics {
     pub status_updates: Family<ResultLabels, Counter>,
     pub events_published: Family<ResultLabels, Counter>,
     pub upstream_address_refused: Family<ReasonLabels, Counter>,
+    pub admin_connections_refused: Counter,
     pub passthrough: crate::passthrough::PassthroughMetrics,
 }
 
@@ -250,6 +251,12 @@ impl Metrics {
             "Connections not made because an ExternalName resolved to an address refused as a backend, by reason (loopback, link_local, unspecified, host_address)",
             upstream_address_refused.clone(),
         );
+        let admin_connections_refused = Counter::default();
+        registry.register(
+            "admin_connections_refused",
+            "Admin-port connections closed on accept because their peer (or remote peers together) reached the connection cap",
+            admin_connections_refused.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -297,6 +304,7 @@ impl Metrics {
             status_updates,
             events_published,
             upstream_address_refused,
+            admin_connections_refused,
             passthrough,
         }
     }

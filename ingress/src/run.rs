@@ -78,13 +78,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
 
-    let admin_addr = SocketAddr::new(args.listen.bind, args.listen.admin_port);
+    let admin_addr = SocketAddr::new(args.listen.admin_bind, args.listen.admin_port);
     let admin_listener = bind("admin", admin_addr).await?;
-    let admin = Arc::new(Admin {
-        published: published.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-    });
+    let admin = Arc::new(Admin::new(
+        published.clone(),
+        metrics.clone(),
+        health.clone(),
+        args.listen.admin_remote_access,
+    ));
     tokio::spawn(admin.serve(admin_listener, stop.clone()));
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
