@@ -9,6 +9,8 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::admin::RemoteAccess;
 use crate::gate::EarlyReset;
+use crate::proxy::authority::NoSniRequests;
+use crate::proxy::target::EscapedSlashes;
 use crate::snapshot::annotations::UnsupportedAccess;
 use crate::snapshot::sni::{Admit, UnnamedPolicy};
 
@@ -44,6 +46,10 @@ pub struct RunArgs {
     pub listen: ListenArgs,
     #[command(flatten)]
     pub proxy: ProxyArgs,
+    #[command(flatten)]
+    pub requests: RequestArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -174,6 +180,11 @@ pub struct TlsArgs {
     /// Bytes that are not TLS at all (such as plain HTTP) on the HTTPS port: accept or reject.
     #[arg(long, env = "INGRESS_NOT_TLS", value_enum, default_value_t = Admit::Reject)]
     pub not_tls: Admit,
+    /// Requests on a TLS connection that sent no SNI: `default-certificate` answers 421 to any
+    /// that names a host served with a certificate of its own; `any` routes them by Host alone,
+    /// as ingress-nginx does.
+    #[arg(long, env = "INGRESS_NO_SNI_REQUESTS", value_enum, default_value_t = NoSniRequests::DefaultCertificate)]
+    pub no_sni_requests: NoSniRequests,
 }
 
 impl TlsArgs {
@@ -336,11 +347,13 @@ pub struct ProxyArgs {
     /// Time allowed to open a connection to an upstream endpoint (then 504).
     #[arg(long, env = "INGRESS_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = duration)]
     pub upstream_connect_timeout: Duration,
-    /// Time allowed for an upstream to send response headers (then 504). The
-    /// `proxy-read-timeout` annotation overrides it per Ingress.
+    /// Time allowed for an upstream to send response headers (then 504), and the longest it may
+    /// pause while sending a response body. The `proxy-read-timeout` annotation overrides it per
+    /// Ingress.
     #[arg(long, env = "INGRESS_UPSTREAM_RESPONSE_TIMEOUT", default_value = "60s", value_parser = duration)]
     pub upstream_response_timeout: Duration,
-    /// Time allowed for a client to send a request's headers.
+    /// Time allowed for a client to send a request's headers, from their first byte; and for
+    /// an HTTP/2 connection to start its first request.
     #[arg(long, env = "INGRESS_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub header_read_timeout: Duration,
     /// Largest request head accepted, in bytes (then 431). At least 8192.
@@ -365,6 +378,61 @@ pub struct ProxyArgs {
     /// is closed.
     #[arg(long, env = "INGRESS_PASSTHROUGH_IDLE_TIMEOUT", default_value = "1h", value_parser = duration)]
     pub passthrough_idle_timeout: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Requests")]
+pub struct RequestArgs {
+    /// An encoded slash or backslash (`%2F`, `%5C`) in a path: `keep` it encoded (and answer
+    /// 400 when decoding it would route the request elsewhere), `reject` the request (400), or
+    /// `unescape` it to `/` for routing and the upstream alike.
+    #[arg(long, env = "INGRESS_ESCAPED_SLASHES", value_enum, default_value_t = EscapedSlashes::Keep)]
+    pub escaped_slashes: EscapedSlashes,
+    /// Merge repeated slashes in paths (`//` becomes `/`) for routing and the upstream alike.
+    #[arg(long, env = "INGRESS_MERGE_SLASHES", default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    pub merge_slashes: bool,
+    /// Pass on request headers whose names contain `_` (dropped by default, as nginx does).
+    #[arg(long, env = "INGRESS_ENABLE_UNDERSCORES_IN_HEADERS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_underscores_in_headers: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Client connections held at once, on all listeners together; more are closed on accept
+    /// (0: no cap).
+    #[arg(
+        long,
+        env = "INGRESS_MAX_CONNECTIONS",
+        default_value_t = 16_384,
+        value_name = "N"
+    )]
+    pub max_connections: usize,
+    /// Client connections held at once from one client (an IPv4 address or an IPv6 /64); more
+    /// are closed on accept (0: no cap).
+    #[arg(
+        long,
+        env = "INGRESS_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 1024,
+        value_name = "N"
+    )]
+    pub max_connections_per_client: u32,
+    /// How long a client connection may wait for its next request.
+    #[arg(long, env = "INGRESS_CLIENT_KEEPALIVE_TIMEOUT", default_value = "75s", value_parser = duration)]
+    pub client_keepalive_timeout: Duration,
+    /// The longest a client may pause while sending a request body (then 408).
+    #[arg(long, env = "INGRESS_CLIENT_BODY_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub client_body_timeout: Duration,
+    /// The longest a write to a client may stall (then the connection closes).
+    #[arg(long, env = "INGRESS_CLIENT_SEND_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub client_send_timeout: Duration,
+    /// The longest a write to an upstream may stall (then 502).
+    #[arg(long, env = "INGRESS_UPSTREAM_SEND_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub upstream_send_timeout: Duration,
+    /// How often an HTTP/2 client connection is sent a PING; one not answered within 20 s
+    /// closes the connection.
+    #[arg(long, env = "INGRESS_HTTP2_PING_INTERVAL", default_value = "30s", value_parser = duration)]
+    pub http2_ping_interval: Duration,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -46,6 +46,12 @@ pub struct ListenerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -91,6 +97,7 @@ pub struct Metrics {
     pub config_errors: Family<KindLabels, Gauge>,
     pub connections: Family<ListenerLabels, Counter>,
     pub connections_active: Family<ListenerLabels, Gauge>,
+    pub connections_refused: Family<RefusedLabels, Counter>,
     pub ebpf_enabled: Gauge,
     pub gate_sync_errors: Counter,
     pub ready: Gauge,
@@ -171,6 +178,12 @@ impl Metrics {
             "connections_active",
             "Open client connections by listener",
             connections_active.clone(),
+        );
+        let connections_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Client connections closed on accept because a connection cap was reached, by listener and cap (max_connections, max_connections_per_client)",
+            connections_refused.clone(),
         );
         let ebpf_enabled = Gauge::default();
         registry.register(
@@ -291,6 +304,7 @@ impl Metrics {
             config_errors,
             connections,
             connections_active,
+            connections_refused,
             ebpf_enabled,
             gate_sync_errors,
             ready,

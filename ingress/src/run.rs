@@ -13,7 +13,10 @@ use crate::cli::{Mode, PolicyArgs, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::metrics::Metrics;
+use crate::proxy::caps::ConnectionCaps;
+use crate::proxy::forward::HeaderOptions;
 use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
+use crate::proxy::target::PathSettings;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::report;
@@ -120,12 +123,23 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         ProxySettings {
             connect_timeout: args.proxy.upstream_connect_timeout,
             response_timeout: args.proxy.upstream_response_timeout,
+            upstream_send_timeout: args.limits.upstream_send_timeout,
+            client_body_timeout: args.limits.client_body_timeout,
+            client_send_timeout: args.limits.client_send_timeout,
             access_log: args.log.access_log,
             https_port: args.listen.https_port,
             hsts: args
                 .tls
                 .hsts_value()
                 .and_then(|v| http::HeaderValue::from_str(&v).ok()),
+            paths: PathSettings {
+                escaped_slashes: args.requests.escaped_slashes,
+                merge_slashes: args.requests.merge_slashes,
+            },
+            headers: HeaderOptions {
+                underscores: args.requests.enable_underscores_in_headers,
+            },
+            no_sni_requests: args.tls.no_sni_requests,
         },
     ));
     let serving = Arc::new(Serving::new(
@@ -133,14 +147,21 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         HttpSettings {
             header_read_timeout: args.proxy.header_read_timeout,
             max_header_size: args.proxy.max_header_size,
+            keepalive_timeout: args.limits.client_keepalive_timeout,
+            http2_ping_interval: args.limits.http2_ping_interval,
         },
     ));
+    let caps = ConnectionCaps::new(
+        args.limits.max_connections,
+        args.limits.max_connections_per_client,
+    );
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
     let http = Listener {
         name: "http",
         listener: bind("http", http_addr).await?,
         handshake: Arc::new(Plain),
         https: false,
+        caps: caps.clone(),
     };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
     let https_listener = bind("https", https_addr).await?;
@@ -163,6 +184,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             passthrough: crate::passthrough::PassthroughSettings::from_args(&args.proxy),
         }),
         https: true,
+        caps,
     };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(

@@ -49,7 +49,12 @@ async fn forwarding_headers_and_hop_by_hop() {
     assert_eq!(h("host").as_deref(), Some("h.example.com"));
     assert_eq!(
         h("x-forwarded-for").as_deref(),
-        Some("203.0.113.9, 127.0.0.1")
+        Some("127.0.0.1"),
+        "the peer, as ingress-nginx sets it; a client cannot add hops"
+    );
+    assert_eq!(
+        h("x-original-forwarded-for").as_deref(),
+        Some("203.0.113.9")
     );
     assert_eq!(h("x-real-ip").as_deref(), Some("127.0.0.1"));
     assert_eq!(

@@ -1,5 +1,5 @@
-//! The HTTP/1.1 fast path with raw sockets on both sides: every way a response body can be
-//! framed, requests handed to hyper in the middle of a connection, pipelining, retries of
+//! The HTTP/1.x path with raw sockets on both sides: every way a response body can be framed,
+//! request bodies of every framing one after another on one connection, pipelining, retries of
 //! kept-alive upstream connections that turn out closed, and shutdown of idle connections.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -295,7 +295,7 @@ fn every_response_framing_reaches_the_client_intact() {
 }
 
 #[test]
-fn requests_hyper_serves_can_follow_fast_ones_on_one_connection() {
+fn bodies_of_every_framing_follow_each_other_on_one_connection() {
     let (scripted, web) = (Scripted::start(), Backend::start("web"));
     let (_dir, ingress) = setup("handoff", &scripted, &web);
     let host = "w.example.com";
@@ -304,7 +304,7 @@ fn requests_hyper_serves_can_follow_fast_ones_on_one_connection() {
     let (mut stream, mut reader) = connect(&ingress);
     stream.write_all(get(host, "/first").as_bytes()).unwrap();
     assert_eq!(echo(&read_reply(&mut reader, false)).uri, "/first");
-    // A small body stays on the fast path; a chunked one goes to hyper, and so does the rest.
+    // A small body is sent with the head; a chunked one is streamed, re-encoded.
     stream
         .write_all(
             format!(
@@ -339,7 +339,7 @@ fn requests_hyper_serves_can_follow_fast_ones_on_one_connection() {
         assert_eq!(echo(&read_reply(&mut reader, false)).uri, want);
     }
 
-    // HTTP/1.0 is hyper's, from the first request.
+    // HTTP/1.0.
     let (mut stream, mut reader) = connect(&ingress);
     stream
         .write_all(format!("GET /old HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())

@@ -1,5 +1,5 @@
-//! Upstream HTTP/1.1 connections: one keep-alive pool per endpoint, with each connection driven
-//! inline by the task that uses it.
+//! Upstream HTTP/1.1 connections for HTTP/2 requests: one keep-alive pool per endpoint, with
+//! each connection driven inline by the task that uses it.
 //!
 //! ```text
 //!   checkout(endpoint) ── idle connection (still open?) ──┐
@@ -36,7 +36,10 @@ use crate::snapshot::backend::ExternalName;
 
 /// Boxed: the connection's state is large, and a checked-out connection travels inside the
 /// response body, which is moved several times per request.
-type Conn = Box<http1::Connection<TokioIo<TcpStream>, Incoming>>;
+type Conn = Box<http1::Connection<TokioIo<TcpStream>, RequestBody>>;
+
+/// A client's request body on its way upstream, failing if the client pauses too long.
+pub type RequestBody = super::idle::IdleBody<Incoming>;
 
 /// Where a pooled connection goes: an endpoint address, or a DNS name for ExternalName.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -69,14 +72,14 @@ pub struct PoolSettings {
 }
 
 struct Idle {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     conn: Conn,
     since: Instant,
 }
 
 /// A connection checked out for one request.
 pub struct Checked {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     conn: Conn,
     key: PoolKey,
     pool: Arc<Pool>,
@@ -97,7 +100,7 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         key: PoolKey,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let mut checked = self.checkout(&key).await?;
         let outcome = checked.send(req).await;
@@ -124,28 +127,6 @@ impl Pool {
             },
             Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
         }
-    }
-
-    /// For protocol upgrades: a fresh connection driven by its own task, so the upgraded stream
-    /// outlives the request.
-    pub async fn send_upgrade(
-        &self,
-        key: &PoolKey,
-        req: Request<Incoming>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        let stream = self.open(key).await?;
-        let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::from_hyper)?;
-        tokio::spawn(async move {
-            if let Err(err) = conn.with_upgrades().await {
-                tracing::debug!(%err, "upgraded upstream connection ended");
-            }
-        });
-        sender
-            .send_request(req)
-            .await
-            .map_err(UpstreamError::from_hyper)
     }
 
     async fn checkout(self: &Arc<Self>, key: &PoolKey) -> Result<Checked, UpstreamError> {
@@ -281,8 +262,8 @@ impl Checked {
     /// Polls the connection while waiting for the response head.
     async fn send(
         &mut self,
-        req: Request<Incoming>,
-    ) -> Result<Response<Incoming>, TrySendError<Request<Incoming>>> {
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, TrySendError<Request<RequestBody>>> {
         let response = self.sender.try_send_request(req);
         let mut response = std::pin::pin!(response);
         let conn = &mut self.conn;

@@ -7,13 +7,15 @@
 //!
 //! Machines are noisy, so every claim is a ratio against nginx measured in the same run, with
 //! the two proxies interleaved round by round and the median round reported. Nothing here
-//! passes or fails on a number: it prints them.
+//! passes or fails on a number: it prints them, and writes them to `docs/benchmark-results.md`
+//! with the date, commit and machine (see `report`), so nobody copies them by hand.
 
 mod gate;
 mod http;
 mod kube;
 mod passthrough;
 mod procs;
+mod report;
 mod rig;
 mod scale;
 mod tls;
@@ -24,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use self::report::Report;
 use crate::toolchain::RouteArg;
 use crate::workspace::Workspace;
 
@@ -44,6 +47,8 @@ pub struct Bench {
     pub rounds: usize,
     pub duration: Duration,
     pub connections: u32,
+    /// What the sections print: `writeln!(bench.report, ...)` prints a line and keeps it.
+    pub report: Report,
 }
 
 impl Bench {
@@ -61,12 +66,17 @@ pub fn run(args: &Args) -> Result<()> {
     for tool in ["nginx", "wrk", "h2load", "taskset"] {
         procs::require(tool)?;
     }
+    let rounds = if args.quick { 2 } else { 3 };
+    let duration = Duration::from_secs(if args.quick { 4 } else { 10 });
+    let connections = 32;
+    let setup = format!("{rounds} rounds of {duration:?}, {connections} connections");
     let bench = Bench {
         ingress,
         dir: ws.target_dir.join("bench"),
-        rounds: if args.quick { 2 } else { 3 },
-        duration: Duration::from_secs(if args.quick { 4 } else { 10 }),
-        connections: 32,
+        rounds,
+        duration,
+        connections,
+        report: Report::new(&ws, args.quick, &setup),
     };
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     println!(
@@ -76,23 +86,30 @@ pub fn run(args: &Args) -> Result<()> {
     if procs::cpus() < 2 {
         println!("note: fewer than 2 CPUs; pinning is skipped and numbers are less meaningful");
     }
+    // Each section's results are written as soon as it ends, so a later failure keeps them.
     if wanted("http") {
         http::run(&bench)?;
+        bench.report.finish("http")?;
     }
     if wanted("https") {
         tls::run(&bench)?;
+        bench.report.finish("https")?;
     }
     if wanted("memory") || wanted("scale") {
         scale::run(&bench)?;
+        bench.report.finish("memory")?;
     }
     if wanted("kube") {
         kube::run(&bench, args.quick)?;
+        bench.report.finish("kube")?;
     }
     if wanted("passthrough") {
         passthrough::run(&bench, args.quick)?;
+        bench.report.finish("passthrough")?;
     }
     if wanted("gate") {
         gate::run(&bench, args.quick)?;
+        bench.report.finish("gate")?;
     }
     Ok(())
 }

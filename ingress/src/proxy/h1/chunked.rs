@@ -1,12 +1,18 @@
-//! Where a chunked body ends (RFC 9112 section 7.1), found without decoding it: the fast path
-//! relays chunked responses byte for byte and only needs to know which bytes belong to them.
+//! Chunked bodies (RFC 9112 section 7.1), walked one byte of framing at a time and in bulk over
+//! data: `advance` finds where a body ends (responses are relayed byte for byte), `decode` also
+//! says which bytes are data (request bodies are re-encoded for the upstream, and responses
+//! de-chunked for HTTP/1.0 clients).
+//!
+//! Strict by design: hex sizes only, CRLF exactly where the grammar puts it (no bare CR or LF
+//! anywhere in the framing), bounded extension and trailer lines. Every disagreement about where
+//! a chunked message ends is a request-smuggling bug waiting for a peer that disagrees.
 
 /// Longest chunk size accepted, in hex digits: 15 keeps the size inside a u64.
 const MAX_SIZE_DIGITS: u8 = 15;
 /// Longest chunk extension or trailer line accepted.
 const MAX_LINE: u32 = 8 * 1024;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ChunkError {
     #[error("invalid chunk size")]
     Size,
@@ -24,7 +30,9 @@ enum State {
     Size {
         digits: u8,
     },
-    /// After the size: an extension (or whitespace) up to CR.
+    /// Whitespace after the size (RFC 9112's BWS): more of it, `;` or CR.
+    SizeWs,
+    /// After `;`: an extension up to CR.
     Extension {
         len: u32,
     },
@@ -42,6 +50,17 @@ enum State {
     TrailerLf,
     EndLf,
     Done,
+}
+
+/// One step of `Chunked::decode`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// Bytes of the input walked.
+    pub consumed: usize,
+    /// The data bytes among them (empty when none).
+    pub data: std::ops::Range<usize>,
+    /// The body ended (last chunk and trailers read).
+    pub done: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +107,49 @@ impl Chunked {
         Ok((i, self.state == State::Done))
     }
 
+    /// Walks `buf` up to and including its first run of data bytes: the caller copies those
+    /// and calls again with the rest.
+    pub fn decode(&mut self, buf: &[u8]) -> Result<Decoded, ChunkError> {
+        let mut i = 0;
+        while i < buf.len() {
+            if let State::Data { left } = self.state {
+                let take = usize::try_from(left)
+                    .unwrap_or(usize::MAX)
+                    .min(buf.len() - i);
+                let left = left - take as u64;
+                self.state = if left == 0 {
+                    State::DataCr
+                } else {
+                    State::Data { left }
+                };
+                return Ok(Decoded {
+                    consumed: i + take,
+                    data: i..i + take,
+                    done: false,
+                });
+            }
+            let byte = buf[i];
+            i += 1;
+            self.state = self.step(byte)?;
+            if self.state == State::Done {
+                return Ok(Decoded {
+                    consumed: i,
+                    data: i..i,
+                    done: true,
+                });
+            }
+        }
+        Ok(Decoded {
+            consumed: i,
+            data: i..i,
+            done: self.state == State::Done,
+        })
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
     fn step(&mut self, byte: u8) -> Result<State, ChunkError> {
         Ok(match self.state {
             State::Size { digits } => match hex(byte) {
@@ -101,15 +163,24 @@ impl Chunked {
                 None if digits == 0 => return Err(ChunkError::Size),
                 None => match byte {
                     b'\r' => State::SizeLf,
-                    b';' | b' ' | b'\t' => State::Extension { len: 0 },
+                    b';' => State::Extension { len: 0 },
+                    b' ' | b'\t' => State::SizeWs,
                     _ => return Err(ChunkError::Size),
                 },
             },
+            State::SizeWs => match byte {
+                b' ' | b'\t' => State::SizeWs,
+                b';' => State::Extension { len: 0 },
+                b'\r' => State::SizeLf,
+                _ => return Err(ChunkError::Size),
+            },
             State::Extension { len } => match byte {
                 b'\r' => State::SizeLf,
-                b'\n' => return Err(ChunkError::Crlf),
-                _ if len >= MAX_LINE => return Err(ChunkError::LineTooLong),
-                _ => State::Extension { len: len + 1 },
+                b'\t' | b' '..=b'~' | 0x80..=0xff if len < MAX_LINE => {
+                    State::Extension { len: len + 1 }
+                }
+                b'\t' | b' '..=b'~' | 0x80..=0xff => return Err(ChunkError::LineTooLong),
+                _ => return Err(ChunkError::Crlf),
             },
             State::SizeLf => match (byte, self.size) {
                 (b'\n', 0) => State::TrailerStart,
@@ -129,14 +200,16 @@ impl Chunked {
             },
             State::TrailerStart => match byte {
                 b'\r' => State::EndLf,
-                b'\n' => return Err(ChunkError::Crlf),
-                _ => State::Trailer { len: 1 },
+                b'\t' | b' '..=b'~' | 0x80..=0xff => State::Trailer { len: 1 },
+                _ => return Err(ChunkError::Crlf),
             },
             State::Trailer { len } => match byte {
                 b'\r' => State::TrailerLf,
-                b'\n' => return Err(ChunkError::Crlf),
-                _ if len >= MAX_LINE => return Err(ChunkError::LineTooLong),
-                _ => State::Trailer { len: len + 1 },
+                b'\t' | b' '..=b'~' | 0x80..=0xff if len < MAX_LINE => {
+                    State::Trailer { len: len + 1 }
+                }
+                b'\t' | b' '..=b'~' | 0x80..=0xff => return Err(ChunkError::LineTooLong),
+                _ => return Err(ChunkError::Crlf),
             },
             State::TrailerLf => match byte {
                 b'\n' => State::TrailerStart,
@@ -227,6 +300,59 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(input)
             );
+        }
+    }
+
+    /// Decodes `input` fed in pieces of `step` bytes; returns the data and whether it ended.
+    fn decode_all(input: &[u8], step: usize) -> Result<(Vec<u8>, bool), ChunkError> {
+        let mut c = Chunked::default();
+        let mut data = Vec::new();
+        for piece in input.chunks(step) {
+            let mut at = 0;
+            while at < piece.len() {
+                let d = c.decode(&piece[at..])?;
+                data.extend_from_slice(&piece[at..][d.data.clone()]);
+                at += d.consumed;
+                if d.done {
+                    return Ok((data, true));
+                }
+            }
+        }
+        Ok((data, false))
+    }
+
+    #[test]
+    fn decodes_data_in_any_pieces() {
+        let cases: &[(&[u8], Result<(&[u8], bool), ChunkError>)] = &[
+            (b"0\r\n\r\n", Ok((b"", true))),
+            (
+                b"5\r\nhello\r\n6;x=y\r\n world\r\n0\r\nT: v\r\n\r\nNEXT",
+                Ok((b"hello world", true)),
+            ),
+            (b"5\r\nhel", Ok((b"hel", false))),
+            (b"5\r\nhelloX", Err(ChunkError::Crlf)),
+            (b"5\r\nhello\n", Err(ChunkError::Crlf)),
+            (b"1;a\rb\r\nx\r\n", Err(ChunkError::Crlf)),
+            (b"-1\r\n", Err(ChunkError::Size)),
+            (b"5 xyz\r\nhello\r\n0\r\n\r\n", Err(ChunkError::Size)),
+            (b"5 ;a=b\r\nhello\r\n0\r\n\r\n", Ok((b"hello", true))),
+            (b"1;a\x00\r\nx\r\n", Err(ChunkError::Crlf)),
+            (b"0x5\r\n", Err(ChunkError::Size)),
+        ];
+        for (input, want) in cases {
+            for step in [1, 2, 3, 7, input.len().max(1)] {
+                let got = decode_all(input, step);
+                let want = want
+                    .as_ref()
+                    .map(|(d, done)| (d.to_vec(), *done))
+                    .map_err(|e| *e);
+                assert_eq!(
+                    got,
+                    want,
+                    "{:?} in pieces of {step}",
+                    String::from_utf8_lossy(input)
+                );
+            }
         }
     }
 

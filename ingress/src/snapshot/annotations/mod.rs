@@ -8,6 +8,7 @@
 pub mod registry;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use registry::{Category, Status};
@@ -16,7 +17,7 @@ pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
 
 /// Per-Ingress options, parsed once per snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Options {
     /// `ssl-redirect`: `None` means "redirect when the host has TLS".
     pub ssl_redirect: Option<bool>,
@@ -26,6 +27,22 @@ pub struct Options {
     pub ssl_passthrough: bool,
     /// `proxy-read-timeout`, in seconds: how long to wait for the upstream's response headers.
     pub read_timeout: Option<Duration>,
+    /// `ingress.rs/upgrades`: the protocols a client may switch to with `Upgrade` (lower-case);
+    /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
+    /// passes every `Upgrade` on.
+    pub upgrades: Arc<[String]>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            ssl_redirect: None,
+            force_ssl_redirect: false,
+            ssl_passthrough: false,
+            read_timeout: None,
+            upgrades: Arc::from(["websocket".to_string()]),
+        }
+    }
 }
 
 /// Parses the annotations this controller knows. Unknown keys are ignored, because other tools
@@ -52,6 +69,14 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    if let Some(value) = annotations.get(&format!("{PREFIX}upgrades")) {
+        match upgrade_list(value) {
+            Some(list) => options.upgrades = list,
+            None => errors.push(format!(
+                "{PREFIX}upgrades: {value:?} is not a comma-separated list of protocol names"
+            )),
+        }
+    }
     (options, errors)
 }
 
@@ -84,10 +109,14 @@ pub fn unsupported(annotations: Option<&BTreeMap<String, String>>) -> Vec<Unsupp
     annotations
         .keys()
         .filter_map(|key| {
-            let name = key
-                .strip_prefix(NGINX_PREFIX)
-                .or_else(|| key.strip_prefix(PREFIX))?;
-            match registry::lookup(name) {
+            let (name, entry) = match key.strip_prefix(PREFIX) {
+                Some(name) => (name, registry::lookup_own(name)),
+                None => {
+                    let name = key.strip_prefix(NGINX_PREFIX)?;
+                    (name, registry::lookup(name))
+                }
+            };
+            match entry {
                 Some(entry) if entry.status == Status::Supported => None,
                 Some(entry) => Some(Unsupported {
                     key: key.clone(),
@@ -102,6 +131,23 @@ pub fn unsupported(annotations: Option<&BTreeMap<String, String>>) -> Vec<Unsupp
             }
         })
         .collect()
+}
+
+/// Protocol names as `Upgrade` carries them (RFC 9110 tokens), without versions; empty is a
+/// valid list that allows none.
+fn upgrade_list(value: &str) -> Option<Arc<[String]>> {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| token(s).then(|| s.to_ascii_lowercase()))
+        .collect::<Option<Vec<String>>>()
+        .map(Arc::from)
 }
 
 fn seconds_of(
@@ -159,6 +205,8 @@ mod tests {
             (n("auth-brand-new"), Some((Category::AccessControl, false))),
             (n("no-such-thing"), Some((Category::Unknown, false))),
             (o("typo-redirect"), Some((Category::Unknown, false))),
+            (o("upgrades"), None),
+            (n("upgrades"), Some((Category::Unknown, false))),
             ("example.com/auth-url".to_string(), None),
             ("kubernetes.io/ingress.class".to_string(), None),
         ];
@@ -225,6 +273,25 @@ mod tests {
             ),
             (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
             (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
+            (
+                vec![(o("upgrades"), "WebSocket, h2c")],
+                Options {
+                    upgrades: Arc::from(["websocket".to_string(), "h2c".to_string()]),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("upgrades"), "")],
+                Options {
+                    upgrades: Arc::from(Vec::<String>::new()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            // Not an ingress-nginx annotation: its prefix does nothing here.
+            (vec![(n("upgrades"), "h2c")], Options::default(), 0),
             (
                 vec![("example.com/other".to_string(), "x")],
                 Options::default(),
