@@ -243,6 +243,13 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("x-forwarded-prefix", Routing),
 ];
 
+/// This project's own annotations, honoured only under `ingress.rs/` (ingress-nginx has no
+/// counterpart). Sorted by name.
+pub const PROJECT_ANNOTATIONS: &[Annotation] = &[
+    // The protocols `Upgrade` may switch to; `websocket` alone by default.
+    yes("upgrades", Upstream),
+];
+
 /// Families whose members decide who gets in: a name from one of them that the table does not
 /// know (a newer ingress-nginx, or a version this table predates) is still access control.
 const ACCESS_CONTROL_PREFIXES: &[&str] = &[
@@ -261,6 +268,15 @@ pub fn lookup(name: &str) -> Option<&'static Annotation> {
         .binary_search_by(|a| a.name.cmp(name))
         .ok()
         .and_then(|i| ANNOTATIONS.get(i))
+}
+
+/// The entry for `name` under this project's own prefix: its own annotations, then the
+/// ingress-nginx ones it shares.
+pub fn lookup_own(name: &str) -> Option<&'static Annotation> {
+    PROJECT_ANNOTATIONS
+        .iter()
+        .find(|a| a.name == name)
+        .or_else(|| lookup(name))
 }
 
 /// The category of a name the table does not know.
@@ -292,6 +308,10 @@ mod tests {
             assert_eq!(lookup(a.name), Some(a));
         }
         assert_eq!(lookup("no-such-annotation"), None);
+        for a in PROJECT_ANNOTATIONS {
+            assert_eq!(lookup_own(a.name), Some(a));
+            assert_eq!(lookup(a.name), None, "{} is ours alone", a.name);
+        }
     }
 
     #[test]
