@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use crate::admin::RemoteAccess;
 use crate::gate::EarlyReset;
 use crate::proxy::authority::NoSniRequests;
+use crate::snapshot::annotations::UnsupportedAccess;
 use crate::snapshot::sni::{Admit, UnnamedPolicy};
 
 #[derive(Parser, Debug)]
@@ -37,6 +39,8 @@ pub enum Command {
 pub struct RunArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
@@ -207,6 +211,8 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     #[command(flatten)]
+    pub policy: PolicyArgs,
+    #[command(flatten)]
     pub tls: TlsArgs,
     /// Without --manifests: read only this namespace from the cluster.
     #[arg(long, env = "INGRESS_WATCH_NAMESPACE", value_name = "NS")]
@@ -253,6 +259,35 @@ pub struct SourceArgs {
     pub controller_class: String,
 }
 
+/// What the configuration may ask for: backends, and annotations this controller cannot honour.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Configuration policy")]
+pub struct PolicyArgs {
+    /// Route to ExternalName Services. Off by default: an ExternalName lets anyone who can
+    /// create a Service and an Ingress send traffic to any name, this node included.
+    #[arg(long, env = "INGRESS_ALLOW_EXTERNAL_NAME_SERVICES", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub allow_external_name_services: bool,
+    /// Accept backends on loopback (127.0.0.0/8, ::1), link-local (169.254.0.0/16, fe80::/10),
+    /// unspecified (0.0.0.0, ::) and this node's own addresses, from EndpointSlices and resolved
+    /// ExternalNames alike. Default: true with --manifests (its backends are usually local),
+    /// false when watching Kubernetes.
+    #[arg(long, env = "INGRESS_ALLOW_LOCAL_BACKENDS", action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub allow_local_backends: Option<bool>,
+    /// An Ingress with an access-control annotation this controller does not support
+    /// (whitelist-source-range, auth-*, limit-*, ...): `refuse` answers 503 on every path it
+    /// declares; `ignore` serves it without that protection.
+    #[arg(long, env = "INGRESS_UNSUPPORTED_ACCESS_ANNOTATIONS", value_enum, default_value_t = UnsupportedAccess::Refuse)]
+    pub unsupported_access_annotations: UnsupportedAccess,
+}
+
+impl PolicyArgs {
+    /// `--allow-local-backends`, or its default for the source in use.
+    pub fn allow_local_backends(&self, source: &SourceArgs) -> bool {
+        self.allow_local_backends
+            .unwrap_or(source.manifests.is_some())
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Listeners")]
 pub struct ListenArgs {
@@ -272,7 +307,7 @@ pub struct ListenArgs {
         value_name = "N"
     )]
     pub https_port: u16,
-    /// Address the HTTP, HTTPS and admin listeners bind to.
+    /// Address the HTTP and HTTPS listeners bind to.
     #[arg(
         long,
         env = "INGRESS_BIND",
@@ -288,6 +323,21 @@ pub struct ListenArgs {
         value_name = "N"
     )]
     pub admin_port: u16,
+    /// Address the admin listener binds to. On a hostNetwork pod the kubelet probes the node's
+    /// address, so the default is every address; `127.0.0.1` keeps it off the network entirely
+    /// (then use exec probes and a node-local scraper).
+    #[arg(
+        long,
+        env = "INGRESS_ADMIN_BIND",
+        default_value = "0.0.0.0",
+        value_name = "ADDR"
+    )]
+    pub admin_bind: IpAddr,
+    /// Which admin paths answer peers other than loopback: `probes` (/healthz, /readyz),
+    /// `metrics` (those and /metrics, for Prometheus) or `all` (/routes too, which lists every
+    /// host, Service, endpoint and Secret name).
+    #[arg(long, env = "INGRESS_ADMIN_REMOTE_ACCESS", value_enum, default_value_t = RemoteAccess::Metrics)]
+    pub admin_remote_access: RemoteAccess,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -461,6 +511,8 @@ mod tests {
         let l = &cli.run.listen;
         assert_eq!((l.http_port, l.https_port, l.admin_port), (80, 443, 10254));
         assert_eq!(l.bind.to_string(), "0.0.0.0");
+        assert_eq!(l.admin_bind.to_string(), "0.0.0.0");
+        assert_eq!(l.admin_remote_access, RemoteAccess::Metrics);
     }
 
     #[test]
@@ -494,6 +546,39 @@ mod tests {
             Cli::try_parse_from(["ingress", "version"]).unwrap().command,
             Some(Command::Version)
         ));
+    }
+
+    #[test]
+    fn local_backends_default_by_source() {
+        let cases: &[(&[&str], bool)] = &[
+            (&["ingress"], false),
+            (&["ingress", "--manifests", "/x"], true),
+            (
+                &[
+                    "ingress",
+                    "--manifests",
+                    "/x",
+                    "--allow-local-backends=false",
+                ],
+                false,
+            ),
+            (&["ingress", "--allow-local-backends"], true),
+            (&["ingress", "check", "--manifests", "/x"], true),
+            (&["ingress", "check"], false),
+        ];
+        for (argv, want) in cases {
+            let cli = Cli::try_parse_from(*argv).unwrap();
+            let (policy, source) = match &cli.command {
+                Some(Command::Check(c)) => (&c.policy, &c.source),
+                _ => (&cli.run.policy, &cli.run.source),
+            };
+            assert_eq!(policy.allow_local_backends(source), *want, "{argv:?}");
+            assert!(!policy.allow_external_name_services, "{argv:?}");
+            assert_eq!(
+                policy.unsupported_access_annotations,
+                UnsupportedAccess::Refuse
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Health};
-use crate::cli::{Mode, RunArgs, SourceArgs, TlsArgs};
+use crate::cli::{Mode, PolicyArgs, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::metrics::Metrics;
@@ -20,6 +20,8 @@ use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::report;
 use crate::snapshot::BuildSettings;
+use crate::snapshot::address::{self, AddressPolicy};
+use crate::snapshot::backend::BackendPolicy;
 use crate::snapshot::class::ClassSelector;
 use crate::snapshot::tls::TlsSettings;
 use crate::source::watch;
@@ -79,18 +81,19 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
 
-    let admin_addr = SocketAddr::new(args.listen.bind, args.listen.admin_port);
+    let admin_addr = SocketAddr::new(args.listen.admin_bind, args.listen.admin_port);
     let admin_listener = bind("admin", admin_addr).await?;
-    let admin = Arc::new(Admin {
-        published: published.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-    });
+    let admin = Arc::new(Admin::new(
+        published.clone(),
+        metrics.clone(),
+        health.clone(),
+        args.listen.admin_remote_access,
+    ));
     tokio::spawn(admin.serve(admin_listener, stop.clone()));
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let pipeline = Pipeline {
-        settings: build_settings(&args.source, &args.tls)?,
+        settings: build_settings(&args.source, &args.tls, &args.policy)?,
         published: published.clone(),
         metrics: metrics.clone(),
         debounce: args.proxy.debounce,
@@ -322,7 +325,11 @@ fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
 const CERTIFICATE_REFRESH: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The snapshot builder's settings from flags. Shared by `run` and `check`.
-pub fn build_settings(source: &SourceArgs, tls: &TlsArgs) -> Result<BuildSettings, RunError> {
+pub fn build_settings(
+    source: &SourceArgs,
+    tls: &TlsArgs,
+    policy: &PolicyArgs,
+) -> Result<BuildSettings, RunError> {
     let default_certificate = match &tls.default_certificate {
         None => None,
         Some(value) => match value.split_once('/') {
@@ -342,7 +349,35 @@ pub fn build_settings(source: &SourceArgs, tls: &TlsArgs) -> Result<BuildSetting
             self_signed: Arc::new(certs::self_signed()?),
             now: crate::clock::unix_now(),
         },
+        backends: backend_policy(source, policy),
+        unsupported_access: policy.unsupported_access_annotations,
     })
+}
+
+/// The backend rules, with this host's interface addresses as they are at startup.
+fn backend_policy(source: &SourceArgs, policy: &PolicyArgs) -> BackendPolicy {
+    let allow_local = policy.allow_local_backends(source);
+    let host_addresses = if allow_local {
+        Vec::new()
+    } else {
+        address::host_addresses().unwrap_or_else(|err| {
+            tracing::warn!(%err, "cannot list this host's addresses; only loopback, link-local and unspecified backend addresses are refused");
+            Vec::new()
+        })
+    };
+    tracing::info!(
+        allow_local_backends = allow_local,
+        allow_external_name_services = policy.allow_external_name_services,
+        host_addresses = host_addresses.len(),
+        "backend address policy"
+    );
+    BackendPolicy {
+        allow_external_name: policy.allow_external_name_services,
+        addresses: AddressPolicy {
+            allow_local,
+            ..AddressPolicy::refusing_local(host_addresses)
+        },
+    }
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, RunError> {

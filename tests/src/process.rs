@@ -56,6 +56,7 @@ pub struct IngressBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     wait_ready: bool,
+    admin_bind: String,
 }
 
 impl Ingress {
@@ -66,6 +67,7 @@ impl Ingress {
             args: Vec::new(),
             env: Vec::new(),
             wait_ready: true,
+            admin_bind: "127.0.0.1".into(),
         }
     }
 
@@ -204,6 +206,12 @@ impl IngressBuilder {
         self
     }
 
+    /// `--admin-bind` (default 127.0.0.1).
+    pub fn admin_bind(mut self, addr: &str) -> Self {
+        self.admin_bind = addr.into();
+        self
+    }
+
     pub fn no_wait(mut self) -> Self {
         self.wait_ready = false;
         self
@@ -250,7 +258,7 @@ impl IngressBuilder {
                 cmd.args(["--mode", "userspace"]);
             }
         }
-        cmd.args(["--bind", "127.0.0.1"])
+        cmd.args(["--bind", "127.0.0.1", "--admin-bind", &self.admin_bind])
             .args(["--http-port", &http.to_string()])
             .args(["--https-port", &https.to_string()])
             .args(["--admin-port", &admin.to_string()])

@@ -346,6 +346,10 @@ impl Proxy {
         let Some(route) = route else {
             return Decision::Respond(StatusCode::NOT_FOUND);
         };
+        // Before any redirect: a refused Ingress answers nothing else.
+        if let Target::Refused(reason) = &route.backend.target {
+            return Decision::Fail(UpstreamError::Refused(reason.clone()));
+        }
         if let Some(location) = self.redirect(route, conn, host, target) {
             return Decision::Redirect(location);
         }
@@ -354,10 +358,10 @@ impl Proxy {
                 Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
                 None => return Decision::Fail(UpstreamError::NoEndpoints),
             },
-            Target::ExternalName { host, port } => {
-                (PoolKey::Name(host.as_str().into(), *port), None)
+            Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
+            Target::Unavailable | Target::Refused(_) => {
+                return Decision::Fail(UpstreamError::NoEndpoints);
             }
-            Target::Unavailable => return Decision::Fail(UpstreamError::NoEndpoints),
         };
         Decision::Forward(Forward {
             key,
@@ -373,6 +377,9 @@ impl Proxy {
     /// Metrics and the access log line, the same for both HTTP paths.
     pub(crate) fn record(&self, r: &Record<'_>) {
         self.metrics.observe_request(r.route, r.status, r.elapsed);
+        if let Some(UpstreamError::AddressRefused { refusal, .. }) = &r.outcome.error {
+            self.metrics.count_address_refused(*refusal);
+        }
         let Some((method, uri)) = r.request else {
             return;
         };

@@ -32,6 +32,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::upstream::UpstreamError;
+use crate::snapshot::backend::ExternalName;
 
 /// Boxed: the connection's state is large, and a checked-out connection travels inside the
 /// response body, which is moved several times per request.
@@ -44,14 +45,14 @@ pub type RequestBody = super::idle::IdleBody<Incoming>;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum PoolKey {
     Addr(SocketAddr),
-    Name(Arc<str>, u16),
+    Name(Arc<ExternalName>),
 }
 
 impl std::fmt::Display for PoolKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PoolKey::Addr(a) => write!(f, "{a}"),
-            PoolKey::Name(h, p) => write!(f, "{h}:{p}"),
+            PoolKey::Name(name) => write!(f, "{name}"),
         }
     }
 }
@@ -197,20 +198,64 @@ impl Pool {
 }
 
 /// Opens a new connection to `key`, with Nagle off: requests and responses are written whole.
+/// Both HTTP paths (hyper's and the HTTP/1.1 fast path) connect through here.
 pub async fn open(key: &PoolKey, timeout: Duration) -> Result<TcpStream, UpstreamError> {
     let connect = async {
         let stream = match key {
-            PoolKey::Addr(addr) => TcpStream::connect(addr).await,
-            // ExternalName: the system resolver, on each new connection.
-            PoolKey::Name(host, port) => TcpStream::connect((host.as_ref(), *port)).await,
-        }
-        .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+            // Endpoint addresses were judged when the snapshot was built.
+            PoolKey::Addr(addr) => TcpStream::connect(addr)
+                .await
+                .map_err(|e| UpstreamError::Connect(e.to_string()))?,
+            PoolKey::Name(name) => connect_to_any(&resolve_external(name).await?).await?,
+        };
         let _ = stream.set_nodelay(true);
         Ok(stream)
     };
     tokio::time::timeout(timeout, connect)
         .await
         .map_err(|_| UpstreamError::ConnectTimeout)?
+}
+
+/// Resolves an ExternalName with the system resolver (on each new connection, so DNS changes
+/// apply) and judges every address it returns: one refused address refuses the name, since a
+/// name that resolves to this node's loopback is a mistake or an attack either way. The caller
+/// connects to the addresses returned, never to the name, so what was judged is what is used.
+pub async fn resolve_external(name: &ExternalName) -> Result<Vec<SocketAddr>, UpstreamError> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.host.as_str(), name.port))
+        .await
+        .map_err(|e| UpstreamError::Connect(format!("resolving {name}: {e}")))?
+        .collect();
+    for addr in &addrs {
+        if let Err(refusal) = name.addresses.check(addr.ip()) {
+            tracing::warn!(
+                external_name = %name,
+                addr = %addr.ip(),
+                reason = refusal.as_str(),
+                "ExternalName resolved to an address refused as a backend (--allow-local-backends)"
+            );
+            return Err(UpstreamError::AddressRefused {
+                name: name.to_string(),
+                addr: addr.ip(),
+                refusal,
+            });
+        }
+    }
+    Ok(addrs)
+}
+
+/// Connects to the first address that accepts, in the resolver's order.
+pub async fn connect_to_any(addrs: &[SocketAddr]) -> Result<TcpStream, UpstreamError> {
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(UpstreamError::Connect(match last {
+        Some(err) => err.to_string(),
+        None => "the name resolved to no address".into(),
+    }))
 }
 
 impl Checked {

@@ -305,8 +305,11 @@ fn rule(host: &str, service: &str) -> Value {
 
 fn start_ingress(bench: &Bench, dir: &Path) -> Result<Running> {
     let mut cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
+    // The bench's nginx backends listen on loopback, which the Kubernetes source refuses
+    // unless told otherwise.
     cmd.arg("--kubeconfig")
         .arg(dir.join("kubeconfig"))
+        .arg("--allow-local-backends")
         .args([
             "--bind",
             "127.0.0.1",

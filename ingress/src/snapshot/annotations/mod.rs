@@ -1,10 +1,17 @@
 //! The annotations this controller reads. Each is accepted under its ingress-nginx name
 //! (`nginx.ingress.kubernetes.io/…`) so existing manifests keep working, and under this
 //! project's own prefix (`ingress.rs/…`), which wins when both are present.
+//!
+//! Every other annotation under either prefix is judged by the table in [`registry`]: see
+//! [`unsupported`].
+
+pub mod registry;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use registry::{Category, Status};
 
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
@@ -73,6 +80,59 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     (options, errors)
 }
 
+/// What an Ingress with an access-control annotation this controller cannot honour gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnsupportedAccess {
+    /// Not served: every path it declares answers 503, so nothing it protects is public.
+    #[default]
+    Refuse,
+    /// Served without that protection, with a warning.
+    Ignore,
+}
+
+/// An annotation under one of the two prefixes that this controller does not honour.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsupported {
+    /// The full key, as written on the object.
+    pub key: String,
+    pub category: Category,
+    /// Whether ingress-nginx documents it (otherwise it is a typo, or newer than the table).
+    pub known: bool,
+}
+
+/// The annotations under `nginx.ingress.kubernetes.io/` or `ingress.rs/` that are not honoured,
+/// in key order. Other prefixes belong to other tools and are left alone.
+pub fn unsupported(annotations: Option<&BTreeMap<String, String>>) -> Vec<Unsupported> {
+    let Some(annotations) = annotations else {
+        return Vec::new();
+    };
+    annotations
+        .keys()
+        .filter_map(|key| {
+            let (name, entry) = match key.strip_prefix(PREFIX) {
+                Some(name) => (name, registry::lookup_own(name)),
+                None => {
+                    let name = key.strip_prefix(NGINX_PREFIX)?;
+                    (name, registry::lookup(name))
+                }
+            };
+            match entry {
+                Some(entry) if entry.status == Status::Supported => None,
+                Some(entry) => Some(Unsupported {
+                    key: key.clone(),
+                    category: entry.category,
+                    known: true,
+                }),
+                None => Some(Unsupported {
+                    key: key.clone(),
+                    category: registry::category_of_unknown(name),
+                    known: false,
+                }),
+            }
+        })
+        .collect()
+}
+
 /// Protocol names as `Upgrade` carries them (RFC 9110 tokens), without versions; empty is a
 /// valid list that allows none.
 fn upgrade_list(value: &str) -> Option<Arc<[String]>> {
@@ -125,6 +185,43 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         parse(Some(&map))
+    }
+
+    #[test]
+    fn unsupported_table() {
+        let n = |s: &str| format!("{NGINX_PREFIX}{s}");
+        let o = |s: &str| format!("{PREFIX}{s}");
+        let cases: Vec<(String, Option<(Category, bool)>)> = vec![
+            (n("ssl-redirect"), None),
+            (o("proxy-read-timeout"), None),
+            (n("rewrite-target"), Some((Category::Routing, true))),
+            (
+                n("whitelist-source-range"),
+                Some((Category::AccessControl, true)),
+            ),
+            (o("auth-url"), Some((Category::AccessControl, true))),
+            (n("auth-tls-secret"), Some((Category::AccessControl, true))),
+            (n("limit-rps"), Some((Category::AccessControl, true))),
+            (n("auth-brand-new"), Some((Category::AccessControl, false))),
+            (n("no-such-thing"), Some((Category::Unknown, false))),
+            (o("typo-redirect"), Some((Category::Unknown, false))),
+            (o("upgrades"), None),
+            (n("upgrades"), Some((Category::Unknown, false))),
+            ("example.com/auth-url".to_string(), None),
+            ("kubernetes.io/ingress.class".to_string(), None),
+        ];
+        for (key, want) in cases {
+            let map = BTreeMap::from([(key.clone(), "x".to_string())]);
+            let got: Vec<(Category, bool)> = unsupported(Some(&map))
+                .into_iter()
+                .map(|u| {
+                    assert_eq!(u.key, key);
+                    (u.category, u.known)
+                })
+                .collect();
+            assert_eq!(got, want.into_iter().collect::<Vec<_>>(), "{key}");
+        }
+        assert!(unsupported(None).is_empty());
     }
 
     #[test]
