@@ -189,11 +189,14 @@ async fn upstream_failures_map_to_status_codes() {
     assert_eq!(status("/closed").await, 502);
     assert_eq!(status("/empty").await, 503);
     assert_eq!(status("/missing").await, 503);
-    let logs = ingress.logs();
-    assert!(
-        logs.contains("status=504") && logs.contains("status=502"),
-        "access log records failures:\n{logs}"
-    );
+    // The log is written from a background thread.
+    for status in ["status=504", "status=502"] {
+        assert!(
+            ingress.wait_for_log(status, Duration::from_secs(5)),
+            "access log records failures:\n{}",
+            ingress.logs()
+        );
+    }
 }
 
 #[test]

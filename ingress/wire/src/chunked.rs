@@ -22,6 +22,8 @@ pub enum ChunkError {
     LineTooLong,
     #[error("missing CRLF after chunk")]
     Crlf,
+    #[error("a trailer line that is not a header field")]
+    Trailer,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +46,12 @@ enum State {
     DataLf,
     /// At the start of a trailer line, or of the final empty line.
     TrailerStart,
-    Trailer {
+    /// A trailer field's name: token characters up to the colon.
+    TrailerName {
+        len: u32,
+    },
+    /// After the colon, up to CR.
+    TrailerValue {
         len: u32,
     },
     TrailerLf,
@@ -200,13 +207,21 @@ impl Chunked {
             },
             State::TrailerStart => match byte {
                 b'\r' => State::EndLf,
-                b'\t' | b' '..=b'~' | 0x80..=0xff => State::Trailer { len: 1 },
-                _ => return Err(ChunkError::Crlf),
+                b if tchar(b) => State::TrailerName { len: 1 },
+                _ => return Err(ChunkError::Trailer),
             },
-            State::Trailer { len } => match byte {
+            // A trailer section is header fields; anything else (a request line, say) is
+            // something another reader might take for the next message.
+            State::TrailerName { len } => match byte {
+                b':' => State::TrailerValue { len: len + 1 },
+                b if tchar(b) && len < MAX_LINE => State::TrailerName { len: len + 1 },
+                b if tchar(b) => return Err(ChunkError::LineTooLong),
+                _ => return Err(ChunkError::Trailer),
+            },
+            State::TrailerValue { len } => match byte {
                 b'\r' => State::TrailerLf,
                 b'\t' | b' '..=b'~' | 0x80..=0xff if len < MAX_LINE => {
-                    State::Trailer { len: len + 1 }
+                    State::TrailerValue { len: len + 1 }
                 }
                 b'\t' | b' '..=b'~' | 0x80..=0xff => return Err(ChunkError::LineTooLong),
                 _ => return Err(ChunkError::Crlf),
@@ -250,6 +265,11 @@ pub fn encode_chunk(data: &[u8], out: &mut Vec<u8>) {
 
 /// The last chunk, with no trailers: what ends every body the proxy re-encodes.
 pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// RFC 9110's token characters, which a field name is made of.
+fn tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
 
 fn hex(byte: u8) -> Option<u8> {
     match byte {
@@ -316,7 +336,7 @@ mod tests {
             (b"x\r\n", Err(ChunkError::Size)),
             (b"5\r\nhelloX", Err(ChunkError::Crlf)),
             (b"5\nhello", Err(ChunkError::Size)),
-            (b"0\r\n\n", Err(ChunkError::Crlf)),
+            (b"0\r\n\n", Err(ChunkError::Trailer)),
             (b"1000000000000000\r\n", Err(ChunkError::TooLarge)),
         ];
         for (input, want) in cases {
@@ -363,6 +383,10 @@ mod tests {
             (b"5 xyz\r\nhello\r\n0\r\n\r\n", Err(ChunkError::Size)),
             (b"5 ;a=b\r\nhello\r\n0\r\n\r\n", Ok((b"hello", true))),
             (b"1;a\x00\r\nx\r\n", Err(ChunkError::Crlf)),
+            (b"000\r\nGET / HTTP/\r\n04\r\nhello\r\n0\r\n\r\n", Err(ChunkError::Trailer)),
+            (b"0\r\n: v\r\n\r\n", Err(ChunkError::Trailer)),
+            (b"0\r\nA : v\r\n\r\n", Err(ChunkError::Trailer)),
+            (b"0\r\nA:\r\nB: c d\r\n\r\n", Ok((b"", true))),
             (b"0x5\r\n", Err(ChunkError::Size)),
         ];
         for (input, want) in cases {
