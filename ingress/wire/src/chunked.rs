@@ -383,7 +383,10 @@ mod tests {
             (b"5 xyz\r\nhello\r\n0\r\n\r\n", Err(ChunkError::Size)),
             (b"5 ;a=b\r\nhello\r\n0\r\n\r\n", Ok((b"hello", true))),
             (b"1;a\x00\r\nx\r\n", Err(ChunkError::Crlf)),
-            (b"000\r\nGET / HTTP/\r\n04\r\nhello\r\n0\r\n\r\n", Err(ChunkError::Trailer)),
+            (
+                b"000\r\nGET / HTTP/\r\n04\r\nhello\r\n0\r\n\r\n",
+                Err(ChunkError::Trailer),
+            ),
             (b"0\r\n: v\r\n\r\n", Err(ChunkError::Trailer)),
             (b"0\r\nA : v\r\n\r\n", Err(ChunkError::Trailer)),
             (b"0\r\nA:\r\nB: c d\r\n\r\n", Ok((b"", true))),

@@ -191,6 +191,12 @@ async fn hyper_reads_async(input: &[u8]) -> Vec<Read> {
             let target = uri
                 .path_and_query()
                 .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string());
+            // An absolute-form target with an empty path (`http://a?q`) is `/?q` in origin form.
+            let target = if target.starts_with('/') {
+                target
+            } else {
+                format!("/{target}")
+            };
             let host = uri.authority().map(|a| a.as_str().to_string()).or_else(|| {
                 req.headers()
                     .get(http::header::HOST)

@@ -18,6 +18,7 @@ mod procs;
 mod report;
 mod rig;
 mod scale;
+mod slow;
 mod tls;
 mod wrk;
 
@@ -35,7 +36,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate, passthrough); default all.
+    /// Only these sections (http, https, memory, scale, kube, gate, passthrough, slow); default
+    /// all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -110,6 +112,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("gate") {
         gate::run(&bench, args.quick)?;
         bench.report.finish("gate")?;
+    }
+    if wanted("slow") {
+        slow::run(&bench, args.quick)?;
+        bench.report.finish("slow")?;
     }
     Ok(())
 }

@@ -24,7 +24,15 @@ use crate::workspace::Workspace;
 pub const RESULTS: &str = "docs/benchmark-results.md";
 
 /// Sections in the order the bench runs them, which is the order of the file.
-const ORDER: [&str; 6] = ["http", "https", "memory", "kube", "passthrough", "gate"];
+const ORDER: [&str; 7] = [
+    "http",
+    "https",
+    "memory",
+    "kube",
+    "passthrough",
+    "gate",
+    "slow",
+];
 
 /// Collects what the running section prints.
 pub struct Report {
