@@ -165,8 +165,13 @@ thread_local! {
     static RUNTIME: RefCell<Option<tokio::runtime::Runtime>> = const { RefCell::new(None) };
 }
 
-/// The requests hyper's HTTP/1.1 server delivers for `input`, in order.
-pub fn hyper_reads(input: &[u8]) -> Vec<Read> {
+/// Header lines the proxy adds to a request on its way upstream, at most: an upstream must be
+/// read with room for them on top of the client's.
+const ADDED_HEADERS: usize = 16;
+
+/// The requests hyper's HTTP/1.1 server delivers for `input`, in order, reading at most
+/// `max_headers` header lines per request (hyper's default is the proxy's own limit).
+pub fn hyper_reads(input: &[u8], max_headers: usize) -> Vec<Read> {
     RUNTIME.with(|cell| {
         let mut cell = cell.borrow_mut();
         let runtime = cell.get_or_insert_with(|| {
@@ -175,11 +180,11 @@ pub fn hyper_reads(input: &[u8]) -> Vec<Read> {
                 .build()
                 .unwrap_or_else(|err| panic!("a runtime for the oracle: {err}"))
         });
-        runtime.block_on(hyper_reads_async(input))
+        runtime.block_on(hyper_reads_async(input, max_headers))
     })
 }
 
-async fn hyper_reads_async(input: &[u8]) -> Vec<Read> {
+async fn hyper_reads_async(input: &[u8], max_headers: usize) -> Vec<Read> {
     let seen: Arc<Mutex<Vec<Read>>> = Arc::default();
     let (mut client, server) = tokio::io::duplex(input.len() + 64 * 1024);
     let record = seen.clone();
@@ -220,6 +225,7 @@ async fn hyper_reads_async(input: &[u8]) -> Vec<Read> {
     });
     let serve = hyper::server::conn::http1::Builder::new()
         .half_close(true)
+        .max_headers(max_headers)
         .serve_connection(hyper_util::rt::TokioIo::new(server), service);
     let feed = async {
         let _ = client.write_all(input).await;
@@ -242,7 +248,7 @@ pub fn check(input: &[u8]) -> Result<(), String> {
     if ours.requests.is_empty() {
         return Ok(());
     }
-    let theirs = hyper_reads(input);
+    let theirs = hyper_reads(input, MAX_HEADERS);
     for (i, mine) in ours.requests.iter().enumerate() {
         match theirs.get(i) {
             Some(read) if same_request(read, mine) => {}
@@ -260,7 +266,7 @@ pub fn check(input: &[u8]) -> Result<(), String> {
         }
     }
     canonical(&ours.upstream, ours.forwarded.len())?;
-    let upstream = hyper_reads(&ours.upstream);
+    let upstream = hyper_reads(&ours.upstream, MAX_HEADERS + ADDED_HEADERS);
     if upstream != ours.forwarded {
         return Err(format!(
             "the upstream bytes {:?} read as {upstream:?}, meant as {:?}",
@@ -387,7 +393,7 @@ mod tests {
     fn a_disagreement_is_reported() {
         // hyper takes the first Content-Length when two agree; pretend we read another body.
         let input = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx";
-        let theirs = hyper_reads(input);
+        let theirs = hyper_reads(input, MAX_HEADERS);
         assert_eq!(theirs.len(), 1);
         let wrong = Read {
             body: b"y".to_vec(),
