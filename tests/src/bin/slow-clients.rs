@@ -12,8 +12,9 @@
 //!
 //! Kinds: `h2-cut-preface` (`PRI * HTTP/2.0\r\n` and no more), `h2-settings` (the whole preface
 //! and an empty SETTINGS frame), `tls-h2` (a TLS handshake with ALPN `h2`, then nothing),
-//! `partial-head` (`GET / HTTP/1.1\r\nHo`), `partial-body` (a head announcing 64 KiB and 60 KiB
-//! of it).
+//! `partial-head` (`GET / HTTP/1.1\r\nHo`), `partial-body` (a head announcing 16 KiB and 15 KiB
+//! of it: the largest body the proxy reads whole before it asks the upstream, so the most a
+//! slow uploader can make it hold).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Kinds: a cut-short HTTP/2 preface, a preface and SETTINGS then silence, TLS with ALPN h2 then
-//! silence, a partial request head (HTTP port and admin port), and 60 KiB of a 64 KiB body. A
+//! silence, a partial request head (HTTP port and admin port), and 15 KiB of a 16 KiB body (the
+//! largest the proxy buffers; a larger one streams to the upstream, which may answer first). A
 //! quick run uses 5-second timeouts so each kind takes seconds, not the defaults' minute.
 
 use std::io::Read;
@@ -58,7 +59,7 @@ const KINDS: &[Kind] = &[
         port: rig::INGRESS_ADMIN,
     },
     Kind {
-        name: "60 KiB of a 64 KiB body",
+        name: "15 KiB of a 16 KiB body",
         flag: "partial-body",
         port: rig::INGRESS_HTTP,
     },
