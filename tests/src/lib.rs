@@ -11,6 +11,7 @@ pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod rawtcp;
 pub mod scratch;
 pub mod upstream;
 

@@ -36,6 +36,7 @@ use ingress_tests::manifests::service;
 use ingress_tests::netns::{NetPair, SERVER_IP};
 use ingress_tests::pki::{Ca, KeyFormat, KeyKind, Leaf, secret_yaml};
 use ingress_tests::process::binary;
+use ingress_tests::rawtcp::{Answer, Damage, RawTcp};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 use rustls::pki_types::ServerName;
@@ -274,7 +275,23 @@ impl Site {
             .stderr(err)
             .spawn()
             .expect("spawn ingress");
-        Proxy { child, log, ports }
+        // The admin port listens on --bind too; a wildcard is reached through loopback.
+        let bind = args
+            .iter()
+            .position(|a| a == "--bind")
+            .and_then(|at| args.get(at + 1))
+            .and_then(|ip| ip.parse::<IpAddr>().ok());
+        let admin_ip = match bind {
+            Some(ip) if !ip.is_unspecified() => ip,
+            Some(IpAddr::V6(_)) => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            _ => IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
+        };
+        Proxy {
+            child,
+            log,
+            ports,
+            admin_ip,
+        }
     }
 
     /// A socket in the client namespace, connected to the server's `port`.
@@ -394,6 +411,7 @@ struct Proxy {
     child: Child,
     log: PathBuf,
     ports: Ports,
+    admin_ip: IpAddr,
 }
 
 impl Proxy {
@@ -406,7 +424,7 @@ impl Proxy {
     }
 
     fn admin(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.ports.admin))
+        SocketAddr::new(self.admin_ip, self.ports.admin)
     }
 
     fn scrape(&self) -> Scrape {
@@ -1139,6 +1157,407 @@ async fn chromiums_two_segment_hello_with_the_name_in_the_second_ebpf() {
 #[tokio::test]
 async fn chromiums_two_segment_hello_with_the_name_in_the_second_userspace() {
     chromiums_two_segment_hello_with_the_name_in_the_second(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hand-written packets: segments out of order, a wrong checksum, the same segment twice
+
+/// A connection from the raw peer (see `ingress_tests::rawtcp`) to the server's `port`,
+/// handshake done, nothing sent.
+fn raw_connect(site: &Site, port: u16) -> RawTcp {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let local_port = 41000 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let link = site
+        .pair
+        .raw_link()
+        .expect("a packet socket in the client namespace");
+    RawTcp::connect(link, local_port, (SERVER_IP, port), STEP).expect("the raw handshake")
+}
+
+/// What the server did next, from a blocking wait off the runtime's thread.
+async fn raw_answer(conn: RawTcp) -> (RawTcp, Answer) {
+    tokio::task::spawn_blocking(move || {
+        let answer = conn.answer(STEP).expect("reading the server's answer");
+        (conn, answer)
+    })
+    .await
+    .expect("the answer thread")
+}
+
+fn assert_server_hello(answer: &Answer, what: &str) {
+    match answer {
+        Answer::Data(bytes) => assert_eq!(&bytes[..3], &[0x16, 0x03, 0x03], "{what}: a handshake"),
+        other => panic!("{what}: expected a ServerHello, got {other:?}"),
+    }
+}
+
+/// A two-segment ClientHello whose second segment arrives first (the first was lost, or
+/// overtaken): the connection is served. Only the first segment of a connection can be
+/// judged on its own; a later one, seen first, is the middle of a record.
+async fn a_hello_whose_first_segment_arrives_second_is_served(mode: Mode) {
+    let hello = corpus("chromium-2.bin");
+    let Some(site) = Site::new(
+        &format!("reorder-{}", mode.flag()),
+        &["chromium.example.test"],
+    ) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    // The second piece starts with a byte no TLS record starts with, as most cuts do.
+    let cut = 1400;
+    assert!(!(20..=24).contains(&hello[cut]), "pick another cut");
+    let mut conn = raw_connect(&site, MAIN.https);
+    conn.send_at(cut as u32, &hello[cut..], Damage::default())
+        .expect("send the second segment");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    conn.send_at(0, &hello[..cut], Damage::default())
+        .expect("send the first segment");
+    let (mut conn, answer) = raw_answer(conn).await;
+    assert_server_hello(&answer, "reordered Chromium hello");
+    conn.reset(hello.len() as u32).expect("reset");
+    let after = scrape_until(&proxy, "one pass", |s| s.gate("pass") > before.gate("pass")).await;
+    assert_eq!(after.gate("pass") - before.gate("pass"), 1.0);
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("pass") - before.kernel("pass"), 1.0);
+        assert_eq!(
+            after.kernel("dropped"),
+            before.kernel("dropped"),
+            "{}",
+            after.0
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hello_whose_first_segment_arrives_second_is_served_ebpf() {
+    a_hello_whose_first_segment_arrives_second_is_served(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_hello_whose_first_segment_arrives_second_is_served_userspace() {
+    a_hello_whose_first_segment_arrives_second_is_served(Mode::Userspace).await;
+}
+
+/// A first segment with a wrong TCP checksum naming a served host, then, with the same
+/// sequence number, a real ClientHello for a name nothing serves, in two segments: TCP
+/// discards the first, so only the second hello exists, and it is reset. Whatever looked at
+/// the discarded segment (the TC hook runs before the checksum is checked) must not decide
+/// for the bytes TCP accepted.
+async fn an_early_pass_holds_only_for_the_bytes_tcp_accepted(mode: Mode) {
+    let known = corpus("curl-tls13.bin");
+    let unknown = renamed(&known, "curl.example.test", "curl.unknown.test");
+    let Some(site) = Site::new(&format!("badsum-{}", mode.flag()), &["curl.example.test"]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    let mut conn = raw_connect(&site, MAIN.https);
+    conn.send_at(0, &known, Damage { bad_checksum: true })
+        .expect("the damaged segment");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // 100 bytes: the record header promises more, so this piece cannot be judged alone.
+    conn.send_at(0, &unknown[..100], Damage::default())
+        .expect("the first piece");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    conn.send_at(100, &unknown[100..], Damage::default())
+        .expect("the second piece");
+    let (_conn, answer) = raw_answer(conn).await;
+    assert!(
+        matches!(answer, Answer::Reset(_)),
+        "a name nothing serves got {answer:?}; logs:\n{}",
+        proxy.logs()
+    );
+    let after = scrape_until(&proxy, "one unknown", |s| {
+        s.gate("unknown") > before.gate("unknown")
+    })
+    .await;
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 1.0);
+    assert_eq!(after.gate("pass"), before.gate("pass"));
+    assert_eq!(
+        after.handshakes(),
+        before.handshakes(),
+        "a handshake started"
+    );
+}
+
+#[tokio::test]
+async fn an_early_pass_holds_only_for_the_bytes_tcp_accepted_ebpf() {
+    an_early_pass_holds_only_for_the_bytes_tcp_accepted(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn an_early_pass_holds_only_for_the_bytes_tcp_accepted_userspace() {
+    an_early_pass_holds_only_for_the_bytes_tcp_accepted(Mode::Userspace).await;
+}
+
+/// The first segment passed once (its copy then lost: a wrong checksum here), the name
+/// removed, and the same segment again: the client is reset, and nothing the first copy left
+/// in the kernel outlives the connection.
+async fn a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing(mode: Mode) {
+    let hello = corpus("curl-tls13.bin");
+    let Some(site) = Site::new(
+        &format!("retrans-{}", mode.flag()),
+        &["curl.example.test", KNOWN],
+    ) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let generation = |s: &Scrape| s.value("ingress_snapshot_generation", &[]);
+    let mut conn = raw_connect(&site, MAIN.https);
+    conn.send_at(0, &hello, Damage { bad_checksum: true })
+        .expect("the lost copy");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let published = generation(&proxy.scrape());
+    site.write_hosts(&[KNOWN]);
+    scrape_until(&proxy, "the change published", |s| {
+        generation(s) > published
+    })
+    .await;
+    let before = proxy.scrape();
+    conn.send_at(0, &hello, Damage::default())
+        .expect("the retransmission");
+    let (_conn, answer) = raw_answer(conn).await;
+    assert!(matches!(answer, Answer::Reset(_)), "got {answer:?}");
+    let after = scrape_until(&proxy, "one unknown", |s| {
+        s.gate("unknown") > before.gate("unknown")
+    })
+    .await;
+    assert_eq!(after.gate("pass"), before.gate("pass"));
+    if mode == Mode::Ebpf {
+        assert_eq!(
+            after.kernel("passed_before_accept"),
+            before.kernel("passed_before_accept")
+        );
+        assert_eq!(
+            map_entries(&site.pins.0.join("passed_early")),
+            0,
+            "a pass record outlived its connection"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing_ebpf() {
+    a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing_userspace() {
+    a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing(Mode::Userspace)
+        .await;
+}
+
+/// Entries in a pinned map (bpftool's dump; 0 if the map is empty).
+fn map_entries(pin: &Path) -> usize {
+    bpftool(&["map", "dump", "pinned", pin.to_str().expect("utf-8 path")])
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Behind a firewall
+
+/// The rule ufw, firewalld and most hardening guides install, on the interface clients come
+/// in through: unknown names must still be reset at once, never left to time out.
+async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(mode: Mode) {
+    let Some(site) = Site::new(&format!("firewall-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    site.pair
+        .server
+        .exec(
+            "iptables",
+            &[
+                "-I",
+                "INPUT",
+                "-i",
+                "veth0",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "INVALID",
+                "-j",
+                "DROP",
+            ],
+        )
+        .expect("iptables (install it with `cargo xtask setup`)");
+    let before = proxy.scrape();
+    let mut endings = Vec::new();
+    for i in 0..10 {
+        let started = Instant::now();
+        let result = site.curl(&format!("nobody-{i}.test")).await;
+        endings.push((result, started.elapsed()));
+    }
+    eprintln!("{mode:?} behind the firewall: {endings:?}");
+    for (i, (result, took)) in endings.iter().enumerate() {
+        // curl: (35) Recv failure: Connection reset by peer.
+        assert_eq!(
+            *result,
+            Err(Some(35)),
+            "client {i}; logs:\n{}",
+            proxy.logs()
+        );
+        assert!(*took < Duration::from_secs(1), "client {i} took {took:?}");
+    }
+    assert_eq!(
+        site.curl(KNOWN).await,
+        Ok(200),
+        "the known name behind the firewall"
+    );
+    let after = scrape_until(&proxy, "ten unknown", |s| {
+        s.gate("unknown") >= before.gate("unknown") + 10.0
+    })
+    .await;
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 10.0);
+    if mode == Mode::Ebpf {
+        // Counted once each: what happened, not every segment that was judged.
+        let delta = |c: &str| after.kernel(c) - before.kernel(c);
+        assert_eq!(delta("unknown"), 10.0, "{}", after.0);
+        assert_eq!(delta("dropped"), 10.0, "{}", after.0);
+        assert_eq!(
+            delta("reset_before_accept_unknown") + delta("sock_added"),
+            11.0,
+            "{}",
+            after.0
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid_ebpf() {
+    a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid_userspace() {
+    a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Other listeners on the same port
+
+/// Another server's listener on port 443, on an address `--bind` leaves free (and deferring
+/// accept, as nginx's `listen … deferred` does): its clients are none of the gate's business,
+/// whatever name they send and however their hello arrives.
+async fn another_listener_on_the_port_is_left_alone(mode: Mode) {
+    const OTHER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 231, 0, 9);
+    let Some(site) = Site::new(&format!("other-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    site.pair
+        .server
+        .ip(&["addr", "add", "10.231.0.9/24", "dev", "veth0"])
+        .expect("a second address");
+    let mut args = site.args(mode.flag(), MAIN, &[]);
+    let bind = args.iter().position(|a| a == "0.0.0.0").expect("--bind");
+    args[bind] = SERVER_IP.to_string();
+    let proxy = site.spawn(&[], &args, MAIN);
+    proxy.wait_ready().await;
+    let before = proxy.scrape();
+
+    // The other server: reads what its client sends, then answers "other".
+    let listener = std::net::TcpListener::bind((OTHER, 443)).expect("bind the other listener");
+    defer_accept_std(&listener);
+    listener.set_nonblocking(true).expect("nonblocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await
+                {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let _ = stream.write_all(b"other").await;
+                let _ = tx.send(got);
+            });
+        }
+    });
+
+    let unknown_one = corpus("curl-tls13.bin");
+    let unknown_two = renamed(
+        &corpus("chromium-2.bin"),
+        "chromium.example.test",
+        "chromium.unknown.test",
+    );
+    for (what, hello) in [
+        ("one segment", &unknown_one),
+        ("two segments", &unknown_two),
+    ] {
+        let socket = client_sockets(&site.pair, 1).pop().expect("a socket");
+        let stream = tokio::time::timeout(STEP, socket.connect(SocketAddr::from((OTHER, 443))))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let ending = send_raw(stream, &[hello], Duration::ZERO).await;
+        assert_eq!(
+            ending,
+            Ending::Answered(b"other".to_vec()),
+            "{what}: the other server did not answer; logs:\n{}",
+            proxy.logs()
+        );
+        let got = tokio::time::timeout(STEP, received.recv())
+            .await
+            .expect("the other server finished")
+            .expect("a report");
+        assert_eq!(&got, hello, "{what}: the other server got other bytes");
+    }
+    server.abort();
+    let after = proxy.scrape();
+    let total = |s: &Scrape| REASONS.iter().map(|r| s.gate(r)).sum::<f64>();
+    assert_eq!(total(&after), total(&before), "the proxy decided something");
+    if mode == Mode::Ebpf {
+        for counter in [
+            "unknown",
+            "dropped",
+            "sock_added",
+            "reset_before_accept_unknown",
+        ] {
+            assert_eq!(after.kernel(counter), before.kernel(counter), "{counter}");
+        }
+    }
+    // The proxy's own address is still gated.
+    assert_eq!(site.curl(KNOWN).await, Ok(200));
+    assert_eq!(site.curl("nobody.test").await, Err(Some(35)));
+}
+
+#[tokio::test]
+async fn another_listener_on_the_port_is_left_alone_ebpf() {
+    another_listener_on_the_port_is_left_alone(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn another_listener_on_the_port_is_left_alone_userspace() {
+    another_listener_on_the_port_is_left_alone(Mode::Userspace).await;
+}
+
+/// TCP_DEFER_ACCEPT on a listener: its connections wait in the SYN queue for their first data.
+fn defer_accept_std(listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    let seconds: libc::c_int = 5;
+    // SAFETY: a valid socket and an int option of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const seconds).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap(),
+        )
+    };
+    assert_eq!(rc, 0, "TCP_DEFER_ACCEPT: {}", io::Error::last_os_error());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ use super::{
 };
 
 /// Maps pinned by name: (map symbol, pin file, kept across restarts).
-const PINNED: [(&str, &str, bool); 8] = [
+const PINNED: [(&str, &str, bool); 9] = [
     ("HOSTS", pins::HOSTS, true),
     ("CONFIG", pins::CONFIG, true),
     ("COUNTERS", pins::COUNTERS, true),
@@ -30,6 +30,7 @@ const PINNED: [(&str, &str, bool); 8] = [
     ("SPLICE_SOCKS", pins::SPLICE_SOCKS, false),
     ("SPLICES", pins::SPLICES, false),
     ("SPLICE_STATE", pins::SPLICE_STATE, false),
+    ("PASSED_EARLY", pins::PASSED_EARLY, false),
 ];
 
 /// The largest buffer handed to the probe: a full first record with room to spare. XDP test

@@ -73,6 +73,9 @@ pub mod pins {
     pub const SPLICE_SOCKS: &str = "splice_socks";
     pub const SPLICES: &str = "splices";
     pub const SPLICE_STATE: &str = "splice_state";
+    /// Connections the TC program passed before their socket existed, until sock_ops takes
+    /// the verdict.
+    pub const PASSED_EARLY: &str = "passed_early";
 }
 
 pub type Result<T, E = GateError> = std::result::Result<T, E>;
@@ -392,6 +395,7 @@ impl Drop for Gate {
             pins::SPLICE_SOCKS,
             pins::SPLICES,
             pins::SPLICE_STATE,
+            pins::PASSED_EARLY,
         ] {
             let path = self.shared.pin_dir.join(name);
             if let Err(e) = std::fs::remove_file(&path)
