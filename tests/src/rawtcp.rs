@@ -28,6 +28,8 @@ pub const RAW_IP: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 3);
 pub const RAW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x03];
 
 const ETH_P_IP: u16 = 0x0800;
+/// `AF_PACKET` in `sockaddr_ll`'s width.
+const AF_PACKET: u16 = 17;
 const ETH_HLEN: usize = 14;
 const IP_HLEN: usize = 20;
 const TCP_HLEN: usize = 20;
@@ -72,7 +74,7 @@ impl RawLink {
             let ifindex = i32::try_from(ifindex).map_err(io::Error::other)?;
             // SAFETY: an all-zero sockaddr_ll is valid; the fields that matter are set below.
             let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            addr.sll_family = libc::AF_PACKET as u16;
+            addr.sll_family = AF_PACKET;
             addr.sll_protocol = ETH_P_IP.to_be();
             addr.sll_ifindex = ifindex;
             // SAFETY: `addr` is a valid sockaddr_ll of the size passed.
@@ -99,7 +101,7 @@ impl RawLink {
     fn send_frame(&self, frame: &[u8]) -> io::Result<()> {
         // SAFETY: as in `open`.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_family = AF_PACKET;
         addr.sll_protocol = ETH_P_IP.to_be();
         addr.sll_ifindex = self.ifindex;
         addr.sll_halen = 6;

@@ -239,7 +239,7 @@ impl Site {
             "--access-log".into(),
             "false".into(),
             "--log-level".into(),
-            "info".into(),
+            std::env::var("INGRESS_TEST_LOG").unwrap_or_else(|_| "info".into()),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         args
@@ -1208,14 +1208,19 @@ async fn a_hello_whose_first_segment_arrives_second_is_served(mode: Mode) {
     let cut = 1400;
     assert!(!(20..=24).contains(&hello[cut]), "pick another cut");
     let mut conn = raw_connect(&site, MAIN.https);
-    conn.send_at(cut as u32, &hello[cut..], Damage::default())
-        .expect("send the second segment");
+    conn.send_at(
+        u32::try_from(cut).unwrap(),
+        &hello[cut..],
+        Damage::default(),
+    )
+    .expect("send the second segment");
     tokio::time::sleep(Duration::from_millis(50)).await;
     conn.send_at(0, &hello[..cut], Damage::default())
         .expect("send the first segment");
     let (mut conn, answer) = raw_answer(conn).await;
     assert_server_hello(&answer, "reordered Chromium hello");
-    conn.reset(hello.len() as u32).expect("reset");
+    conn.reset(u32::try_from(hello.len()).unwrap())
+        .expect("reset");
     let after = scrape_until(&proxy, "one pass", |s| s.gate("pass") > before.gate("pass")).await;
     assert_eq!(after.gate("pass") - before.gate("pass"), 1.0);
     if mode == Mode::Ebpf {
@@ -1416,12 +1421,9 @@ async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(mode: Mo
         let delta = |c: &str| after.kernel(c) - before.kernel(c);
         assert_eq!(delta("unknown"), 10.0, "{}", after.0);
         assert_eq!(delta("dropped"), 10.0, "{}", after.0);
-        assert_eq!(
-            delta("reset_before_accept_unknown") + delta("sock_added"),
-            11.0,
-            "{}",
-            after.0
-        );
+        // Each reset sent from the TC hook, once: none left to a retransmission.
+        assert_eq!(delta("reset_before_accept_unknown"), 10.0, "{}", after.0);
+        assert_eq!(delta("early_reset_unsent"), 0.0, "{}", after.0);
     }
 }
 
@@ -1871,7 +1873,15 @@ async fn hammer(
     };
     while !*stop.borrow() {
         let stream = site.connect(MAIN.https).await;
+        let local = stream.local_addr().ok();
+        let started = Instant::now();
         let outcome = https_get(stream, &clients, Some(name), name).await;
+        if matches!(outcome, Outcome::Failed(_)) {
+            eprintln!(
+                "{name} from {local:?} failed after {:?}: {outcome:?}",
+                started.elapsed()
+            );
+        }
         *tally.entry(format!("{outcome:?}")).or_default() += 1;
     }
     tally
@@ -1935,8 +1945,10 @@ async fn a_route_change_under_load_never_resets_a_still_valid_name(mode: Mode) {
         .unwrap_or(0);
     let total: usize = stay.values().sum();
     assert_eq!(
-        ok, total,
-        "stay.test, valid throughout, was not always served: {stay:?}"
+        ok,
+        total,
+        "stay.test, valid throughout, was not always served: {stay:?}; logs:\n{}",
+        proxy.logs()
     );
     assert!(
         total >= 40,
