@@ -13,6 +13,7 @@ pub mod ports;
 pub mod process;
 pub mod rawtcp;
 pub mod scratch;
+pub mod tcx;
 pub mod upstream;
 
 /// Whether this is a CI run (`CI=true`, or `CI=1` as some CI systems set it): there, a test that
