@@ -108,6 +108,7 @@ fn link_create(prog: &OwnedFd, ifindex: u32) -> io::Result<OwnedFd> {
     )
 }
 
+/// `bpf(cmd, attr)` for a command that returns a new descriptor.
 fn bpf<T>(cmd: libc::c_long, attr: *mut T, size: usize) -> io::Result<OwnedFd> {
     // SAFETY: `attr` is a valid bpf_attr prefix of `size` bytes for `cmd`; the pointers in it
     // outlive the call.

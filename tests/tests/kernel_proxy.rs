@@ -1404,14 +1404,14 @@ fn softirq_load(
     })
 }
 
-/// Many two-segment ClientHellos for a served name, the proxy, the clients and a softirq flood
-/// all on one CPU: a decision running in process context there is interrupted by decisions
-/// running in softirq. None may be refused (a workspace shared between them made the inner one
-/// see the outer one's extensions as duplicates), and once it is over no workspace is left
-/// claimed or with bits set.
+/// Many two-segment ClientHellos for a served name with the proxy on one CPU, clients and a
+/// softirq flood on both: a decision running in process context (the strparser's work) is
+/// interrupted by decisions running in softirq on the same CPU. None may be refused (a
+/// workspace shared between them made the inner one see the outer one's extensions as
+/// duplicates), and once it is over no workspace is left claimed or with bits set.
 async fn split_hellos_on_one_busy_cpu_are_never_refused(mode: Mode) {
-    const N: usize = 600;
-    const AT_ONCE: usize = 8;
+    const N: usize = 2000;
+    const AT_ONCE: usize = 16;
     let hello = Arc::new(corpus("chromium-2.bin"));
     let Some(site) = Site::new(&format!("busy-{}", mode.flag()), &["chromium.example.test"]) else {
         return;
@@ -1425,14 +1425,16 @@ async fn split_hellos_on_one_busy_cpu_are_never_refused(mode: Mode) {
     let before = proxy.scrape();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flood = softirq_load(&site.pair, 0, stop.clone());
+    // The strparser's work runs on whichever CPU is free: load the other one too.
+    let other = softirq_load(&site.pair, 1, stop.clone());
 
     let sockets = Arc::new(std::sync::Mutex::new(client_sockets(&site.pair, N)));
     let outcomes = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
     let mut clients = Vec::new();
-    for _ in 0..AT_ONCE {
+    for i in 0..AT_ONCE {
         let (sockets, outcomes, hello) = (sockets.clone(), outcomes.clone(), hello.clone());
         clients.push(std::thread::spawn(move || {
-            pin_thread(0);
+            pin_thread(i % 2);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -1469,9 +1471,11 @@ async fn split_hellos_on_one_busy_cpu_are_never_refused(mode: Mode) {
             .expect("join");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let datagrams = tokio::task::spawn_blocking(move || flood.join().expect("flood"))
-        .await
-        .expect("join");
+    let datagrams = tokio::task::spawn_blocking(move || {
+        flood.join().expect("flood") + other.join().expect("flood")
+    })
+    .await
+    .expect("join");
     let outcomes = outcomes.lock().expect("outcomes").clone();
     eprintln!("{mode:?}: {outcomes:?}, {datagrams} datagrams of softirq load");
     assert_eq!(
@@ -1512,6 +1516,119 @@ async fn split_hellos_on_one_busy_cpu_are_never_refused_ebpf() {
 #[tokio::test]
 async fn split_hellos_on_one_busy_cpu_are_never_refused_userspace() {
     split_hellos_on_one_busy_cpu_are_never_refused(Mode::Userspace).await;
+}
+
+/// Stream verdicts in process context (the strparser's work, which parses a hello that came
+/// before accept) interrupted on their CPU by stream verdicts in softirq (hellos whose second
+/// segment lands after accept): every packet the server receives is processed on CPU 0 (RPS)
+/// while the proxy and the clients keep CPU 1 busy, so the work runs on CPU 0 too. Each run
+/// has a workspace of its own: not one served name is refused (sharing one, the inner run
+/// found the outer one's extensions in its duplicate bitmap and called the hello malformed),
+/// and none is left claimed or dirty.
+#[tokio::test]
+async fn a_verdict_interrupted_on_its_cpu_never_disturbs_the_interrupting_one() {
+    const N: usize = 3000;
+    let hello = Arc::new(corpus("chromium-2.bin"));
+    let Some(site) = Site::new("nested", &["chromium.example.test"]) else {
+        return;
+    };
+    let taskset: Vec<String> = ["taskset", "-c", "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let proxy = site.spawn(&taskset, &site.args("ebpf", MAIN, &[]), MAIN);
+    proxy.wait_ready().await;
+    // Received packets on the server's end of the link are processed on CPU 0, whichever CPU
+    // sent them (`ip netns exec` mounts the namespace's own /sys for this one command).
+    let rps = Command::new("ip")
+        .args(["netns", "exec", site.pair.server.name(), "sh", "-c"])
+        .arg("echo 1 > /sys/class/net/veth0/queues/rx-0/rps_cpus")
+        .status()
+        .expect("ip netns exec");
+    assert!(rps.success(), "setting rps_cpus");
+    let before = proxy.scrape();
+
+    let sockets = Arc::new(std::sync::Mutex::new(client_sockets(&site.pair, N)));
+    let outcomes = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let (sockets, outcomes, hello) = (sockets.clone(), outcomes.clone(), hello.clone());
+        clients.push(std::thread::spawn(move || {
+            pin_thread(1);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                loop {
+                    let Some(socket) = sockets.lock().expect("sockets").pop() else {
+                        return;
+                    };
+                    let ending = match socket.connect(server(MAIN.https)).await {
+                        Ok(stream) => {
+                            let _ = stream.set_nodelay(true);
+                            // Half the clients send the hello at once (parsed by the work,
+                            // after accept's peek), half pause before its second segment
+                            // (parsed in softirq as it lands).
+                            let (first, rest) = hello.split_at(1000);
+                            let pause = if i % 2 == 0 {
+                                Duration::ZERO
+                            } else {
+                                Duration::from_millis(2)
+                            };
+                            match send_raw(stream, &[first, rest], pause).await {
+                                Ending::Answered(bytes) if bytes.starts_with(&[0x16, 3, 3]) => {
+                                    "served".to_string()
+                                }
+                                other => format!("{other:?}"),
+                            }
+                        }
+                        Err(e) => format!("connect: {e}"),
+                    };
+                    *outcomes
+                        .lock()
+                        .expect("outcomes")
+                        .entry(ending)
+                        .or_default() += 1;
+                }
+            });
+        }));
+    }
+    for client in clients {
+        tokio::task::spawn_blocking(move || client.join().expect("client thread"))
+            .await
+            .expect("join");
+    }
+    let outcomes = outcomes.lock().expect("outcomes").clone();
+    let after = scrape_until(&proxy, "every decision counted", |s| {
+        REASONS
+            .iter()
+            .map(|r| s.kernel(r) - before.kernel(r))
+            .sum::<f64>()
+            >= N as f64
+    })
+    .await;
+    eprintln!(
+        "{outcomes:?}; kernel pass {} malformed {} parser_waited {}",
+        after.kernel("pass") - before.kernel("pass"),
+        after.kernel("malformed") - before.kernel("malformed"),
+        after.kernel("parser_waited") - before.kernel("parser_waited"),
+    );
+    assert_eq!(
+        outcomes.get("served").copied().unwrap_or(0),
+        N,
+        "a served name was refused: {outcomes:?}"
+    );
+    assert_eq!(
+        after.kernel("malformed"),
+        before.kernel("malformed"),
+        "{}",
+        after.0
+    );
+    if site.pins.0.join("workspace_busy").exists() {
+        let seen = ingress::gate::pinned_workspaces(&site.pins.0).expect("workspaces");
+        assert_eq!((seen.claimed, seen.dirty_words), (0, 0), "{seen:?}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
