@@ -9,6 +9,7 @@
 //! the two proxies interleaved round by round and the median round reported. Nothing here
 //! passes or fails on a number: it prints them.
 
+mod accuracy;
 mod gate;
 mod http;
 mod kube;
@@ -32,7 +33,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate, passthrough); default all.
+    /// Only these sections (http, https, memory, scale, kube, gate, accuracy, passthrough); default
+    /// all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -93,6 +95,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if wanted("gate") {
         gate::run(&bench, args.quick)?;
+    }
+    if wanted("gate") || wanted("accuracy") {
+        accuracy::run(&bench, args.quick)?;
     }
     Ok(())
 }
