@@ -8,6 +8,7 @@
 //!        | veth, offloads off (every segment crosses as the client's TCP cut it)
 //!   netns ingress-bench-gate-<pid>-server
 //!     10.238.0.1   ingress --mode ebpf :19846 (own cgroup and pin dir), --mode userspace :19847
+//!                  (each binds its HTTP, HTTPS and admin ports to this address)
 //!     127.0.0.1    upstream nginx :19100
 //! ```
 //!
@@ -47,9 +48,13 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 const READY: Duration = Duration::from_secs(30);
 
 /// The kernel counters printed per client in eBPF mode: which path judged the connections.
+/// `sock_added` is the socket path (split hellos); `parser_waited` only moves when the stream
+/// parser ran while the record was still short, which segments sent back to back rarely allow
+/// (the whole record is usually queued by the time it runs).
 const KERNEL_COUNTERS: &[&str] = &[
     "pass",
     "unknown",
+    "sock_added",
     "parser_waited",
     "passed_before_accept",
     "reset_before_accept_unknown",
@@ -470,7 +475,7 @@ impl Site {
             .server
             .command(None, "curl")
             .args(["-s", "--max-time", "5"])
-            .arg(format!("http://127.0.0.1:{}/metrics", mode.admin))
+            .arg(format!("http://{SERVER_IP}:{}/metrics", mode.admin))
             .output()?;
         ensure!(
             out.status.success(),
