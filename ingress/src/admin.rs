@@ -1,10 +1,26 @@
 //! The admin listener: `/healthz` (the process is alive), `/readyz` (a synced snapshot is being
 //! served and the process is not draining), `/metrics` (Prometheus text) and `/routes` (what
 //! `ingress check` prints, for the live snapshot).
+//!
+//! ```text
+//!   peer ── cap (per peer; all peers but this host's) ── header timeout ── idle timeout
+//!     /healthz /readyz   anyone (the kubelet probes the node's address on a hostNetwork pod)
+//!     /metrics           anyone unless --admin-remote-access=probes (Prometheus scrapes it)
+//!     /routes            loopback only unless --admin-remote-access=all: it lists every host,
+//!                        including names the gate hides, Services, pod IPs and Secret names
+//! ```
+//!
+//! It binds `--admin-bind`, apart from the proxy's `--bind`, and every connection is bounded:
+//! a client that sends part of a request head, or stops reading a response, is closed.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -12,8 +28,10 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::check;
@@ -54,46 +72,147 @@ impl Health {
     }
 }
 
+/// Which admin paths answer peers other than loopback (`--admin-remote-access`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RemoteAccess {
+    /// `/healthz` and `/readyz` only.
+    Probes,
+    /// The probes and `/metrics`.
+    #[default]
+    Metrics,
+    /// Everything, `/routes` included.
+    All,
+}
+
+impl RemoteAccess {
+    /// Whether `path` answers a peer that is not on loopback.
+    fn allows(self, path: &str) -> bool {
+        match path {
+            "/healthz" | "/readyz" => true,
+            "/metrics" => self != RemoteAccess::Probes,
+            _ => self == RemoteAccess::All,
+        }
+    }
+}
+
+/// A request head must arrive whole within this long, and the next one on a kept-alive
+/// connection too (hyper restarts the timer when a connection goes idle).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection on which no byte moves either way for this long (a client that stopped
+/// reading its response) is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Open connections from one peer address.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 8;
+/// Open connections from peers other than this host: a remote client cannot crowd out the
+/// kubelet's probes, which come from this host's own address.
+pub const MAX_REMOTE_CONNECTIONS: usize = 64;
+/// Largest request head buffered, in bytes.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+
 pub struct Admin {
     pub published: Arc<Published>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
+    pub remote_access: RemoteAccess,
+    /// Open connections by peer address.
+    open: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl Admin {
+    pub fn new(
+        published: Arc<Published>,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        remote_access: RemoteAccess,
+    ) -> Self {
+        Self {
+            published,
+            metrics,
+            health,
+            remote_access,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
     pub async fn serve(self: Arc<Self>, listener: TcpListener, stop: CancellationToken) {
         loop {
-            let stream = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 () = stop.cancelled() => return,
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => stream,
+                    Ok(pair) => pair,
                     Err(err) => {
                         tracing::warn!(%err, "admin accept failed");
                         continue;
                     }
                 },
             };
+            let local = stream
+                .local_addr()
+                .map(|a| a.ip())
+                .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            let Some(slot) = self.clone().admit(peer.ip(), local) else {
+                self.metrics.admin_connections_refused.inc();
+                tracing::debug!(%peer, "admin connection limit reached; closed");
+                drop(stream);
+                continue;
+            };
             let admin = self.clone();
+            let loopback = is_loopback(peer.ip());
             tokio::spawn(async move {
                 let service = service_fn(move |req| {
                     let admin = admin.clone();
-                    async move { Ok::<_, Infallible>(admin.answer(&req)) }
+                    async move { Ok::<_, Infallible>(admin.answer(&req, loopback)) }
                 });
                 if let Err(err) = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .max_buf_size(MAX_HEAD_BYTES)
+                    .serve_connection(
+                        TokioIo::new(IdleTimeout::new(stream, IDLE_TIMEOUT)),
+                        service,
+                    )
                     .await
                 {
-                    tracing::debug!(%err, "admin connection error");
+                    tracing::debug!(%err, %peer, "admin connection closed");
                 }
+                drop(slot);
             });
         }
     }
 
-    fn answer(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    /// Takes a connection slot for `peer`, or `None` if it is over its cap. A peer on loopback
+    /// or on this host's own address (`local`, the address it connected to) only counts
+    /// against the per-peer cap.
+    fn admit(self: Arc<Self>, peer: IpAddr, local: IpAddr) -> Option<Slot> {
+        let this_host = is_loopback(peer) || peer == local;
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let remote: usize = open
+            .iter()
+            .filter(|(ip, _)| !is_loopback(**ip))
+            .map(|(_, n)| *n)
+            .sum();
+        let from_peer = open.get(&peer).copied().unwrap_or(0);
+        if from_peer >= MAX_CONNECTIONS_PER_PEER || (!this_host && remote >= MAX_REMOTE_CONNECTIONS)
+        {
+            return None;
+        }
+        *open.entry(peer).or_default() += 1;
+        drop(open);
+        Some(Slot { admin: self, peer })
+    }
+
+    fn answer(&self, req: &Request<Incoming>, loopback: bool) -> Response<Full<Bytes>> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
         }
-        match req.uri().path() {
+        let path = req.uri().path();
+        if !loopback && !self.remote_access.allows(path) {
+            return text(
+                StatusCode::FORBIDDEN,
+                "answered on loopback only (see --admin-remote-access)\n".into(),
+            );
+        }
+        match path {
             "/healthz" => text(StatusCode::OK, "ok\n".into()),
             "/readyz" => {
                 let reason = self.health.not_ready(&self.published);
@@ -133,6 +252,103 @@ impl Admin {
                 "not found: try /healthz /readyz /metrics /routes\n".into(),
             ),
         }
+    }
+}
+
+/// An admitted connection; gives its slot back when the connection ends.
+struct Slot {
+    admin: Arc<Admin>,
+    peer: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.admin.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Loopback, including IPv4-mapped IPv6 loopback (`::ffff:127.0.0.1`) from a dual-stack socket.
+fn is_loopback(ip: IpAddr) -> bool {
+    crate::snapshot::address::canonical(ip).is_loopback()
+}
+
+/// Fails reads and writes once nothing has moved for `timeout`, so a peer that stalls halfway
+/// through a response cannot hold its connection open.
+struct IdleTimeout<T> {
+    io: T,
+    timeout: Duration,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl<T> IdleTimeout<T> {
+    fn new(io: T, timeout: Duration) -> Self {
+        Self {
+            io,
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    /// On progress, pushes the deadline back; while waiting, fails once it has passed.
+    fn watch<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        match poll {
+            Poll::Ready(result) => {
+                let deadline = Instant::now() + self.timeout;
+                self.sleep.as_mut().reset(deadline);
+                Poll::Ready(result)
+            }
+            Poll::Pending => match self.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "admin connection idle",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for IdleTimeout<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut this.io).poll_read(cx, buf);
+        this.watch(cx, poll)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.watch(cx, poll)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut this.io).poll_flush(cx);
+        this.watch(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

@@ -21,6 +21,9 @@ pub struct RouteRow {
     pub tls: bool,
     /// TLS passthrough: routed by SNI, TLS left to the backend, paths not matched.
     pub passthrough: bool,
+    /// Why this route is not served (it answers 503), if it is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -63,8 +66,8 @@ pub fn report(snapshot: &Snapshot) -> Report<'_> {
 fn row(host: String, path: String, path_type: &str, route: &Route) -> RouteRow {
     let endpoints = match &route.backend.target {
         Target::Endpoints(e) => e.iter().map(|e| e.addr.to_string()).collect(),
-        Target::ExternalName { host, port } => vec![format!("dns:{host}:{port}")],
-        Target::Unavailable => Vec::new(),
+        Target::ExternalName(name) => vec![format!("dns:{name}")],
+        Target::Unavailable | Target::Refused(_) => Vec::new(),
     };
     RouteRow {
         host,
@@ -75,6 +78,10 @@ fn row(host: String, path: String, path_type: &str, route: &Route) -> RouteRow {
         endpoints,
         tls: route.tls,
         passthrough: false,
+        refused: match &route.backend.target {
+            Target::Refused(reason) => Some(reason.to_string()),
+            _ => None,
+        },
     }
 }
 
@@ -88,7 +95,9 @@ pub fn render_text(report: &Report<'_>) -> String {
         .routes
         .iter()
         .map(|r| {
-            let endpoints = if r.endpoints.is_empty() {
+            let endpoints = if r.refused.is_some() {
+                "refused (503)".to_string()
+            } else if r.endpoints.is_empty() {
                 "none (503)".to_string()
             } else if r.endpoints.len() > MAX_LISTED_ENDPOINTS {
                 format!(
@@ -177,6 +186,8 @@ mod tests {
                 self_signed: Arc::new(crate::tls::certs::self_signed().expect("self-signed")),
                 now: 1_900_000_000,
             },
+            backends: Default::default(),
+            unsupported_access: Default::default(),
         };
         Snapshot::build(&store, &settings, 1)
     }

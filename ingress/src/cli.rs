@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
+use crate::admin::RemoteAccess;
 use crate::gate::EarlyReset;
+use crate::proxy::authority::NoSniRequests;
+use crate::snapshot::annotations::UnsupportedAccess;
 use crate::snapshot::sni::{Admit, UnnamedPolicy};
 
 #[derive(Parser, Debug)]
@@ -37,9 +40,15 @@ pub struct RunArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     #[command(flatten)]
+    pub policy: PolicyArgs,
+    #[command(flatten)]
     pub listen: ListenArgs,
     #[command(flatten)]
     pub proxy: ProxyArgs,
+    #[command(flatten)]
+    pub requests: RequestArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -170,6 +179,11 @@ pub struct TlsArgs {
     /// Bytes that are not TLS at all (such as plain HTTP) on the HTTPS port: accept or reject.
     #[arg(long, env = "INGRESS_NOT_TLS", value_enum, default_value_t = Admit::Reject)]
     pub not_tls: Admit,
+    /// Requests on a TLS connection that sent no SNI: `default-certificate` answers 421 to any
+    /// that names a host served with a certificate of its own; `any` routes them by Host alone,
+    /// as ingress-nginx does.
+    #[arg(long, env = "INGRESS_NO_SNI_REQUESTS", value_enum, default_value_t = NoSniRequests::DefaultCertificate)]
+    pub no_sni_requests: NoSniRequests,
 }
 
 impl TlsArgs {
@@ -196,6 +210,8 @@ impl TlsArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Without --manifests: read only this namespace from the cluster.
@@ -243,6 +259,35 @@ pub struct SourceArgs {
     pub controller_class: String,
 }
 
+/// What the configuration may ask for: backends, and annotations this controller cannot honour.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Configuration policy")]
+pub struct PolicyArgs {
+    /// Route to ExternalName Services. Off by default: an ExternalName lets anyone who can
+    /// create a Service and an Ingress send traffic to any name, this node included.
+    #[arg(long, env = "INGRESS_ALLOW_EXTERNAL_NAME_SERVICES", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub allow_external_name_services: bool,
+    /// Accept backends on loopback (127.0.0.0/8, ::1), link-local (169.254.0.0/16, fe80::/10),
+    /// unspecified (0.0.0.0, ::) and this node's own addresses, from EndpointSlices and resolved
+    /// ExternalNames alike. Default: true with --manifests (its backends are usually local),
+    /// false when watching Kubernetes.
+    #[arg(long, env = "INGRESS_ALLOW_LOCAL_BACKENDS", action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub allow_local_backends: Option<bool>,
+    /// An Ingress with an access-control annotation this controller does not support
+    /// (whitelist-source-range, auth-*, limit-*, ...): `refuse` answers 503 on every path it
+    /// declares; `ignore` serves it without that protection.
+    #[arg(long, env = "INGRESS_UNSUPPORTED_ACCESS_ANNOTATIONS", value_enum, default_value_t = UnsupportedAccess::Refuse)]
+    pub unsupported_access_annotations: UnsupportedAccess,
+}
+
+impl PolicyArgs {
+    /// `--allow-local-backends`, or its default for the source in use.
+    pub fn allow_local_backends(&self, source: &SourceArgs) -> bool {
+        self.allow_local_backends
+            .unwrap_or(source.manifests.is_some())
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 #[command(next_help_heading = "Listeners")]
 pub struct ListenArgs {
@@ -262,7 +307,7 @@ pub struct ListenArgs {
         value_name = "N"
     )]
     pub https_port: u16,
-    /// Address the HTTP, HTTPS and admin listeners bind to.
+    /// Address the HTTP and HTTPS listeners bind to.
     #[arg(
         long,
         env = "INGRESS_BIND",
@@ -278,6 +323,21 @@ pub struct ListenArgs {
         value_name = "N"
     )]
     pub admin_port: u16,
+    /// Address the admin listener binds to. On a hostNetwork pod the kubelet probes the node's
+    /// address, so the default is every address; `127.0.0.1` keeps it off the network entirely
+    /// (then use exec probes and a node-local scraper).
+    #[arg(
+        long,
+        env = "INGRESS_ADMIN_BIND",
+        default_value = "0.0.0.0",
+        value_name = "ADDR"
+    )]
+    pub admin_bind: IpAddr,
+    /// Which admin paths answer peers other than loopback: `probes` (/healthz, /readyz),
+    /// `metrics` (those and /metrics, for Prometheus) or `all` (/routes too, which lists every
+    /// host, Service, endpoint and Secret name).
+    #[arg(long, env = "INGRESS_ADMIN_REMOTE_ACCESS", value_enum, default_value_t = RemoteAccess::Metrics)]
+    pub admin_remote_access: RemoteAccess,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -286,11 +346,13 @@ pub struct ProxyArgs {
     /// Time allowed to open a connection to an upstream endpoint (then 504).
     #[arg(long, env = "INGRESS_UPSTREAM_CONNECT_TIMEOUT", default_value = "5s", value_parser = duration)]
     pub upstream_connect_timeout: Duration,
-    /// Time allowed for an upstream to send response headers (then 504). The
-    /// `proxy-read-timeout` annotation overrides it per Ingress.
+    /// Time allowed for an upstream to send response headers (then 504), and the longest it may
+    /// pause while sending a response body. The `proxy-read-timeout` annotation overrides it per
+    /// Ingress.
     #[arg(long, env = "INGRESS_UPSTREAM_RESPONSE_TIMEOUT", default_value = "60s", value_parser = duration)]
     pub upstream_response_timeout: Duration,
-    /// Time allowed for a client to send a request's headers.
+    /// Time allowed for a client to send a request's headers, from their first byte; and for
+    /// an HTTP/2 connection to start its first request.
     #[arg(long, env = "INGRESS_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub header_read_timeout: Duration,
     /// Largest request head accepted, in bytes (then 431). At least 8192.
@@ -315,6 +377,79 @@ pub struct ProxyArgs {
     /// is closed.
     #[arg(long, env = "INGRESS_PASSTHROUGH_IDLE_TIMEOUT", default_value = "1h", value_parser = duration)]
     pub passthrough_idle_timeout: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Requests")]
+pub struct RequestArgs {
+    /// An encoded slash or backslash (`%2F`, `%5C`) in a path: `keep` it encoded (and answer
+    /// 400 when decoding it would route the request elsewhere), `reject` the request (400), or
+    /// `unescape` it to `/` for routing and the upstream alike.
+    #[arg(long, env = "INGRESS_ESCAPED_SLASHES", value_enum, default_value_t = EscapedSlashes::Keep)]
+    pub escaped_slashes: EscapedSlashes,
+    /// Merge repeated slashes in paths (`//` becomes `/`) for routing and the upstream alike.
+    #[arg(long, env = "INGRESS_MERGE_SLASHES", default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    pub merge_slashes: bool,
+    /// Pass on request headers whose names contain `_` (dropped by default, as nginx does).
+    #[arg(long, env = "INGRESS_ENABLE_UNDERSCORES_IN_HEADERS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_underscores_in_headers: bool,
+}
+
+/// `--escaped-slashes`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscapedSlashes {
+    Keep,
+    Reject,
+    Unescape,
+}
+
+impl From<EscapedSlashes> for ingress_wire::target::EscapedSlashes {
+    fn from(value: EscapedSlashes) -> Self {
+        match value {
+            EscapedSlashes::Keep => Self::Keep,
+            EscapedSlashes::Reject => Self::Reject,
+            EscapedSlashes::Unescape => Self::Unescape,
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Limits")]
+pub struct LimitArgs {
+    /// Client connections held at once, on all listeners together; more are closed on accept
+    /// (0: no cap).
+    #[arg(
+        long,
+        env = "INGRESS_MAX_CONNECTIONS",
+        default_value_t = 16_384,
+        value_name = "N"
+    )]
+    pub max_connections: usize,
+    /// Client connections held at once from one client (an IPv4 address or an IPv6 /64); more
+    /// are closed on accept (0: no cap).
+    #[arg(
+        long,
+        env = "INGRESS_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 1024,
+        value_name = "N"
+    )]
+    pub max_connections_per_client: u32,
+    /// How long a client connection may wait for its next request.
+    #[arg(long, env = "INGRESS_CLIENT_KEEPALIVE_TIMEOUT", default_value = "75s", value_parser = duration)]
+    pub client_keepalive_timeout: Duration,
+    /// The longest a client may pause while sending a request body (then 408).
+    #[arg(long, env = "INGRESS_CLIENT_BODY_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub client_body_timeout: Duration,
+    /// The longest a write to a client may stall (then the connection closes).
+    #[arg(long, env = "INGRESS_CLIENT_SEND_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub client_send_timeout: Duration,
+    /// The longest a write to an upstream may stall (then 502).
+    #[arg(long, env = "INGRESS_UPSTREAM_SEND_TIMEOUT", default_value = "60s", value_parser = duration)]
+    pub upstream_send_timeout: Duration,
+    /// How often an HTTP/2 client connection is sent a PING; one not answered within 20 s
+    /// closes the connection.
+    #[arg(long, env = "INGRESS_HTTP2_PING_INTERVAL", default_value = "30s", value_parser = duration)]
+    pub http2_ping_interval: Duration,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -376,6 +511,8 @@ mod tests {
         let l = &cli.run.listen;
         assert_eq!((l.http_port, l.https_port, l.admin_port), (80, 443, 10254));
         assert_eq!(l.bind.to_string(), "0.0.0.0");
+        assert_eq!(l.admin_bind.to_string(), "0.0.0.0");
+        assert_eq!(l.admin_remote_access, RemoteAccess::Metrics);
     }
 
     #[test]
@@ -409,6 +546,39 @@ mod tests {
             Cli::try_parse_from(["ingress", "version"]).unwrap().command,
             Some(Command::Version)
         ));
+    }
+
+    #[test]
+    fn local_backends_default_by_source() {
+        let cases: &[(&[&str], bool)] = &[
+            (&["ingress"], false),
+            (&["ingress", "--manifests", "/x"], true),
+            (
+                &[
+                    "ingress",
+                    "--manifests",
+                    "/x",
+                    "--allow-local-backends=false",
+                ],
+                false,
+            ),
+            (&["ingress", "--allow-local-backends"], true),
+            (&["ingress", "check", "--manifests", "/x"], true),
+            (&["ingress", "check"], false),
+        ];
+        for (argv, want) in cases {
+            let cli = Cli::try_parse_from(*argv).unwrap();
+            let (policy, source) = match &cli.command {
+                Some(Command::Check(c)) => (&c.policy, &c.source),
+                _ => (&cli.run.policy, &cli.run.source),
+            };
+            assert_eq!(policy.allow_local_backends(source), *want, "{argv:?}");
+            assert!(!policy.allow_external_name_services, "{argv:?}");
+            assert_eq!(
+                policy.unsupported_access_annotations,
+                UnsupportedAccess::Refuse
+            );
+        }
     }
 
     #[test]

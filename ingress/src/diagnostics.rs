@@ -50,6 +50,9 @@ pub enum DiagnosticKind {
     CertificateExpired,
     CertificateHostMismatch,
     PassthroughPathsIgnored,
+    ExternalNameDisabled,
+    BackendAddressRefused,
+    UnsupportedAnnotation,
 }
 
 impl DiagnosticKind {
@@ -75,6 +78,9 @@ impl DiagnosticKind {
             DiagnosticKind::CertificateExpired => "CertificateExpired",
             DiagnosticKind::CertificateHostMismatch => "CertificateHostMismatch",
             DiagnosticKind::PassthroughPathsIgnored => "PassthroughPathsIgnored",
+            DiagnosticKind::ExternalNameDisabled => "ExternalNameDisabled",
+            DiagnosticKind::BackendAddressRefused => "BackendAddressRefused",
+            DiagnosticKind::UnsupportedAnnotation => "UnsupportedAnnotation",
         }
     }
 
@@ -98,6 +104,9 @@ impl DiagnosticKind {
         DiagnosticKind::CertificateExpired,
         DiagnosticKind::CertificateHostMismatch,
         DiagnosticKind::PassthroughPathsIgnored,
+        DiagnosticKind::ExternalNameDisabled,
+        DiagnosticKind::BackendAddressRefused,
+        DiagnosticKind::UnsupportedAnnotation,
     ];
 }
 

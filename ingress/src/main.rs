@@ -86,7 +86,7 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             ))?
         }
     };
-    let settings = ingress::run::build_settings(&args.source, &args.tls)?;
+    let settings = ingress::run::build_settings(&args.source, &args.tls, &args.policy)?;
     let snapshot = Snapshot::build(&store, &settings, 1);
     let report = check::report(&snapshot);
     match args.output {

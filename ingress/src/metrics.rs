@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::diagnostics::{DiagnosticKind, Severity};
+use crate::snapshot::address::Refusal;
 use crate::snapshot::sni::GateReason;
 use crate::snapshot::{Route, RouteLabels, Snapshot};
 use crate::tls::certs::CertSource;
@@ -42,6 +43,12 @@ pub struct KindLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
     pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: &'static str,
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -90,6 +97,7 @@ pub struct Metrics {
     pub config_errors: Family<KindLabels, Gauge>,
     pub connections: Family<ListenerLabels, Counter>,
     pub connections_active: Family<ListenerLabels, Gauge>,
+    pub connections_refused: Family<RefusedLabels, Counter>,
     pub ebpf_enabled: Gauge,
     pub gate_sync_errors: Counter,
     pub ready: Gauge,
@@ -102,6 +110,8 @@ pub struct Metrics {
     pub leader: Gauge,
     pub status_updates: Family<ResultLabels, Counter>,
     pub events_published: Family<ResultLabels, Counter>,
+    pub upstream_address_refused: Family<ReasonLabels, Counter>,
+    pub admin_connections_refused: Counter,
     pub passthrough: crate::passthrough::PassthroughMetrics,
 }
 
@@ -168,6 +178,12 @@ impl Metrics {
             "connections_active",
             "Open client connections by listener",
             connections_active.clone(),
+        );
+        let connections_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Client connections closed on accept because a connection cap was reached, by listener and cap (max_connections, max_connections_per_client)",
+            connections_refused.clone(),
         );
         let ebpf_enabled = Gauge::default();
         registry.register(
@@ -236,6 +252,24 @@ impl Metrics {
             "Kubernetes Events published for diagnostics, by result (ok, error)",
             events_published.clone(),
         );
+        let upstream_address_refused = Family::<ReasonLabels, Counter>::default();
+        for refusal in Refusal::ALL {
+            // A zero sample for each reason, so alerts see the series before it first moves.
+            drop(upstream_address_refused.get_or_create(&ReasonLabels {
+                reason: refusal.as_str(),
+            }));
+        }
+        registry.register(
+            "upstream_address_refused",
+            "Connections not made because an ExternalName resolved to an address refused as a backend, by reason (loopback, link_local, unspecified, host_address)",
+            upstream_address_refused.clone(),
+        );
+        let admin_connections_refused = Counter::default();
+        registry.register(
+            "admin_connections_refused",
+            "Admin-port connections closed on accept because their peer (or remote peers together) reached the connection cap",
+            admin_connections_refused.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -270,6 +304,7 @@ impl Metrics {
             config_errors,
             connections,
             connections_active,
+            connections_refused,
             ebpf_enabled,
             gate_sync_errors,
             ready,
@@ -282,8 +317,18 @@ impl Metrics {
             leader,
             status_updates,
             events_published,
+            upstream_address_refused,
+            admin_connections_refused,
             passthrough,
         }
+    }
+
+    pub fn count_address_refused(&self, refusal: Refusal) {
+        self.upstream_address_refused
+            .get_or_create(&ReasonLabels {
+                reason: refusal.as_str(),
+            })
+            .inc();
     }
 
     pub fn count_gate(&self, reason: GateReason) {

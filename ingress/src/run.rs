@@ -14,21 +14,26 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, Health};
-use crate::cli::{Mode, RunArgs, SourceArgs, TlsArgs};
+use crate::cli::{Mode, PolicyArgs, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::metrics::Metrics;
+use crate::proxy::caps::ConnectionCaps;
+use crate::proxy::forward::HeaderOptions;
 use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
 use crate::proxy::{Proxy, ProxySettings};
 use crate::publish::{Pipeline, Published};
 use crate::report;
 use crate::snapshot::BuildSettings;
+use crate::snapshot::address::{self, AddressPolicy};
+use crate::snapshot::backend::BackendPolicy;
 use crate::snapshot::class::ClassSelector;
 use crate::snapshot::tls::TlsSettings;
 use crate::source::watch;
 use crate::store::ObjectKey;
 use crate::tls::accept::TlsHandshake;
 use crate::tls::{certs, resolver};
+use ingress_wire::target::PathSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -81,18 +86,19 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
 
-    let admin_addr = SocketAddr::new(args.listen.bind, args.listen.admin_port);
+    let admin_addr = SocketAddr::new(args.listen.admin_bind, args.listen.admin_port);
     let admin_listener = bind("admin", admin_addr).await?;
-    let admin = Arc::new(Admin {
-        published: published.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-    });
+    let admin = Arc::new(Admin::new(
+        published.clone(),
+        metrics.clone(),
+        health.clone(),
+        args.listen.admin_remote_access,
+    ));
     tokio::spawn(admin.serve(admin_listener, stop.clone()));
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let pipeline = Pipeline {
-        settings: build_settings(&args.source, &args.tls)?,
+        settings: build_settings(&args.source, &args.tls, &args.policy)?,
         published: published.clone(),
         metrics: metrics.clone(),
         debounce: args.proxy.debounce,
@@ -122,12 +128,23 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         ProxySettings {
             connect_timeout: args.proxy.upstream_connect_timeout,
             response_timeout: args.proxy.upstream_response_timeout,
+            upstream_send_timeout: args.limits.upstream_send_timeout,
+            client_body_timeout: args.limits.client_body_timeout,
+            client_send_timeout: args.limits.client_send_timeout,
             access_log: args.log.access_log,
             https_port: args.listen.https_port,
             hsts: args
                 .tls
                 .hsts_value()
                 .and_then(|v| http::HeaderValue::from_str(&v).ok()),
+            paths: PathSettings {
+                escaped_slashes: args.requests.escaped_slashes.into(),
+                merge_slashes: args.requests.merge_slashes,
+            },
+            headers: HeaderOptions {
+                underscores: args.requests.enable_underscores_in_headers,
+            },
+            no_sni_requests: args.tls.no_sni_requests,
         },
     ));
     let serving = Arc::new(Serving::new(
@@ -135,8 +152,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         HttpSettings {
             header_read_timeout: args.proxy.header_read_timeout,
             max_header_size: args.proxy.max_header_size,
+            keepalive_timeout: args.limits.client_keepalive_timeout,
+            http2_ping_interval: args.limits.http2_ping_interval,
         },
     ));
+    let caps = ConnectionCaps::new(
+        args.limits.max_connections,
+        args.limits.max_connections_per_client,
+    );
     tokio::select! {
         () = published.synced() => {}
         signal = wait_for_shutdown_signal() => {
@@ -151,6 +174,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         listener: bind("http", http_addr).await?,
         handshake: Arc::new(Plain),
         https: false,
+        caps: caps.clone(),
     };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
     // The gate judges only connections of the listener it was given, marked before listen()
@@ -179,6 +203,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             passthrough: crate::passthrough::PassthroughSettings::from_args(&args.proxy),
         }),
         https: true,
+        caps,
     };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(
@@ -320,7 +345,11 @@ fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
 const CERTIFICATE_REFRESH: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The snapshot builder's settings from flags. Shared by `run` and `check`.
-pub fn build_settings(source: &SourceArgs, tls: &TlsArgs) -> Result<BuildSettings, RunError> {
+pub fn build_settings(
+    source: &SourceArgs,
+    tls: &TlsArgs,
+    policy: &PolicyArgs,
+) -> Result<BuildSettings, RunError> {
     let default_certificate = match &tls.default_certificate {
         None => None,
         Some(value) => match value.split_once('/') {
@@ -340,7 +369,35 @@ pub fn build_settings(source: &SourceArgs, tls: &TlsArgs) -> Result<BuildSetting
             self_signed: Arc::new(certs::self_signed()?),
             now: crate::clock::unix_now(),
         },
+        backends: backend_policy(source, policy),
+        unsupported_access: policy.unsupported_access_annotations,
     })
+}
+
+/// The backend rules, with this host's interface addresses as they are at startup.
+fn backend_policy(source: &SourceArgs, policy: &PolicyArgs) -> BackendPolicy {
+    let allow_local = policy.allow_local_backends(source);
+    let host_addresses = if allow_local {
+        Vec::new()
+    } else {
+        address::host_addresses().unwrap_or_else(|err| {
+            tracing::warn!(%err, "cannot list this host's addresses; only loopback, link-local and unspecified backend addresses are refused");
+            Vec::new()
+        })
+    };
+    tracing::info!(
+        allow_local_backends = allow_local,
+        allow_external_name_services = policy.allow_external_name_services,
+        host_addresses = host_addresses.len(),
+        "backend address policy"
+    );
+    BackendPolicy {
+        allow_external_name: policy.allow_external_name_services,
+        addresses: AddressPolicy {
+            allow_local,
+            ..AddressPolicy::refusing_local(host_addresses)
+        },
+    }
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, RunError> {

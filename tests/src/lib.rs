@@ -11,8 +11,10 @@ pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod raw;
 pub mod rawtcp;
 pub mod scratch;
+pub mod scripted;
 pub mod tcx;
 pub mod upstream;
 

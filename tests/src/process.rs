@@ -56,6 +56,7 @@ pub struct IngressBuilder {
     args: Vec<String>,
     env: Vec<(String, String)>,
     wait_ready: bool,
+    admin_bind: String,
 }
 
 impl Ingress {
@@ -66,6 +67,7 @@ impl Ingress {
             args: Vec::new(),
             env: Vec::new(),
             wait_ready: true,
+            admin_bind: "127.0.0.1".into(),
         }
     }
 
@@ -81,6 +83,21 @@ impl Ingress {
     /// Everything the process has logged so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle` (the process writes its log from a background
+    /// thread), for at most `timeout`.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.logs().contains(needle) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -189,6 +206,12 @@ impl IngressBuilder {
         self
     }
 
+    /// `--admin-bind` (default 127.0.0.1).
+    pub fn admin_bind(mut self, addr: &str) -> Self {
+        self.admin_bind = addr.into();
+        self
+    }
+
     pub fn no_wait(mut self) -> Self {
         self.wait_ready = false;
         self
@@ -235,7 +258,7 @@ impl IngressBuilder {
                 cmd.args(["--mode", "userspace"]);
             }
         }
-        cmd.args(["--bind", "127.0.0.1"])
+        cmd.args(["--bind", "127.0.0.1", "--admin-bind", &self.admin_bind])
             .args(["--http-port", &http.to_string()])
             .args(["--https-port", &https.to_string()])
             .args(["--admin-port", &admin.to_string()])

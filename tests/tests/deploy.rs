@@ -283,12 +283,225 @@ fn daemonset_fits_the_controller() {
             )
         );
     }
-    let mounts = container.volume_mounts.clone().unwrap();
-    assert!(
-        mounts.iter().any(|m| m.mount_path == "/sys/fs/bpf"),
-        "bpffs is mounted"
-    );
     assert!(container.resources.as_ref().unwrap().requests.is_some());
+}
+
+#[test]
+fn daemonset_is_least_privilege() {
+    use clap::Parser;
+    let defaults = ingress::cli::Cli::try_parse_from(["ingress"]).unwrap();
+    let parsed = parse_all(&source_documents());
+    let pod = parsed
+        .daemonset
+        .expect("a DaemonSet")
+        .spec
+        .template
+        .spec
+        .unwrap();
+    let container = &pod.containers[0];
+    // hostNetwork: a hostPort adds nothing but another way to expose the port.
+    for port in container.ports.clone().unwrap() {
+        assert_eq!(port.host_port, None, "{port:?}");
+    }
+    // The runtime's default seccomp profile (it allows bpf and perf_event_open to a container
+    // granted CAP_BPF and CAP_PERFMON under containerd 1.7+ and Docker).
+    let seccomp = pod
+        .security_context
+        .as_ref()
+        .and_then(|s| s.seccomp_profile.as_ref())
+        .expect("a pod seccomp profile");
+    assert_eq!(seccomp.type_, "RuntimeDefault");
+    let security = container.security_context.clone().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    let uid = security.run_as_user.expect("runAsUser");
+    let gid = security.run_as_group.expect("runAsGroup");
+    assert_ne!(uid, 0);
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    let caps = security.capabilities.unwrap();
+    assert_eq!(caps.drop.unwrap(), ["ALL"]);
+    let mut added = caps.add.unwrap();
+    added.sort();
+    assert_eq!(added, ["BPF", "NET_ADMIN", "NET_BIND_SERVICE", "PERFMON"]);
+
+    // Only the gate's pin directory of the host's bpffs, at the binary's default path on the
+    // host, mounted where the container's env points the binary; never all of /sys/fs/bpf,
+    // and never inside /sys, where a runtime cannot create a mount point.
+    let volumes = pod.volumes.clone().unwrap();
+    for volume in &volumes {
+        if let Some(host) = &volume.host_path {
+            assert!(
+                !Path::new(&defaults.run.kernel.bpf_pin_dir).starts_with(&host.path)
+                    || Path::new(&host.path) == defaults.run.kernel.bpf_pin_dir,
+                "{} mounts more than the pin directory",
+                host.path
+            );
+        }
+    }
+    let pins = volumes
+        .iter()
+        .find(|v| {
+            v.host_path
+                .as_ref()
+                .is_some_and(|h| Path::new(&h.path) == defaults.run.kernel.bpf_pin_dir)
+        })
+        .expect("the pin directory is mounted");
+    assert_eq!(
+        pins.host_path.as_ref().unwrap().type_.as_deref(),
+        Some("DirectoryOrCreate")
+    );
+    let mount = container
+        .volume_mounts
+        .clone()
+        .unwrap()
+        .into_iter()
+        .find(|m| m.name == pins.name)
+        .expect("the container mounts the pin directory");
+    assert!(
+        !mount.mount_path.starts_with("/sys"),
+        "{}",
+        mount.mount_path
+    );
+    let env_pin_dir = container
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|e| e.name == "INGRESS_BPF_PIN_DIR")
+        .and_then(|e| e.value)
+        .expect("INGRESS_BPF_PIN_DIR");
+    assert_eq!(env_pin_dir, mount.mount_path);
+
+    // The kubelet creates the directory as root: an init container with only CHOWN hands it
+    // (and any maps pinned there by a root-run version) to the controller's user.
+    let init = pod
+        .init_containers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == pins.name && m.mount_path == env_pin_dir)
+        })
+        .expect("an init container that owns the pin directory");
+    assert_eq!(
+        init.command.clone().unwrap(),
+        ["chown", "-R", &format!("{uid}:{gid}"), &env_pin_dir]
+    );
+    let init_security = init.security_context.unwrap();
+    let init_caps = init_security.capabilities.unwrap();
+    assert_eq!(init_caps.drop.unwrap(), ["ALL"]);
+    assert_eq!(init_caps.add.unwrap(), ["CHOWN"]);
+    assert_eq!(init_security.allow_privilege_escalation, Some(false));
+}
+
+/// `../` enough times to climb from `from` to `/`, then `to`: kustomize takes only relative
+/// paths to other kustomizations.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for _ in from.components().skip(1) {
+        out.push("..");
+    }
+    out.join(to.strip_prefix("/").unwrap())
+}
+
+#[test]
+fn the_namespaced_component_grants_only_the_watched_namespace() {
+    let scratch = ingress_tests::scratch::Scratch::new("kustomize-ns");
+    let base = relative(scratch.path(), &deploy_dir());
+    scratch.write(
+        "kustomization.yaml",
+        &format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
+            base.display(),
+            base.join("components/namespaced").display()
+        ),
+    );
+    let out = Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(scratch.path())
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<(Value, String)> = documents(&text)
+        .into_iter()
+        .map(|d| (d, "rendered".to_string()))
+        .collect();
+    let parsed = parse_all(&docs);
+    let pod = parsed
+        .daemonset
+        .expect("a DaemonSet")
+        .spec
+        .template
+        .spec
+        .unwrap();
+    let watched = pod.containers[0]
+        .env
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|e| e.name == "INGRESS_WATCH_NAMESPACE")
+        .and_then(|e| e.value)
+        .expect("INGRESS_WATCH_NAMESPACE is set");
+    let resources_of = |rules: &[k8s_openapi::api::rbac::v1::PolicyRule]| -> Vec<String> {
+        let mut out: Vec<String> = rules
+            .iter()
+            .flat_map(|r| r.resources.clone().unwrap_or_default())
+            .collect();
+        out.sort();
+        out
+    };
+    let cluster: Vec<_> = parsed
+        .cluster_roles
+        .iter()
+        .flat_map(|r| r.rules.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(resources_of(&cluster), ["ingressclasses", "nodes"]);
+    let role = parsed
+        .roles
+        .iter()
+        .find(|r| r.metadata.namespace.as_deref() == Some(watched.as_str()))
+        .expect("a Role in the watched namespace");
+    let rules = role.rules.clone().unwrap_or_default();
+    assert_eq!(
+        resources_of(&rules),
+        [
+            "endpointslices",
+            "events",
+            "ingresses",
+            "ingresses/status",
+            "secrets",
+            "services"
+        ]
+    );
+    for rule in &rules {
+        assert!(!rule.verbs.iter().any(|v| v.contains('*')), "{rule:?}");
+    }
+    let binding = docs
+        .iter()
+        .filter(|(d, _)| {
+            d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == watched.as_str()
+        })
+        .map(|(d, _)| strict::<RoleBinding>(d, "rendered"))
+        .next()
+        .expect("a RoleBinding in the watched namespace");
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "ingress", Some("ingress"))
+    );
 }
 
 fn humantime_secs(s: &str) -> i64 {

@@ -1,24 +1,48 @@
-//! The README is the operator's reference: every flag, its environment twin, and every metric
-//! the binary can export must be documented there. These tests read the real binary's `--help`
-//! and a real `/metrics` scrape, so a new flag or metric without docs fails here.
+//! `docs/` is the operator's reference: every flag, its environment twin, and every metric the
+//! binary can export must be documented there. These tests read the real binary's `--help` and
+//! a real `/metrics` scrape, so a new flag or metric without docs fails here. The last test
+//! follows every relative link in README.md and `docs/` to a file, and to a heading when it
+//! names one, so moving a section cannot leave a dead link behind.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ingress_tests::manifests;
 use ingress_tests::process::{Ingress, binary};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
+use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
-fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root")
-        .join("README.md");
-    std::fs::read_to_string(path).expect("read README.md")
+        .to_path_buf()
+}
+
+/// Every `docs/*.md`, sorted.
+fn docs_pages() -> Vec<PathBuf> {
+    let dir = workspace().join("docs");
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|entry| entry.expect("docs entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() > 5, "only {} pages in docs/", pages.len());
+    pages
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// The whole reference, every page of `docs/` one after the other.
+fn reference() -> String {
+    docs_pages().iter().map(|page| read(page)).collect()
 }
 
 fn help(args: &[&str]) -> String {
@@ -58,20 +82,20 @@ fn flags_and_envs(help: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[test]
-fn every_flag_and_its_environment_twin_is_in_the_readme() {
-    let readme = readme();
+fn every_flag_and_its_environment_twin_is_in_the_docs() {
+    let docs = reference();
     let mut missing = Vec::new();
     let mut seen = 0;
     for command in [&[][..], &["check"][..]] {
         let (flags, envs) = flags_and_envs(&help(command));
         seen += flags.len();
         for flag in flags {
-            if !readme.contains(&format!("`{flag}")) {
+            if !docs.contains(&format!("`{flag}")) {
                 missing.push(flag);
             }
         }
         for env in envs {
-            if !readme.contains(&format!("`{env}`")) {
+            if !docs.contains(&format!("`{env}`")) {
                 missing.push(env);
             }
         }
@@ -80,14 +104,11 @@ fn every_flag_and_its_environment_twin_is_in_the_readme() {
         seen > 30,
         "only {seen} flags parsed from --help; the parser is broken"
     );
-    assert!(
-        missing.is_empty(),
-        "not documented in README.md: {missing:?}"
-    );
+    assert!(missing.is_empty(), "not documented in docs/: {missing:?}");
 }
 
 #[test]
-fn every_exported_metric_is_in_the_readme() {
+fn every_exported_metric_is_in_the_docs() {
     let backend = Backend::start("web");
     let scratch = Scratch::new("docs-metrics");
     scratch.write(
@@ -114,16 +135,156 @@ fn every_exported_metric_is_in_the_readme() {
         "only {} metric families scraped",
         names.len()
     );
-    let readme = readme();
+    let docs = reference();
     let missing: Vec<&str> = names
         .into_iter()
         .filter(|name| {
             // OpenMetrics names counters without `_total` in TYPE lines.
-            !readme.contains(&format!("`{name}`")) && !readme.contains(&format!("`{name}_total`"))
+            !docs.contains(&format!("`{name}`")) && !docs.contains(&format!("`{name}_total`"))
         })
+        .collect();
+    assert!(missing.is_empty(), "not documented in docs/: {missing:?}");
+}
+
+#[test]
+fn relative_links_lead_to_files_and_headings_that_exist() {
+    let root = workspace();
+    let mut files = vec![root.join("README.md")];
+    files.extend(docs_pages());
+    let mut anchors: BTreeMap<PathBuf, BTreeSet<String>> = BTreeMap::new();
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for file in &files {
+        let dir = file.parent().expect("a file has a directory");
+        for target in links(&read(file)) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                dir.join(path)
+            };
+            let shown = format!(
+                "{}: ({target})",
+                file.strip_prefix(&root).unwrap_or(file).display()
+            );
+            if !resolved.exists() {
+                broken.push(format!("{shown}: no such file"));
+                continue;
+            }
+            if anchor.is_empty() || resolved.extension().is_none_or(|ext| ext != "md") {
+                continue;
+            }
+            let known = anchors
+                .entry(resolved.clone())
+                .or_insert_with(|| heading_anchors(&read(&resolved)));
+            if !known.contains(anchor) {
+                broken.push(format!("{shown}: no heading with anchor #{anchor}"));
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "only {checked} relative links found; the link parser is broken"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn anchors_follow_githubs_rules() {
+    let text = "# The `ingress` command\n## Falling back, and timeouts\n## Metrics\n\
+                ## Metrics\n## Routing: Ingress v1 as specified\n## 10,000 hosts × 2 — p99\n\
+                ```\n# not a heading\n```\n";
+    let expected: BTreeSet<String> = [
+        "the-ingress-command",
+        "falling-back-and-timeouts",
+        "metrics",
+        "metrics-1",
+        "routing-ingress-v1-as-specified",
+        "10000-hosts--2--p99",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(heading_anchors(text), expected);
+}
+
+fn markdown(text: &str) -> Parser<'_> {
+    Parser::new_ext(text, Options::ENABLE_TABLES)
+}
+
+/// The destinations of every link and image.
+fn links(text: &str) -> Vec<String> {
+    markdown(text)
+        .filter_map(|event| match event {
+            Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => {
+                Some(dest_url.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors GitHub gives a page's headings: the heading's text lowercased, characters other
+/// than letters, digits, `-`, `_` and spaces removed, spaces turned into `-`, and `-1`, `-2`, …
+/// appended to repeats.
+fn heading_anchors(text: &str) -> BTreeSet<String> {
+    let mut anchors = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut heading: Option<String> = None;
+    for event in markdown(text) {
+        match event {
+            Event::Start(Tag::Heading { .. }) => heading = Some(String::new()),
+            Event::Text(t) | Event::Code(t) => {
+                if let Some(h) = heading.as_mut() {
+                    h.push_str(&t);
+                }
+            }
+            Event::End(TagEnd::Heading(_)) => {
+                let slug: String = heading
+                    .take()
+                    .unwrap_or_default()
+                    .to_lowercase()
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect();
+                let count = seen.entry(slug.clone()).or_insert(0);
+                anchors.insert(if *count == 0 {
+                    slug
+                } else {
+                    format!("{slug}-{count}")
+                });
+                *count += 1;
+            }
+            _ => {}
+        }
+    }
+    anchors
+}
+
+/// The annotation status table in docs/annotations.md is the registry the snapshot judges
+/// annotations by, row for row, so the migration reference cannot drift from the code.
+#[test]
+fn every_annotation_of_the_registry_is_in_the_docs_with_its_status() {
+    use ingress::snapshot::annotations::registry::{ANNOTATIONS, Status};
+    let page = read(&workspace().join("docs").join("annotations.md"));
+    let missing: Vec<String> = ANNOTATIONS
+        .iter()
+        .map(|a| {
+            let status = match a.status {
+                Status::Supported => "supported",
+                Status::Unsupported => "unsupported",
+            };
+            format!("| `{}` | {} | {status} |", a.name, a.category)
+        })
+        .filter(|row| !page.contains(row.as_str()))
         .collect();
     assert!(
         missing.is_empty(),
-        "not documented in README.md: {missing:?}"
+        "rows missing from docs/annotations.md: {missing:#?}"
     );
 }

@@ -288,7 +288,11 @@ async fn external_name_resolves_through_dns() {
             .replace("number: 80", &format!("number: {}", web.addr.port()))
     );
     dir.write("a.yaml", &yaml);
-    let ingress = Ingress::start(dir.path());
+    // ExternalName is opt-in; local backends are the manifests source's default.
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .arg("--allow-external-name-services")
+        .start();
     let reply = get(&client::http1(), &ingress.url("/"), "ext.example.com").await;
     assert_eq!(reply.backend(), "external", "{}", reply.text());
 }

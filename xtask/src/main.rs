@@ -8,6 +8,7 @@
 //!   test         everything CI checks: fmt, clippy (host and eBPF), the build, all tests
 //!   demo         set up, build, and run the controller on deploy/examples with demo backends
 //!   bench        ingress against nginx on one machine, printed as ratios
+//!   fuzz         run one fuzz target (cargo-fuzz, nightly) for a while
 //! ```
 //!
 //! One module per task; `toolchain` finds how to compile for BPF on this machine and
@@ -22,6 +23,7 @@ mod build;
 mod build_ebpf;
 mod clippy_ebpf;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 mod toolchain;
@@ -52,6 +54,8 @@ enum Task {
     Demo(demo::Args),
     /// Benchmark ingress against nginx on this machine and print the ratios.
     Bench(bench::Args),
+    /// Run one fuzz target for a while (cargo-fuzz on nightly).
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -63,5 +67,6 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => test::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
     }
 }

@@ -68,6 +68,10 @@ pub fn run(args: &Args) -> Result<()> {
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
     }
+    if !args.build_only && !cargo_fuzz_installed() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        run_shown(Command::new(cargo).args(["install", "cargo-fuzz", "--locked"]))?;
+    }
     if bpf_linker().is_none() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         run_shown(
@@ -83,6 +87,14 @@ pub fn run(args: &Args) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// cargo-fuzz builds the fuzz targets (`cargo xtask test` builds them; nightly runs them).
+fn cargo_fuzz_installed() -> bool {
+    Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Asks dpkg's database rather than apt, which would take its lock and print.

@@ -3,8 +3,9 @@
 //! 1. `cargo fmt --check` (every crate, the eBPF one included);
 //! 2. clippy `-D warnings` on the host crates, then on the eBPF crate for its own target;
 //! 3. the eBPF object, then the ingress binary with it embedded;
-//! 4. `cargo test` for the host crates, kernel tests included (they fail rather than skip when
-//!    `CI=true` and eBPF cannot load).
+//! 4. the fuzz targets (cargo-fuzz on nightly), built but not run;
+//! 5. `cargo test` for the host crates, kernel tests included (they fail rather than skip when
+//!    `CI=true` and eBPF cannot load), and the fuzz corpora as ordinary tests.
 
 use std::process::Command;
 
@@ -50,6 +51,12 @@ pub fn run(args: &Args) -> Result<()> {
             "warning: no eBPF toolchain ({err:#}); kernel tests will report themselves skipped"
         ),
         Err(err) => return Err(err.context("building the eBPF object")),
+    }
+    eprintln!("==> fuzz targets (build only)");
+    match crate::fuzz::build(&ws) {
+        Ok(()) => {}
+        Err(err) if !ci => eprintln!("warning: fuzz targets not built: {err:#}"),
+        Err(err) => return Err(err.context("building the fuzz targets")),
     }
     step(
         "cargo test",

@@ -80,15 +80,21 @@ pub enum Failure {
     ConnectTimeout,
     /// The upstream failed while taking the client's first bytes.
     UpstreamWrite,
+    /// The route's Ingress is not served (an access-control annotation it cannot honour).
+    Refused,
+    /// An ExternalName resolved to an address refused as a backend.
+    AddressRefused,
 }
 
 impl Failure {
-    pub const ALL: [Failure; 5] = [
+    pub const ALL: [Failure; 7] = [
         Failure::NoRoute,
         Failure::NoEndpoint,
         Failure::ConnectError,
         Failure::ConnectTimeout,
         Failure::UpstreamWrite,
+        Failure::Refused,
+        Failure::AddressRefused,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -98,6 +104,8 @@ impl Failure {
             Failure::ConnectError => "connect_error",
             Failure::ConnectTimeout => "connect_timeout",
             Failure::UpstreamWrite => "upstream_write",
+            Failure::Refused => "refused",
+            Failure::AddressRefused => "address_refused",
         }
     }
 }

@@ -26,6 +26,8 @@ use tokio::net::TcpStream;
 
 use crate::gate::{Gate, SpliceStep};
 use crate::metrics::Metrics;
+use crate::proxy::pool::{self, PoolKey};
+use crate::proxy::upstream::UpstreamError;
 use crate::publish::Published;
 use crate::snapshot::Route;
 use crate::snapshot::backend::{InFlight, Target};
@@ -155,33 +157,25 @@ impl Passthrough<'_> {
         &self,
         route: &Arc<Route>,
     ) -> Result<(TcpStream, String, Option<InFlight>), Failure> {
-        let (addr, in_flight) = match &route.backend.target {
+        let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => {
                 let endpoint = route.backend.pick().ok_or(Failure::NoEndpoint)?;
-                (Ok(endpoint.addr), Some(endpoint.start()))
+                (PoolKey::Addr(endpoint.addr), Some(endpoint.start()))
             }
-            // The system resolver, on each connection, as for HTTP routes.
-            Target::ExternalName { host, port } => (Err(format!("{host}:{port}")), None),
+            // Resolved and judged on each connection, as for HTTP routes.
+            Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
             Target::Unavailable => return Err(Failure::NoEndpoint),
+            Target::Refused(_) => return Err(Failure::Refused),
         };
-        let target = match &addr {
-            Ok(addr) => addr.to_string(),
-            Err(name) => name.clone(),
-        };
-        let connect = async {
-            match addr {
-                Ok(addr) => TcpStream::connect(addr).await,
-                Err(name) => TcpStream::connect(name).await,
+        let target = key.to_string();
+        match pool::open(&key, self.settings.connect_timeout).await {
+            Ok(stream) => Ok((stream, target, in_flight)),
+            Err(UpstreamError::ConnectTimeout) => Err(Failure::ConnectTimeout),
+            Err(UpstreamError::AddressRefused { refusal, .. }) => {
+                self.metrics.count_address_refused(refusal);
+                Err(Failure::AddressRefused)
             }
-        };
-        let connect = tokio::time::timeout(self.settings.connect_timeout, connect);
-        match connect.await {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                Ok((stream, target, in_flight))
-            }
-            Ok(Err(_)) => Err(Failure::ConnectError),
-            Err(_) => Err(Failure::ConnectTimeout),
+            Err(_) => Err(Failure::ConnectError),
         }
     }
 

@@ -1,53 +1,55 @@
 //! Accept loops. Each accepted connection gets its own task; the loop itself only accepts, so a
 //! slow handshake never delays the next client.
 //!
-//! The loop accepts plain sockets and lets the handshake screen each one first, synchronously:
-//! a connection refused there (the kernel gate's early verdict) is reset before it costs a
-//! task or a registration with the reactor.
-//!
-//! Each connection is served by the HTTP/1.1 fast path (`h1`) until a request needs hyper, or
-//! by hyper from the start when TLS negotiated HTTP/2.
+//! ```text
+//!   accept → connection caps (caps.rs: over --max-connections or --max-connections-per-client:
+//!            closed at once, counted) → screen (the kernel gate's early verdict: reset before
+//!            a task exists) → task: handshake (TLS) → HTTP/1.x (h1) or HTTP/2 (h2)
+//! ```
 //!
 //! Shutdown: the loop stops accepting when told to, then every open connection is asked to
-//! finish its in-flight requests for at most the drain timeout: idle fast-path connections
-//! close at once, busy ones after their response (with `Connection: close`), and hyper's
-//! after its graceful shutdown.
+//! finish its in-flight requests for at most the drain timeout: idle HTTP/1.x connections close
+//! at once, busy ones after their response (with `Connection: close`), and HTTP/2 ones after a
+//! GOAWAY and their open streams.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::caps::ConnectionCaps;
 use super::h1::{self, rewind::Rewind};
-use super::{ConnInfo, Proxy};
-use crate::metrics::{ListenerLabels, Metrics};
+use super::{ConnInfo, Proxy, h2};
+use crate::metrics::{ListenerLabels, Metrics, RefusedLabels};
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
+    /// A request head must arrive whole within this of its first byte (and an HTTP/2
+    /// connection must start a request within it).
     pub header_read_timeout: Duration,
     pub max_header_size: usize,
+    /// How long a connection may wait for its next request (nginx's `keepalive_timeout`).
+    pub keepalive_timeout: Duration,
+    /// How often an HTTP/2 connection is PINGed to find dead peers.
+    pub http2_ping_interval: Duration,
 }
 
 /// What every connection is served with.
 pub struct Serving {
     pub proxy: Arc<Proxy>,
-    /// hyper's HTTP/1.1 + HTTP/2 server, for what the fast path hands over.
-    pub server: auto::Builder<TokioExecutor>,
     pub http: HttpSettings,
+    h2: hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
 }
 
 impl Serving {
     pub fn new(proxy: Arc<Proxy>, http: HttpSettings) -> Self {
         Self {
-            server: http_server(&http),
+            h2: h2::builder(&http),
             proxy,
             http,
         }
@@ -62,44 +64,11 @@ impl Serving {
         } else {
             match h1::serve(&self.proxy, io, &conn, &self.http, stop).await {
                 h1::Ended::Closed => return,
-                h1::Ended::HandOff(io) => io,
+                h1::Ended::H2c(io) => io,
             }
         };
-        let conn = Arc::new(conn);
-        let proxy = self.proxy.clone();
-        let service = service_fn(move |req| proxy.clone().handle(req, conn.clone()));
-        let mut connection = std::pin::pin!(
-            self.server
-                .serve_connection_with_upgrades(TokioIo::new(io), service)
-        );
-        let result = tokio::select! {
-            result = connection.as_mut() => result,
-            () = stop.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                connection.await
-            }
-        };
-        if let Err(err) = result {
-            tracing::debug!(%err, "connection ended with an error");
-        }
+        h2::serve(self.proxy.clone(), &self.h2, io, conn, &self.http, stop).await;
     }
-}
-
-/// Builds the HTTP/1.1 + HTTP/2 connection server shared by the listeners.
-pub fn http_server(settings: &HttpSettings) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        .max_buf_size(settings.max_header_size.max(8192))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.max_header_size).unwrap_or(u32::MAX))
-        .max_concurrent_streams(256);
-    builder
 }
 
 /// Turns an accepted TCP connection into the stream HTTP is spoken over (plain, or TLS).
@@ -151,6 +120,8 @@ pub struct Listener<H> {
     pub listener: TcpListener,
     pub handshake: Arc<H>,
     pub https: bool,
+    /// Shared by every listener: the caps are per process.
+    pub caps: Arc<ConnectionCaps>,
 }
 
 impl<H: Handshake> Listener<H> {
@@ -194,6 +165,21 @@ impl<H: Handshake> Listener<H> {
                 },
             };
             metrics.connections.get_or_create(&labels).inc();
+            let permit = match self.caps.admit(peer.ip()) {
+                Ok(permit) => permit,
+                Err(refused) => {
+                    metrics
+                        .connections_refused
+                        .get_or_create(&RefusedLabels {
+                            listener: self.name,
+                            reason: refused.as_str(),
+                        })
+                        .inc();
+                    tracing::debug!(listener = self.name, %peer, reason = refused.as_str(), "connection refused");
+                    drop(stream);
+                    continue;
+                }
+            };
             let conn = ConnInfo::new(peer, local_port, self.https);
             let Some((stream, screened)) = self.handshake.screen(stream, &conn) else {
                 continue;
@@ -216,6 +202,7 @@ impl<H: Handshake> Listener<H> {
                     serving.serve(io, conn, &stop).await;
                 }
                 active.dec();
+                drop(permit);
             });
         }
         drop(listener);

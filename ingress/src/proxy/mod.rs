@@ -1,18 +1,30 @@
 //! The HTTP proxy, as a sequence of phases, each with one place to live:
 //!
 //! ```text
-//!   accept (listener.rs) → [TLS] → request: route (snapshot) → redirect? → pick endpoint
-//!        → rewrite headers (forward.rs) → upstream (upstream.rs) → response → log + metrics
+//!   accept (listener.rs: connection caps) → [TLS] → HTTP/1.x (h1/) or HTTP/2 (h2.rs + handle)
+//!     request: authority (authority.rs) → target (target.rs) → route (route.rs)
+//!            → decide: 404 / redirect / 503 / forward
+//!            → rewrite headers (forward.rs) → upstream (pool.rs, h1/streams.rs)
+//!            → response → log + metrics (record)
 //! ```
+//!
+//! HTTP/1.x is served by `h1`, which reads and writes the bytes itself; HTTP/2 by hyper, whose
+//! requests come to [`Proxy::handle`]. Both call the same authority, target, route and decide
+//! functions, so a rule is written once.
 //!
 //! A request takes the snapshot current when it arrives and keeps its route until it is done, so
 //! a configuration change never disturbs a request in flight.
 
+pub mod authority;
+pub mod caps;
 pub mod forward;
 pub mod h1;
+pub mod h2;
+pub mod idle;
 pub mod listener;
 pub mod pool;
 pub mod respond;
+pub mod route;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -22,34 +34,62 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
+use authority::NoSniRequests;
+use forward::{ClientSide, HeaderOptions};
+use ingress_wire::target::{self, PathSettings};
 use pool::{Pool, PoolKey, PoolSettings, UpstreamBody};
+use route::Refusal;
 
 use crate::metrics::Metrics;
 use crate::publish::Published;
 use crate::snapshot::Route;
 use crate::snapshot::backend::{InFlight, Target};
-use crate::snapshot::host::request_host;
-use crate::snapshot::path::normalize;
-use forward::ClientSide;
 use upstream::UpstreamError;
 
-pub type ProxyBody = Either<UpstreamBody, Full<Bytes>>;
+pub type ProxyBody = Either<idle::IdleBody<UpstreamBody>, Full<Bytes>>;
 
 #[derive(Clone, Debug)]
 pub struct ProxySettings {
     pub connect_timeout: Duration,
+    /// How long the upstream has to send response headers, and the most it may pause while
+    /// sending the body (nginx's `proxy_read_timeout`); `proxy-read-timeout` overrides it.
     pub response_timeout: Duration,
+    /// The most a write to the upstream may stall (nginx's `proxy_send_timeout`).
+    pub upstream_send_timeout: Duration,
+    /// The most a client may pause while sending a request body (`client_body_timeout`).
+    pub client_body_timeout: Duration,
+    /// The most a write to the client may stall (`send_timeout`).
+    pub client_send_timeout: Duration,
     pub access_log: bool,
     /// The HTTPS port clients use, for redirect locations.
     pub https_port: u16,
     /// The `Strict-Transport-Security` value added to HTTPS responses, if enabled.
     pub hsts: Option<HeaderValue>,
+    pub paths: PathSettings,
+    pub headers: HeaderOptions,
+    pub no_sni_requests: NoSniRequests,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(60),
+            upstream_send_timeout: Duration::from_secs(60),
+            client_body_timeout: Duration::from_secs(60),
+            client_send_timeout: Duration::from_secs(60),
+            access_log: true,
+            https_port: 443,
+            hsts: None,
+            paths: PathSettings::default(),
+            headers: HeaderOptions::default(),
+            no_sni_requests: NoSniRequests::default(),
+        }
+    }
 }
 
 /// What the proxy knows about one client connection.
@@ -58,7 +98,7 @@ pub struct ConnInfo {
     pub peer: SocketAddr,
     pub local_port: u16,
     pub https: bool,
-    /// The TLS server name the client sent, if any.
+    /// The TLS server name the client sent, if any, lower-case.
     pub sni: Option<String>,
     /// Forwarding header values, made once per connection.
     pub client: ClientSide,
@@ -81,8 +121,9 @@ impl ConnInfo {
 
 pub struct Proxy {
     published: Arc<Published>,
+    /// HTTP/2 requests' upstream connections (hyper's client, driven inline).
     pool: Arc<Pool>,
-    /// The HTTP/1.1 fast path's upstream connections.
+    /// The HTTP/1.x path's upstream connections.
     streams: h1::streams::StreamPool,
     metrics: Arc<Metrics>,
     settings: ProxySettings,
@@ -94,6 +135,8 @@ static SERVER: HeaderValue = HeaderValue::from_static("ingress");
 pub(crate) struct Outcome {
     upstream: Option<PoolKey>,
     error: Option<UpstreamError>,
+    /// Why the proxy answered it itself, when it refused it.
+    refused: Option<&'static str>,
 }
 
 /// What to do with a request, decided from its route alone; both HTTP paths act on it.
@@ -102,6 +145,8 @@ pub(crate) enum Decision {
     Respond(StatusCode),
     /// Redirect to this location (308).
     Redirect(String),
+    /// Refused before routing (400, 421, ...): answered, and an HTTP/1.x connection closes.
+    Refuse(Refusal),
     Fail(UpstreamError),
     Forward(Forward),
 }
@@ -110,8 +155,10 @@ pub(crate) struct Forward {
     key: PoolKey,
     /// Counts toward the endpoint's load (least-loaded picking) until the response head.
     in_flight: Option<InFlight>,
-    /// How long the upstream has to send its response head.
+    /// How long the upstream has to send its response head, and may pause in its body.
     timeout: Duration,
+    /// The protocols this route lets a client switch to (`Upgrade`).
+    upgrades: Arc<[String]>,
 }
 
 /// One finished request, for the metrics and the access log.
@@ -131,7 +178,15 @@ impl Outcome {
     const LOCAL: Outcome = Outcome {
         upstream: None,
         error: None,
+        refused: None,
     };
+
+    fn refused(refusal: Refusal) -> Outcome {
+        Outcome {
+            refused: Some(refusal.reason),
+            ..Outcome::LOCAL
+        }
+    }
 }
 
 impl Proxy {
@@ -150,40 +205,22 @@ impl Proxy {
         }
     }
 
+    pub fn settings(&self) -> &ProxySettings {
+        &self.settings
+    }
+
+    /// Serves one HTTP/2 request.
     pub async fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
-        let client_version = req.version();
-        let authority = request_authority(&req);
-        let host = authority
-            .as_ref()
-            .and_then(|a| a.to_str().ok())
-            .and_then(request_host);
-        let route = self.route_for(host.as_deref(), req.uri().path());
-        // Only what the access log needs survives the request being moved upstream.
         let logged = self
             .settings
             .access_log
-            .then(|| (req.method().clone(), req.uri().to_string()));
-        let target = req.uri().path_and_query().map_or("/", PathAndQuery::as_str);
-        let (mut response, outcome) =
-            match self.decide(route.as_ref(), &conn, host.as_deref(), target) {
-                Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
-                Decision::Redirect(location) => (respond::redirect(&location), Outcome::LOCAL),
-                Decision::Fail(error) => (
-                    respond::status(error.status()),
-                    Outcome {
-                        upstream: None,
-                        error: Some(error),
-                    },
-                ),
-                Decision::Forward(forward) => {
-                    self.forward(req, forward, authority.as_ref(), &conn).await
-                }
-            };
+            .then(|| (req.method().to_string(), req.uri().to_string()));
+        let (mut response, route, host, outcome) = self.serve_h2(req, &conn).await;
         response
             .headers_mut()
             .insert(header::SERVER, SERVER.clone());
@@ -193,8 +230,7 @@ impl Proxy {
                 .entry(header::STRICT_TRANSPORT_SECURITY)
                 .or_insert_with(|| hsts.clone());
         }
-        // The upstream may speak HTTP/1.0; the client gets the version it asked with.
-        *response.version_mut() = client_version;
+        *response.version_mut() = Version::HTTP_2;
         self.record(&Record {
             conn: &conn,
             route: route.as_deref(),
@@ -202,16 +238,101 @@ impl Proxy {
             elapsed: started.elapsed(),
             request: logged.as_ref().map(|(m, u)| (m.as_str(), u.as_str())),
             host: host.as_deref(),
-            version: client_version,
+            version: Version::HTTP_2,
             outcome: &outcome,
         });
         Ok(response)
     }
 
-    /// The route for a request, from the snapshot current when it arrives.
-    pub(crate) fn route_for(&self, host: Option<&str>, path: &str) -> Option<Arc<Route>> {
-        let snapshot = self.published.load();
-        snapshot.route(host, &normalize(path)).cloned()
+    /// The phases for an HTTP/2 request: authority, target, route, decide, forward.
+    async fn serve_h2(
+        &self,
+        req: Request<Incoming>,
+        conn: &ConnInfo,
+    ) -> (
+        Response<ProxyBody>,
+        Option<Arc<Route>>,
+        Option<String>,
+        Outcome,
+    ) {
+        let refuse = |refusal: Refusal, host: Option<String>| {
+            (
+                respond::status(refusal.status),
+                None,
+                host,
+                Outcome::refused(refusal),
+            )
+        };
+        match *req.method() {
+            Method::CONNECT => return refuse(Refusal::bad_request("CONNECT is not served"), None),
+            Method::TRACE => {
+                let refusal = Refusal {
+                    status: StatusCode::METHOD_NOT_ALLOWED,
+                    reason: "TRACE is not served",
+                };
+                return refuse(refusal, None);
+            }
+            _ => {}
+        }
+        let authority = authority::of_h2(
+            req.uri().authority().map(|a| a.as_str()),
+            req.headers()
+                .get_all(header::HOST)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        );
+        let authority = match authority {
+            Ok(a) => a,
+            Err(err) => {
+                let reason = match err {
+                    authority::AuthorityError::Missing => "no :authority and no Host",
+                    authority::AuthorityError::Duplicate => "more than one Host header",
+                    authority::AuthorityError::Conflict => "Host differs from :authority",
+                    authority::AuthorityError::Invalid => "invalid :authority or Host",
+                };
+                return refuse(Refusal::bad_request(reason), None);
+            }
+        };
+        let host = authority.host.to_string();
+        let authority_raw = authority.raw.to_string();
+        let raw_target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let target = match target::parse(raw_target, &self.settings.paths) {
+            Ok(t) => t,
+            Err(err) => {
+                tracing::debug!(peer = %conn.peer, %err, "request target refused");
+                return refuse(Refusal::bad_request("invalid request target"), Some(host));
+            }
+        };
+        let route = match self.route(conn, Some(&host), &target) {
+            Ok(route) => route,
+            Err(refusal) => return refuse(refusal, Some(host)),
+        };
+        let forwarded_target = target.to_string();
+        let original = raw_target.to_string();
+        let decision = self.decide(route.as_ref(), conn, Some(&host), &original);
+        let (response, outcome) = match decision {
+            Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
+            Decision::Redirect(location) => (respond::redirect(&location), Outcome::LOCAL),
+            Decision::Refuse(refusal) => {
+                (respond::status(refusal.status), Outcome::refused(refusal))
+            }
+            Decision::Fail(error) => (
+                respond::status(error.status()),
+                Outcome {
+                    error: Some(error),
+                    ..Outcome::LOCAL
+                },
+            ),
+            Decision::Forward(forward) => {
+                let request = forward::RequestSide {
+                    authority: &authority_raw,
+                    original_uri: &original,
+                };
+                self.forward(req, forward, &forwarded_target, &request, conn)
+                    .await
+            }
+        };
+        (response, route, Some(host), outcome)
     }
 
     /// Everything about a request that depends on its route and not on how it is spoken.
@@ -225,6 +346,10 @@ impl Proxy {
         let Some(route) = route else {
             return Decision::Respond(StatusCode::NOT_FOUND);
         };
+        // Before any redirect: a refused Ingress answers nothing else.
+        if let Target::Refused(reason) = &route.backend.target {
+            return Decision::Fail(UpstreamError::Refused(reason.clone()));
+        }
         if let Some(location) = self.redirect(route, conn, host, target) {
             return Decision::Redirect(location);
         }
@@ -233,10 +358,10 @@ impl Proxy {
                 Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
                 None => return Decision::Fail(UpstreamError::NoEndpoints),
             },
-            Target::ExternalName { host, port } => {
-                (PoolKey::Name(host.as_str().into(), *port), None)
+            Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
+            Target::Unavailable | Target::Refused(_) => {
+                return Decision::Fail(UpstreamError::NoEndpoints);
             }
-            Target::Unavailable => return Decision::Fail(UpstreamError::NoEndpoints),
         };
         Decision::Forward(Forward {
             key,
@@ -245,16 +370,25 @@ impl Proxy {
                 .options
                 .read_timeout
                 .unwrap_or(self.settings.response_timeout),
+            upgrades: route.options.upgrades.clone(),
         })
     }
 
     /// Metrics and the access log line, the same for both HTTP paths.
     pub(crate) fn record(&self, r: &Record<'_>) {
         self.metrics.observe_request(r.route, r.status, r.elapsed);
+        if let Some(UpstreamError::AddressRefused { refusal, .. }) = &r.outcome.error {
+            self.metrics.count_address_refused(*refusal);
+        }
         let Some((method, uri)) = r.request else {
             return;
         };
         let outcome = r.outcome;
+        let error = match (&outcome.error, outcome.refused) {
+            (Some(error), _) => error.to_string(),
+            (None, Some(reason)) => reason.to_string(),
+            (None, None) => "-".to_string(),
+        };
         tracing::info!(
             target: "access",
             client = %r.conn.peer.ip(),
@@ -267,7 +401,7 @@ impl Proxy {
             upstream = %outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
             ingress = r.route.map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
             service = r.route.map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
-            error = outcome.error.as_ref().map(ToString::to_string).as_deref().unwrap_or("-"),
+            error = error,
         );
     }
 
@@ -292,9 +426,10 @@ impl Proxy {
 
     async fn forward(
         &self,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         forward: Forward,
-        authority: Option<&HeaderValue>,
+        target: &str,
+        request: &forward::RequestSide<'_>,
         conn: &ConnInfo,
     ) -> (Response<ProxyBody>, Outcome) {
         let fail = |error: UpstreamError, upstream: Option<PoolKey>| {
@@ -303,6 +438,7 @@ impl Proxy {
                 Outcome {
                     upstream,
                     error: Some(error),
+                    refused: None,
                 },
             )
         };
@@ -310,55 +446,24 @@ impl Proxy {
             key,
             in_flight,
             timeout,
+            ..
         } = forward;
-
-        let upgrade = req.version() == Version::HTTP_11 && forward::is_upgrade(req.headers());
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        forward::strip_hop_by_hop(&mut parts.headers, upgrade);
-        forward::add_forwarding(&mut parts.headers, &conn.client, authority);
-        forward::ensure_request_id(&mut parts.headers);
-        if !parts.headers.contains_key(header::HOST) {
-            // HTTP/2 carries the host in :authority; an HTTP/1.1 upstream needs a Host header.
-            if let Some(value) = authority {
-                parts.headers.insert(header::HOST, value.clone());
-            }
-        }
-        // The upstream is spoken to in origin form; the Host header names the virtual host.
-        let origin = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        parts.uri = Uri::from(origin);
+        forward::rewrite_request(
+            &mut parts.headers,
+            &conn.client,
+            request,
+            &self.settings.headers,
+        );
+        // The upstream is spoken to in origin form with the normalised path that was routed.
+        parts.uri = match Uri::try_from(target) {
+            Ok(uri) => uri,
+            Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
+        };
         parts.version = Version::HTTP_11;
+        let body = idle::IdleBody::new(body, self.settings.client_body_timeout);
         let upstream_req = Request::from_parts(parts, body);
 
-        if let Some(client_upgrade) = client_upgrade {
-            let mut response =
-                match tokio::time::timeout(timeout, self.pool.send_upgrade(&key, upstream_req))
-                    .await
-                {
-                    Ok(Ok(response)) => response,
-                    Ok(Err(err)) => return fail(err, Some(key)),
-                    Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
-                };
-            let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-            if switching {
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                tokio::spawn(tunnel(client_upgrade, upstream_upgrade, in_flight));
-            }
-            forward::strip_hop_by_hop(response.headers_mut(), switching);
-            // An upgrade answer carries no body; a refusal's body is dropped with its connection.
-            let response = response.map(|_| Either::Right(Full::new(Bytes::new())));
-            return (
-                response,
-                Outcome {
-                    upstream: Some(key),
-                    error: None,
-                },
-            );
-        }
         let mut response =
             match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
                 Ok(Ok(response)) => response,
@@ -367,12 +472,14 @@ impl Proxy {
             };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
-        forward::strip_hop_by_hop(response.headers_mut(), false);
+        forward::strip_response_hop_by_hop(response.headers_mut());
+        let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (
-            response.map(Either::Left),
+            response,
             Outcome {
                 upstream: Some(key),
                 error: None,
+                refused: None,
             },
         )
     }
@@ -382,34 +489,4 @@ impl Route {
     fn redirects_to_https(&self) -> bool {
         self.options.force_ssl_redirect || (self.tls && self.options.ssl_redirect.unwrap_or(true))
     }
-}
-
-/// The host the client asked for: the URI's authority (HTTP/2, absolute-form HTTP/1.1) or the
-/// Host header. A header value, so passing it on costs a reference count, not a copy.
-fn request_authority(req: &Request<Incoming>) -> Option<HeaderValue> {
-    if let Some(authority) = req.uri().authority() {
-        return HeaderValue::from_str(authority.as_str()).ok();
-    }
-    req.headers().get(header::HOST).cloned()
-}
-
-/// Copies bytes both ways once client and upstream have both switched protocols.
-async fn tunnel(
-    client: hyper::upgrade::OnUpgrade,
-    upstream: hyper::upgrade::OnUpgrade,
-    in_flight: Option<crate::snapshot::backend::InFlight>,
-) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(pair) => pair,
-        Err(err) => {
-            tracing::debug!(%err, "upgrade failed");
-            return;
-        }
-    };
-    let mut client = TokioIo::new(client);
-    let mut upstream = TokioIo::new(upstream);
-    if let Err(err) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(%err, "upgraded connection ended");
-    }
-    drop(in_flight);
 }

@@ -1,5 +1,5 @@
-//! Upstream HTTP/1.1 connections: one keep-alive pool per endpoint, with each connection driven
-//! inline by the task that uses it.
+//! Upstream HTTP/1.1 connections for HTTP/2 requests: one keep-alive pool per endpoint, with
+//! each connection driven inline by the task that uses it.
 //!
 //! ```text
 //!   checkout(endpoint) ── idle connection (still open?) ──┐
@@ -32,23 +32,27 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::upstream::UpstreamError;
+use crate::snapshot::backend::ExternalName;
 
 /// Boxed: the connection's state is large, and a checked-out connection travels inside the
 /// response body, which is moved several times per request.
-type Conn = Box<http1::Connection<TokioIo<TcpStream>, Incoming>>;
+type Conn = Box<http1::Connection<TokioIo<TcpStream>, RequestBody>>;
+
+/// A client's request body on its way upstream, failing if the client pauses too long.
+pub type RequestBody = super::idle::IdleBody<Incoming>;
 
 /// Where a pooled connection goes: an endpoint address, or a DNS name for ExternalName.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum PoolKey {
     Addr(SocketAddr),
-    Name(Arc<str>, u16),
+    Name(Arc<ExternalName>),
 }
 
 impl std::fmt::Display for PoolKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PoolKey::Addr(a) => write!(f, "{a}"),
-            PoolKey::Name(h, p) => write!(f, "{h}:{p}"),
+            PoolKey::Name(name) => write!(f, "{name}"),
         }
     }
 }
@@ -68,14 +72,14 @@ pub struct PoolSettings {
 }
 
 struct Idle {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     conn: Conn,
     since: Instant,
 }
 
 /// A connection checked out for one request.
 pub struct Checked {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     conn: Conn,
     key: PoolKey,
     pool: Arc<Pool>,
@@ -96,7 +100,7 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         key: PoolKey,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let mut checked = self.checkout(&key).await?;
         let outcome = checked.send(req).await;
@@ -123,28 +127,6 @@ impl Pool {
             },
             Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
         }
-    }
-
-    /// For protocol upgrades: a fresh connection driven by its own task, so the upgraded stream
-    /// outlives the request.
-    pub async fn send_upgrade(
-        &self,
-        key: &PoolKey,
-        req: Request<Incoming>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
-        let stream = self.open(key).await?;
-        let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::from_hyper)?;
-        tokio::spawn(async move {
-            if let Err(err) = conn.with_upgrades().await {
-                tracing::debug!(%err, "upgraded upstream connection ended");
-            }
-        });
-        sender
-            .send_request(req)
-            .await
-            .map_err(UpstreamError::from_hyper)
     }
 
     async fn checkout(self: &Arc<Self>, key: &PoolKey) -> Result<Checked, UpstreamError> {
@@ -216,14 +198,16 @@ impl Pool {
 }
 
 /// Opens a new connection to `key`, with Nagle off: requests and responses are written whole.
+/// Both HTTP paths (hyper's and the HTTP/1.1 fast path) connect through here.
 pub async fn open(key: &PoolKey, timeout: Duration) -> Result<TcpStream, UpstreamError> {
     let connect = async {
         let stream = match key {
-            PoolKey::Addr(addr) => TcpStream::connect(addr).await,
-            // ExternalName: the system resolver, on each new connection.
-            PoolKey::Name(host, port) => TcpStream::connect((host.as_ref(), *port)).await,
-        }
-        .map_err(|e| UpstreamError::Connect(e.to_string()))?;
+            // Endpoint addresses were judged when the snapshot was built.
+            PoolKey::Addr(addr) => TcpStream::connect(addr)
+                .await
+                .map_err(|e| UpstreamError::Connect(e.to_string()))?,
+            PoolKey::Name(name) => connect_to_any(&resolve_external(name).await?).await?,
+        };
         let _ = stream.set_nodelay(true);
         Ok(stream)
     };
@@ -232,12 +216,54 @@ pub async fn open(key: &PoolKey, timeout: Duration) -> Result<TcpStream, Upstrea
         .map_err(|_| UpstreamError::ConnectTimeout)?
 }
 
+/// Resolves an ExternalName with the system resolver (on each new connection, so DNS changes
+/// apply) and judges every address it returns: one refused address refuses the name, since a
+/// name that resolves to this node's loopback is a mistake or an attack either way. The caller
+/// connects to the addresses returned, never to the name, so what was judged is what is used.
+pub async fn resolve_external(name: &ExternalName) -> Result<Vec<SocketAddr>, UpstreamError> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.host.as_str(), name.port))
+        .await
+        .map_err(|e| UpstreamError::Connect(format!("resolving {name}: {e}")))?
+        .collect();
+    for addr in &addrs {
+        if let Err(refusal) = name.addresses.check(addr.ip()) {
+            tracing::warn!(
+                external_name = %name,
+                addr = %addr.ip(),
+                reason = refusal.as_str(),
+                "ExternalName resolved to an address refused as a backend (--allow-local-backends)"
+            );
+            return Err(UpstreamError::AddressRefused {
+                name: name.to_string(),
+                addr: addr.ip(),
+                refusal,
+            });
+        }
+    }
+    Ok(addrs)
+}
+
+/// Connects to the first address that accepts, in the resolver's order.
+pub async fn connect_to_any(addrs: &[SocketAddr]) -> Result<TcpStream, UpstreamError> {
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(UpstreamError::Connect(match last {
+        Some(err) => err.to_string(),
+        None => "the name resolved to no address".into(),
+    }))
+}
+
 impl Checked {
     /// Polls the connection while waiting for the response head.
     async fn send(
         &mut self,
-        req: Request<Incoming>,
-    ) -> Result<Response<Incoming>, TrySendError<Request<Incoming>>> {
+        req: Request<RequestBody>,
+    ) -> Result<Response<Incoming>, TrySendError<Request<RequestBody>>> {
         let response = self.sender.try_send_request(req);
         let mut response = std::pin::pin!(response);
         let conn = &mut self.conn;

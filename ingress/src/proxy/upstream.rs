@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
+use crate::snapshot::address::Refusal;
+
 /// Why a request could not be answered by an upstream.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -18,13 +20,27 @@ pub enum UpstreamError {
     ResponseTimeout(Duration),
     #[error("upstream: {0}")]
     Protocol(String),
+    /// An ExternalName resolved to an address backends may not have.
+    #[error("{name} resolved to {addr}, {refusal}; refused as a backend")]
+    AddressRefused {
+        name: String,
+        addr: std::net::IpAddr,
+        refusal: Refusal,
+    },
+    /// The route is not served (an access-control annotation that cannot be honoured).
+    #[error("not served: {0}")]
+    Refused(std::sync::Arc<str>),
 }
 
 impl UpstreamError {
     pub fn status(&self) -> StatusCode {
         match self {
-            UpstreamError::NoEndpoints => StatusCode::SERVICE_UNAVAILABLE,
-            UpstreamError::Connect(_) | UpstreamError::Protocol(_) => StatusCode::BAD_GATEWAY,
+            UpstreamError::NoEndpoints | UpstreamError::Refused(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            UpstreamError::Connect(_)
+            | UpstreamError::Protocol(_)
+            | UpstreamError::AddressRefused { .. } => StatusCode::BAD_GATEWAY,
             UpstreamError::ConnectTimeout | UpstreamError::ResponseTimeout(_) => {
                 StatusCode::GATEWAY_TIMEOUT
             }

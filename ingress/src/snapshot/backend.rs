@@ -1,5 +1,9 @@
 //! Backends: an Ingress's `service.name` + `port` resolved to the ready endpoints of the
 //! Service's EndpointSlices (never the ClusterIP), or to a DNS name for ExternalName Services.
+//!
+//! Endpoint addresses are judged by the [`AddressPolicy`] here, so a refused address never
+//! reaches the proxy; ExternalName Services are refused unless allowed, and their names are
+//! judged again when the proxy resolves them (`proxy::pool::open`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -10,6 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use super::address::AddressPolicy;
 use crate::diagnostics::DiagnosticKind;
 use crate::store::{ObjectKey, Store};
 
@@ -66,17 +71,58 @@ impl Drop for InFlight {
     }
 }
 
+/// What backends may be: from flags, the same for every Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackendPolicy {
+    /// `--allow-external-name-services`: an ExternalName Service lets an Ingress send traffic
+    /// to any name, so it is opt-in.
+    pub allow_external_name: bool,
+    /// Which endpoint addresses are refused.
+    pub addresses: AddressPolicy,
+}
+
+/// An ExternalName Service's target: resolved through DNS on each new connection, when every
+/// address it resolves to is judged by `addresses` (a name can resolve differently each time).
+/// Compared and hashed by host and port: the policy is the same for every target.
+#[derive(Clone, Debug)]
+pub struct ExternalName {
+    pub host: String,
+    pub port: u16,
+    pub addresses: AddressPolicy,
+}
+
+impl PartialEq for ExternalName {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.host, self.port) == (&other.host, other.port)
+    }
+}
+
+impl Eq for ExternalName {}
+
+impl std::hash::Hash for ExternalName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.host.hash(state);
+        self.port.hash(state);
+    }
+}
+
+impl fmt::Display for ExternalName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
 /// Where a backend's traffic goes.
 #[derive(Debug)]
 pub enum Target {
     Endpoints(Vec<Arc<Endpoint>>),
     /// Resolved through DNS when a connection is made.
-    ExternalName {
-        host: String,
-        port: u16,
-    },
+    ExternalName(Arc<ExternalName>),
     /// The Service or its port does not exist; requests get 503.
     Unavailable,
+    /// Not served, for this reason (an access-control annotation that cannot be honoured);
+    /// requests get 503 and the route stays claimed so no other rule answers for it.
+    Refused(Arc<str>),
 }
 
 #[derive(Debug)]
@@ -130,12 +176,13 @@ pub struct Problem {
 /// name it so endpoint load is counted once.
 pub struct Resolver<'a> {
     store: &'a Store,
+    policy: &'a BackendPolicy,
     slices: SliceIndex<'a>,
-    cache: HashMap<(ObjectKey, PortRef), (Arc<Backend>, Option<Problem>)>,
+    cache: HashMap<(ObjectKey, PortRef), (Arc<Backend>, Vec<Problem>)>,
 }
 
 impl<'a> Resolver<'a> {
-    pub fn new(store: &'a Store) -> Self {
+    pub fn new(store: &'a Store, policy: &'a BackendPolicy) -> Self {
         let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
         for (key, slice) in &store.endpoint_slices {
             let service = slice
@@ -152,36 +199,34 @@ impl<'a> Resolver<'a> {
         }
         Self {
             store,
+            policy,
             slices,
             cache: HashMap::new(),
         }
     }
 
-    /// The backend for `service`:`port`, and the problem with it, if any. Callers attach the
-    /// problem to their own Ingress.
-    pub fn resolve(
-        &mut self,
-        service: ObjectKey,
-        port: PortRef,
-    ) -> (Arc<Backend>, Option<&Problem>) {
+    /// The backend for `service`:`port`, and the problems with it. Callers attach the problems
+    /// to their own Ingress.
+    pub fn resolve(&mut self, service: ObjectKey, port: PortRef) -> (Arc<Backend>, &[Problem]) {
         let Self {
             store,
+            policy,
             slices,
             cache,
         } = self;
-        let (backend, problem) =
+        let (backend, problems) =
             cache
                 .entry((service, port))
                 .or_insert_with_key(|(service, port)| {
-                    let (target, problem) = resolve_target(store, slices, service, port);
+                    let (target, problems) = resolve_target(store, policy, slices, service, port);
                     let backend = Backend {
                         service: service.clone(),
                         port: port.clone(),
                         target,
                     };
-                    (Arc::new(backend), problem)
+                    (Arc::new(backend), problems)
                 });
-        (backend.clone(), problem.as_ref())
+        (backend.clone(), problems)
     }
 }
 
@@ -189,23 +234,29 @@ type SliceIndex<'a> = HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>;
 
 fn resolve_target(
     store: &Store,
+    policy: &BackendPolicy,
     slices: &SliceIndex<'_>,
     service_key: &ObjectKey,
     port: &PortRef,
-) -> (Target, Option<Problem>) {
+) -> (Target, Vec<Problem>) {
+    let unavailable = |kind, message| (Target::Unavailable, vec![Problem { kind, message }]);
     let Some(service) = store.services.get(service_key) else {
-        let message = format!("service {service_key} not found");
-        return (
-            Target::Unavailable,
-            Some(Problem {
-                kind: DiagnosticKind::ServiceNotFound,
-                message,
-            }),
+        return unavailable(
+            DiagnosticKind::ServiceNotFound,
+            format!("service {service_key} not found"),
         );
     };
     let spec = service.spec.as_ref();
     let service_port = find_port(service, port);
     if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+        if !policy.allow_external_name {
+            return unavailable(
+                DiagnosticKind::ExternalNameDisabled,
+                format!(
+                    "service {service_key} is an ExternalName Service, which could send traffic anywhere (this node's loopback, a metadata service); they are off unless --allow-external-name-services is set"
+                ),
+            );
+        }
         let external = spec
             .and_then(|s| s.external_name.clone())
             .unwrap_or_default();
@@ -214,51 +265,87 @@ fn resolve_target(
             (None, PortRef::Number(n)) => Some(*n),
             (None, PortRef::Name(_)) => None,
         };
-        return match (
-            external.is_empty(),
-            number.and_then(|n| u16::try_from(n).ok()),
-        ) {
-            (false, Some(port)) => (
-                Target::ExternalName {
-                    host: external,
-                    port,
-                },
-                None,
-            ),
-            (true, _) => {
-                let message = format!("service {service_key} is ExternalName without externalName");
-                (
-                    Target::Unavailable,
-                    Some(Problem {
-                        kind: DiagnosticKind::UnsupportedBackend,
-                        message,
-                    }),
-                )
-            }
-            (false, None) => (Target::Unavailable, Some(port_problem(service_key, port))),
+        if external.is_empty() {
+            return unavailable(
+                DiagnosticKind::UnsupportedBackend,
+                format!("service {service_key} is ExternalName without externalName"),
+            );
+        }
+        let Some(port) = number.and_then(|n| u16::try_from(n).ok()) else {
+            return (Target::Unavailable, vec![port_problem(service_key, port)]);
         };
+        // Names the resolver answers locally are judged now; every other name is judged
+        // each time it is resolved.
+        if let Some(refusal) = local_name(&external).and_then(|ip| policy.addresses.check(ip).err())
+        {
+            return unavailable(
+                DiagnosticKind::BackendAddressRefused,
+                format!(
+                    "service {service_key} is ExternalName {external}, {refusal}; local backends are refused (--allow-local-backends)"
+                ),
+            );
+        }
+        let target = ExternalName {
+            host: external,
+            port,
+            addresses: policy.addresses.clone(),
+        };
+        return (Target::ExternalName(Arc::new(target)), Vec::new());
     }
     let Some(service_port) = service_port else {
-        return (Target::Unavailable, Some(port_problem(service_key, port)));
+        return (Target::Unavailable, vec![port_problem(service_key, port)]);
     };
-    let endpoints = ready_endpoints(slices, service_key, service_port);
-    let problem = endpoints.is_empty().then(|| Problem {
-        kind: DiagnosticKind::NoReadyEndpoints,
-        message: format!("service {service_key} port {port} has no ready endpoints"),
-    });
-    (Target::Endpoints(endpoints), problem)
+    let (endpoints, refused) =
+        ready_endpoints(slices, &policy.addresses, service_key, service_port);
+    let mut problems = Vec::new();
+    if !refused.is_empty() {
+        let listed: Vec<String> = refused
+            .iter()
+            .map(|(addr, why)| format!("{addr} ({why})"))
+            .collect();
+        problems.push(Problem {
+            kind: DiagnosticKind::BackendAddressRefused,
+            message: format!(
+                "service {service_key} port {port}: endpoints refused as backends, left out: {}; local backends are refused (--allow-local-backends)",
+                listed.join(", ")
+            ),
+        });
+    }
+    if endpoints.is_empty() {
+        problems.push(Problem {
+            kind: DiagnosticKind::NoReadyEndpoints,
+            message: format!("service {service_key} port {port} has no ready endpoints"),
+        });
+    }
+    (Target::Endpoints(endpoints), problems)
+}
+
+/// The address an ExternalName stands for without asking DNS: an IP literal, or a name the
+/// resolver answers from this host (`localhost` and its subdomains, RFC 6761).
+fn local_name(name: &str) -> Option<std::net::IpAddr> {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    if let Ok(ip) = name.parse() {
+        return Some(ip);
+    }
+    (name == "localhost" || name.ends_with(".localhost"))
+        .then_some(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
 }
 
 /// Ready endpoints of every slice of the Service, matched to the Service port by name, as the
-/// EndpointSlice controller names them. Deduplicated: an address can be in two slices while the
-/// controller moves it.
+/// EndpointSlice controller names them, and the ready addresses the policy refused. Deduplicated:
+/// an address can be in two slices while the controller moves it.
 fn ready_endpoints(
     slices: &SliceIndex<'_>,
+    policy: &AddressPolicy,
     service: &ObjectKey,
     port: &ServicePort,
-) -> Vec<Arc<Endpoint>> {
+) -> (
+    Vec<Arc<Endpoint>>,
+    Vec<(SocketAddr, super::address::Refusal)>,
+) {
     let port_name = port.name.as_deref().unwrap_or("");
     let mut addrs: Vec<SocketAddr> = Vec::new();
+    let mut refused = Vec::new();
     let slices = slices.get(&(service.namespace.as_str(), service.name.as_str()));
     for slice in slices.into_iter().flatten() {
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
@@ -285,16 +372,23 @@ fn ready_endpoints(
                 .first()
                 .and_then(|a| a.parse::<IpAddr>().ok());
             if let (true, Some(ip)) = (ready, ip) {
-                addrs.push(SocketAddr::new(ip, number));
+                let addr = SocketAddr::new(ip, number);
+                match policy.check(ip) {
+                    Ok(()) => addrs.push(addr),
+                    Err(why) => refused.push((addr, why)),
+                }
             }
         }
     }
     addrs.sort();
     addrs.dedup();
-    addrs
+    refused.sort();
+    refused.dedup();
+    let endpoints = addrs
         .into_iter()
         .map(|a| Arc::new(Endpoint::new(a)))
-        .collect()
+        .collect();
+    (endpoints, refused)
 }
 
 fn find_port<'s>(service: &'s Service, port: &PortRef) -> Option<&'s ServicePort> {

@@ -75,29 +75,6 @@ fn is_dns_name(name: &str) -> bool {
         })
 }
 
-/// The name a request asks for, from a Host header or :authority: port removed, lowercased,
-/// one trailing dot removed. `None` if there is nothing usable. Borrows when the name is
-/// already in that form, which is nearly always.
-pub fn request_host(authority: &str) -> Option<std::borrow::Cow<'_, str>> {
-    let without_port = if let Some(rest) = authority.strip_prefix('[') {
-        // An IPv6 literal never names a virtual host, but it is still the request's host.
-        &authority[..rest.find(']').map(|i| i + 2)?]
-    } else {
-        authority
-            .rsplit_once(':')
-            .map_or(authority, |(host, _port)| host)
-    };
-    let host = without_port.strip_suffix('.').unwrap_or(without_port);
-    if host.is_empty() {
-        return None;
-    }
-    if host.bytes().any(|b| b.is_ascii_uppercase()) {
-        Some(std::borrow::Cow::Owned(host.to_ascii_lowercase()))
-    } else {
-        Some(std::borrow::Cow::Borrowed(host))
-    }
-}
-
 /// Hosts to values, with the lookup order described at the top of this module.
 #[derive(Clone, Debug)]
 pub struct HostTable<T> {
@@ -133,7 +110,7 @@ impl<T> HostTable<T> {
         }
     }
 
-    /// The entry for a request host (already normalised by [`request_host`]).
+    /// The entry for a request host (already normalised by `proxy::authority::parse`).
     pub fn lookup(&self, host: &str) -> Option<&T> {
         self.lookup_named(host).or(self.any.as_ref())
     }
@@ -215,23 +192,6 @@ mod tests {
             assert!(parse_pattern(Some(input)).is_err(), "{input}");
         }
         assert!(parse_pattern(Some(&"a.".repeat(127))).is_err());
-    }
-
-    #[test]
-    fn request_hosts() {
-        let cases = [
-            ("foo.com", Some("foo.com")),
-            ("FOO.com:8080", Some("foo.com")),
-            ("foo.com.", Some("foo.com")),
-            ("[::1]:443", Some("[::1]")),
-            ("[::1]", Some("[::1]")),
-            ("[::1", None),
-            (":80", None),
-            ("", None),
-        ];
-        for (input, want) in cases {
-            assert_eq!(request_host(input).as_deref(), want, "{input}");
-        }
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //!              │            Route { ingress, backend: Backend { endpoints }, options }
 //!              └─ class selection, annotations, host/path validation, backend resolution
 //! ```
+//!
+//! An Ingress with an access-control annotation that cannot be honoured keeps its paths, each
+//! routed to a refused target (503), so a protected path never falls through to another rule.
 
+pub mod address;
 pub mod annotations;
 pub mod backend;
 pub mod class;
@@ -23,8 +27,9 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity, Subject};
 use crate::store::{Kind, ObjectKey, Store};
-use annotations::Options;
-use backend::{Backend, PortRef, Resolver};
+use annotations::registry::Category;
+use annotations::{Options, UnsupportedAccess};
+use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
@@ -34,6 +39,10 @@ use path::{PathMatcher, PathRule};
 pub struct BuildSettings {
     pub class: ClassSelector,
     pub tls: tls::TlsSettings,
+    /// ExternalName opt-in and the endpoint addresses refused.
+    pub backends: BackendPolicy,
+    /// `--unsupported-access-annotations`.
+    pub unsupported_access: UnsupportedAccess,
 }
 
 /// One immutable routing state.
@@ -153,7 +162,8 @@ impl Snapshot {
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
             diagnostics: store.source_diagnostics.clone(),
-            resolver: Resolver::new(store),
+            resolver: Resolver::new(store, &settings.backends),
+            unsupported_access: settings.unsupported_access,
             tls: tls::TlsBuilder::new(store, &settings.tls),
             hosts: BTreeMap::new(),
             passthrough: BTreeMap::new(),
@@ -238,6 +248,7 @@ fn owned_ingresses<'s>(
 struct Builder<'s> {
     diagnostics: Vec<Diagnostic>,
     resolver: Resolver<'s>,
+    unsupported_access: UnsupportedAccess,
     tls: tls::TlsBuilder<'s>,
     hosts: BTreeMap<HostPattern, HostBuilder>,
     /// Passthrough host → its route and the Ingress that claimed it first.
@@ -264,6 +275,7 @@ impl Builder<'_> {
                 message,
             ));
         }
+        let refused = self.judge_unsupported(&subject, ingress);
         let options = Arc::new(options);
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
@@ -271,10 +283,16 @@ impl Builder<'_> {
         let default_route = spec
             .default_backend
             .as_ref()
-            .and_then(|b| self.route(key, b, &options, false));
+            .and_then(|b| self.route(key, b, &options, false, refused.as_ref()));
 
         if options.ssl_passthrough {
-            self.add_passthrough(key, rules, default_route.as_ref(), &options);
+            self.add_passthrough(
+                key,
+                rules,
+                default_route.as_ref(),
+                &options,
+                refused.as_ref(),
+            );
         }
 
         if rules.is_empty() {
@@ -350,7 +368,9 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
-                let Some(route) = self.route(key, &http_path.backend, &options, tls) else {
+                let Some(route) =
+                    self.route(key, &http_path.backend, &options, tls, refused.as_ref())
+                else {
                     continue;
                 };
                 if let Some(host) = self.hosts.get_mut(&pattern) {
@@ -373,6 +393,7 @@ impl Builder<'_> {
         rules: &[k8s_openapi::api::networking::v1::IngressRule],
         default_route: Option<&Arc<Route>>,
         options: &Arc<Options>,
+        refused: Option<&Arc<str>>,
     ) {
         let subject = Subject::object(Kind::Ingress, key);
         for rule in rules {
@@ -406,7 +427,7 @@ impl Builder<'_> {
                 ));
             }
             let route = match chosen {
-                Some(path) => self.route(key, &path.backend, options, false),
+                Some(path) => self.route(key, &path.backend, options, false, refused),
                 None => default_route.cloned(),
             };
             let Some(route) = route else { continue };
@@ -424,15 +445,84 @@ impl Builder<'_> {
         }
     }
 
+    /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not
+    /// be served, if one of them is access control and the policy is to refuse.
+    fn judge_unsupported(&mut self, subject: &Subject, ingress: &Ingress) -> Option<Arc<str>> {
+        let mut refusing = Vec::new();
+        for u in annotations::unsupported(ingress.metadata.annotations.as_ref()) {
+            let what = if u.known {
+                format!("{} ({})", u.key, u.category)
+            } else {
+                format!(
+                    "{} (not an ingress-nginx annotation; {})",
+                    u.key, u.category
+                )
+            };
+            let diagnostic = match (u.category, self.unsupported_access) {
+                (Category::AccessControl, UnsupportedAccess::Refuse) => {
+                    let message = format!(
+                        "{what} is not supported, so this Ingress is not served: every path it declares answers 503 rather than being served without the access control it asks for (--unsupported-access-annotations=ignore serves it anyway)"
+                    );
+                    refusing.push(u.key);
+                    Diagnostic::error(
+                        DiagnosticKind::UnsupportedAnnotation,
+                        subject.clone(),
+                        message,
+                    )
+                }
+                (Category::AccessControl, UnsupportedAccess::Ignore) => Diagnostic::warning(
+                    DiagnosticKind::UnsupportedAnnotation,
+                    subject.clone(),
+                    format!(
+                        "{what} is not supported; this Ingress is served WITHOUT that access control (--unsupported-access-annotations=ignore)"
+                    ),
+                ),
+                _ => Diagnostic::warning(
+                    DiagnosticKind::UnsupportedAnnotation,
+                    subject.clone(),
+                    format!("{what} is not supported and has no effect"),
+                ),
+            };
+            self.diagnostics.push(diagnostic);
+        }
+        (!refusing.is_empty()).then(|| {
+            format!(
+                "unsupported access-control annotation: {}",
+                refusing.join(", ")
+            )
+            .into()
+        })
+    }
+
     /// A route to `backend` for `ingress`, recording any problem on the Ingress. `None` only if
-    /// the backend reference itself is unusable; a missing Service still routes (to a 503).
+    /// the backend reference itself is unusable; a missing Service still routes (to a 503). A
+    /// refused Ingress gets a refused route whatever its backend, so its paths stay claimed.
     fn route(
         &mut self,
         ingress: &ObjectKey,
         backend: &IngressBackend,
         options: &Arc<Options>,
         tls: bool,
+        refused: Option<&Arc<str>>,
     ) -> Option<Arc<Route>> {
+        if let Some(reason) = refused {
+            let service = backend.service.as_ref();
+            let backend = Backend {
+                service: ObjectKey::new(
+                    ingress.namespace.clone(),
+                    service.map(|s| s.name.clone()).unwrap_or_default(),
+                ),
+                port: match service.and_then(|s| s.port.as_ref()) {
+                    Some(p) if p.name.as_deref().is_some_and(|n| !n.is_empty()) => {
+                        PortRef::Name(p.name.clone().unwrap_or_default())
+                    }
+                    Some(p) => PortRef::Number(p.number.unwrap_or_default()),
+                    None => PortRef::Number(0),
+                },
+                target: Target::Refused(reason.clone()),
+            };
+            return Some(self.make_route(ingress, Arc::new(backend), options, tls));
+        }
         let subject = Subject::object(Kind::Ingress, ingress);
         let Some(service) = &backend.service else {
             self.diagnostics.push(Diagnostic::error(
@@ -457,8 +547,8 @@ impl Builder<'_> {
             }
         };
         let service_key = ObjectKey::new(ingress.namespace.clone(), service.name.clone());
-        let (backend, problem) = self.resolver.resolve(service_key, port);
-        if let Some(problem) = problem {
+        let (backend, problems) = self.resolver.resolve(service_key, port);
+        for problem in problems {
             let severity = match problem.kind {
                 DiagnosticKind::NoReadyEndpoints => Severity::Warning,
                 _ => Severity::Error,
@@ -466,23 +556,33 @@ impl Builder<'_> {
             self.diagnostics.push(Diagnostic {
                 severity,
                 kind: problem.kind,
-                subject,
+                subject: subject.clone(),
                 message: problem.message.clone(),
             });
         }
+        Some(self.make_route(ingress, backend, options, tls))
+    }
+
+    fn make_route(
+        &self,
+        ingress: &ObjectKey,
+        backend: Arc<Backend>,
+        options: &Arc<Options>,
+        tls: bool,
+    ) -> Arc<Route> {
         let labels = RouteLabels {
             namespace: ingress.namespace.as_str().into(),
             ingress: ingress.name.as_str().into(),
             service: backend.service.name.as_str().into(),
         };
-        Some(Arc::new(Route {
+        Arc::new(Route {
             ingress: ingress.clone(),
             tls,
             backend,
             options: options.clone(),
             labels,
             stats: std::sync::OnceLock::new(),
-        }))
+        })
     }
 }
 

@@ -152,63 +152,6 @@ fn prefix_matches(prefix: &str, request: &str) -> bool {
     }
 }
 
-/// The path routing looks at: dot segments resolved, repeated slashes merged, and
-/// percent-escapes of unreserved characters decoded. The request is still forwarded with the
-/// path the client sent; this only keeps `/public/../admin` from routing as `/public`.
-pub fn normalize(path: &str) -> std::borrow::Cow<'_, str> {
-    let needs_work =
-        path.contains("//") || path.contains("/.") || path.contains('%') || !path.starts_with('/');
-    if !needs_work {
-        return std::borrow::Cow::Borrowed(path);
-    }
-    let decoded = decode_unreserved(path);
-    let mut segments: Vec<&str> = Vec::new();
-    for segment in decoded.split('/') {
-        match segment {
-            "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            s => segments.push(s),
-        }
-    }
-    let trailing = decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
-    let mut out = String::with_capacity(decoded.len() + 1);
-    for segment in &segments {
-        out.push('/');
-        out.push_str(segment);
-    }
-    if out.is_empty() || trailing {
-        out.push('/');
-    }
-    std::borrow::Cow::Owned(out)
-}
-
-/// Decodes `%XX` only where XX is an unreserved character (RFC 3986 section 2.3); reserved
-/// characters such as an encoded `/` stay encoded, so they cannot create new segments.
-fn decode_unreserved(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = |b: u8| (b as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                let c = h * 16 + l;
-                if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
-                    out.push(c);
-                    i += 3;
-                    continue;
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    // Only ASCII bytes were substituted for ASCII escapes, so UTF-8 validity is preserved.
-    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,28 +273,5 @@ mod tests {
             ),
             "an expensive regex is refused"
         );
-    }
-
-    #[test]
-    fn normalization() {
-        let cases = [
-            ("/", "/"),
-            ("/a/b", "/a/b"),
-            ("/a//b", "/a/b"),
-            ("/a/./b", "/a/b"),
-            ("/public/../admin", "/admin"),
-            ("/public/%2e%2e/admin", "/admin"),
-            ("/../../etc", "/etc"),
-            ("/a/b/", "/a/b/"),
-            ("/a/b/..", "/a/"),
-            ("/%41%62c", "/Abc"),
-            ("/a%2Fb", "/a%2Fb"),
-            ("/a%", "/a%"),
-            ("/a%4", "/a%4"),
-            ("/%E2%82%AC", "/%E2%82%AC"),
-        ];
-        for (input, want) in cases {
-            assert_eq!(normalize(input), want, "{input}");
-        }
     }
 }

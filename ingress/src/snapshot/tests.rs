@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use super::address::AddressPolicy;
 use super::backend::Target;
 use super::*;
 use crate::source::manifests;
@@ -21,8 +22,17 @@ fn settings() -> BuildSettings {
             self_signed: SELF_SIGNED.clone(),
             now: 1_900_000_000,
         },
+        // As when watching Kubernetes: no ExternalName, no local backends, and 10.9.9.9 is
+        // this node's address.
+        backends: BackendPolicy {
+            allow_external_name: false,
+            addresses: AddressPolicy::refusing_local([HOST_ADDRESS.parse().unwrap()]),
+        },
+        unsupported_access: UnsupportedAccess::Refuse,
     }
 }
+
+const HOST_ADDRESS: &str = "10.9.9.9";
 
 fn store_of(yaml: &str) -> Store {
     let parsed = manifests::parse_file(Path::new("test.yaml"), yaml);
@@ -40,6 +50,10 @@ fn store_of(yaml: &str) -> Store {
 
 fn build(yaml: &str) -> Snapshot {
     Snapshot::build(&store_of(yaml), &settings(), 1)
+}
+
+fn build_with(yaml: &str, settings: &BuildSettings) -> Snapshot {
+    Snapshot::build(&store_of(yaml), settings, 1)
 }
 
 /// `host path` → "namespace/service:port" or "404".
@@ -325,15 +339,205 @@ spec:
       paths:
       - {path: /, pathType: Prefix, backend: {service: {name: ext, port: {number: 8443}}}}
 "#;
-    let snap = build(yaml);
+    let mut allowed = settings();
+    allowed.backends.allow_external_name = true;
+    let snap = build_with(yaml, &allowed);
     assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
     let route = snap.route(Some("ext.example.com"), "/").expect("routed");
     match &route.backend.target {
-        Target::ExternalName { host, port } => {
-            assert_eq!((host.as_str(), *port), ("backend.internal.example", 8443))
+        Target::ExternalName(name) => {
+            assert_eq!(
+                (name.host.as_str(), name.port),
+                ("backend.internal.example", 8443)
+            );
+            assert_eq!(name.addresses, allowed.backends.addresses);
         }
         other => panic!("expected ExternalName, got {other:?}"),
     }
+    // Off by default: the route stays (503) and the Ingress says why.
+    let snap = build(yaml);
+    assert_eq!(kinds(&snap), [DiagnosticKind::ExternalNameDisabled]);
+    assert_eq!(snap.diagnostics[0].severity, Severity::Error);
+    let route = snap.route(Some("ext.example.com"), "/").expect("routed");
+    assert!(matches!(route.backend.target, Target::Unavailable));
+}
+
+#[test]
+fn external_names_that_are_local_are_refused_when_the_build_can_tell() {
+    let cases: &[(&str, bool, Option<DiagnosticKind>)] = &[
+        (
+            "localhost",
+            false,
+            Some(DiagnosticKind::BackendAddressRefused),
+        ),
+        (
+            "LocalHost.",
+            false,
+            Some(DiagnosticKind::BackendAddressRefused),
+        ),
+        (
+            "api.localhost",
+            false,
+            Some(DiagnosticKind::BackendAddressRefused),
+        ),
+        (
+            "127.0.0.1",
+            false,
+            Some(DiagnosticKind::BackendAddressRefused),
+        ),
+        (
+            "169.254.169.254",
+            false,
+            Some(DiagnosticKind::BackendAddressRefused),
+        ),
+        (
+            HOST_ADDRESS,
+            false,
+            Some(DiagnosticKind::BackendAddressRefused),
+        ),
+        ("localhost", true, None),
+        ("10.1.2.3", false, None),
+        // Judged when resolved, by the proxy.
+        ("metadata.google.internal", false, None),
+    ];
+    for (name, allow_local, want) in cases {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: ext, namespace: shop}}\nspec: {{type: ExternalName, externalName: \"{name}\"}}\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: ext, namespace: shop}}\nspec:\n  ingressClassName: ingress\n  rules:\n  - host: ext.example.com\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: ext, port: {{number: 80}}}}}}}}]}}\n"
+        );
+        let mut settings = settings();
+        settings.backends.allow_external_name = true;
+        settings.backends.addresses.allow_local = *allow_local;
+        let snap = build_with(&yaml, &settings);
+        let route = snap.route(Some("ext.example.com"), "/").expect("routed");
+        match want {
+            Some(kind) => {
+                assert_eq!(kinds(&snap), [*kind], "{name}");
+                assert!(
+                    matches!(route.backend.target, Target::Unavailable),
+                    "{name}"
+                );
+            }
+            None => {
+                assert!(
+                    snap.diagnostics.is_empty(),
+                    "{name}: {:?}",
+                    snap.diagnostics
+                );
+                assert!(
+                    matches!(route.backend.target, Target::ExternalName(_)),
+                    "{name}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn local_endpoint_addresses_are_left_out_with_a_diagnostic() {
+    let slice = |name: &str, family: &str, addrs: &[&str]| {
+        let list: Vec<String> = addrs
+            .iter()
+            .map(|a| format!("- addresses: [\"{a}\"]"))
+            .collect();
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: {family}\nports: [{{name: http, port: 8080}}]\nendpoints:\n{}\n",
+            list.join("\n"),
+            svc = name.split('-').next().unwrap_or(name),
+        )
+    };
+    let mut yaml = String::new();
+    for svc in ["mixed", "local"] {
+        yaml += &format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: shop}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n"
+        );
+    }
+    yaml += &slice(
+        "mixed-v4",
+        "IPv4",
+        &[
+            "10.0.0.1",
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            HOST_ADDRESS,
+        ],
+    );
+    yaml += &slice(
+        "mixed-v6",
+        "IPv6",
+        &["2001:db8::1", "::ffff:127.0.0.1", "::1", "fe80::1"],
+    );
+    yaml += &slice("local-v4", "IPv4", &["127.0.0.1"]);
+    yaml += r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: nodes, namespace: shop}
+spec:
+  ingressClassName: ingress
+  rules:
+  - host: nodes.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: mixed, port: {number: 80}}}}
+      - {path: /local, pathType: Prefix, backend: {service: {name: local, port: {number: 80}}}}
+"#;
+    let snap = build(&yaml);
+    let addrs = |path: &str| -> Vec<String> {
+        let route = snap.route(Some("nodes.example.com"), path).expect("routed");
+        route
+            .backend
+            .endpoints()
+            .iter()
+            .map(|e| e.addr.to_string())
+            .collect()
+    };
+    assert_eq!(addrs("/"), ["10.0.0.1:8080", "[2001:db8::1]:8080"]);
+    assert!(addrs("/local").is_empty(), "only refused endpoints: 503");
+    let refused: Vec<&Diagnostic> = snap
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == DiagnosticKind::BackendAddressRefused)
+        .collect();
+    assert_eq!(refused.len(), 2, "{:?}", snap.diagnostics);
+    let mixed = refused
+        .iter()
+        .find(|d| d.message.contains("shop/mixed"))
+        .expect("a diagnostic for mixed");
+    assert_eq!(mixed.severity, Severity::Error);
+    assert_eq!(
+        mixed.subject,
+        Subject::object(Kind::Ingress, &ObjectKey::new("shop", "nodes"))
+    );
+    for (addr, why) in [
+        ("127.0.0.1:8080", "loopback"),
+        ("169.254.169.254:8080", "link-local"),
+        ("0.0.0.0:8080", "unspecified"),
+        ("10.9.9.9:8080", "of this node"),
+        ("[::ffff:127.0.0.1]:8080", "loopback"),
+        ("[::1]:8080", "loopback"),
+        ("[fe80::1]:8080", "link-local"),
+    ] {
+        assert!(
+            mixed.message.contains(&format!("{addr} (a")) && mixed.message.contains(why),
+            "{addr} {why}: {}",
+            mixed.message
+        );
+    }
+    assert!(
+        kinds(&snap).contains(&DiagnosticKind::NoReadyEndpoints),
+        "{:?}",
+        snap.diagnostics
+    );
+    // The manifests source's default keeps them.
+    let mut local = settings();
+    local.backends.addresses.allow_local = true;
+    let snap = build_with(&yaml, &local);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let route = snap
+        .route(Some("nodes.example.com"), "/local")
+        .expect("routed");
+    assert_eq!(route.backend.endpoints().len(), 1);
 }
 
 #[test]
@@ -591,4 +795,263 @@ spec:
     );
     // The host-less rule still serves plain HTTP, so the gate admits every name.
     assert!(snap.sni.catch_all);
+}
+
+/// An Ingress `name` for `host` with paths `/admin` (to web) and, unless `admin_only`, `/` (to
+/// api), carrying `annotations`.
+fn annotated(name: &str, host: &str, annotations: &[(&str, &str)], admin_only: bool) -> String {
+    let annotations: Vec<String> = annotations
+        .iter()
+        .map(|(k, v)| format!("    {k}: \"{v}\""))
+        .collect();
+    let annotations = if annotations.is_empty() {
+        String::new()
+    } else {
+        format!("  annotations:\n{}\n", annotations.join("\n"))
+    };
+    let root = if admin_only {
+        ""
+    } else {
+        "\n      - {path: /, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}"
+    };
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"2024-01-0{n}T00:00:00Z\"\n{annotations}spec:\n  ingressClassName: ingress\n  rules:\n  - host: {host}\n    http:\n      paths:\n      - {{path: /admin, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}{root}\n",
+        n = if admin_only { 1 } else { 2 },
+    )
+}
+
+#[test]
+fn unsupported_annotations_table() {
+    use annotations::UnsupportedAccess::{Ignore, Refuse};
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    // (annotations, policy, served, diagnostics as (severity, kind))
+    let warn = (Severity::Warning, DiagnosticKind::UnsupportedAnnotation);
+    let error = (Severity::Error, DiagnosticKind::UnsupportedAnnotation);
+    let cases: Vec<(
+        Vec<(String, &str)>,
+        UnsupportedAccess,
+        bool,
+        Vec<(Severity, DiagnosticKind)>,
+    )> = vec![
+        (vec![], Refuse, true, vec![]),
+        (vec![(n("ssl-redirect"), "false")], Refuse, true, vec![]),
+        (vec![(n("rewrite-target"), "/")], Refuse, true, vec![warn]),
+        (
+            vec![(n("configuration-snippet"), "x")],
+            Refuse,
+            true,
+            vec![warn],
+        ),
+        (vec![(n("not-a-real-one"), "x")], Refuse, true, vec![warn]),
+        (
+            vec![("example.com/auth-url".into(), "x")],
+            Refuse,
+            true,
+            vec![],
+        ),
+        (
+            vec![(n("whitelist-source-range"), "10.0.0.0/8")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![(n("allowlist-source-range"), "10.0.0.0/8")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![(n("denylist-source-range"), "1.2.3.4/32")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![(n("auth-type"), "basic"), (n("auth-secret"), "s")],
+            Refuse,
+            false,
+            vec![error, error],
+        ),
+        (
+            vec![(n("auth-url"), "http://auth/")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![(n("auth-tls-verify-client"), "on")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (vec![(n("limit-rps"), "5")], Refuse, false, vec![error]),
+        (
+            vec![(n("global-rate-limit"), "100")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![(n("enable-modsecurity"), "true")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (vec![(n("satisfy"), "any")], Refuse, false, vec![error]),
+        (
+            vec![(n("auth-from-the-future"), "x")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![("ingress.rs/whitelist-source-range".into(), "10.0.0.0/8")],
+            Refuse,
+            false,
+            vec![error],
+        ),
+        (
+            vec![(n("whitelist-source-range"), "10.0.0.0/8")],
+            Ignore,
+            true,
+            vec![warn],
+        ),
+        (
+            vec![(n("limit-rps"), "5"), (n("rewrite-target"), "/")],
+            Refuse,
+            false,
+            vec![error, warn],
+        ),
+    ];
+    for (pairs, policy, served, want) in cases {
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let yaml = format!(
+            "{SERVICES}{}",
+            annotated("guarded", "shop.example.com", &pairs, false)
+        );
+        let mut settings = settings();
+        settings.unsupported_access = policy;
+        let snap = build_with(&yaml, &settings);
+        let mut got: Vec<(Severity, DiagnosticKind)> = snap
+            .diagnostics
+            .iter()
+            .map(|d| (d.severity, d.kind))
+            .collect();
+        let mut want = want.clone();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{pairs:?} {policy:?}: {:?}", snap.diagnostics);
+        for path in ["/admin", "/admin/x", "/", "/other"] {
+            let route = snap.route(Some("shop.example.com"), path).expect("routed");
+            let refused = matches!(route.backend.target, Target::Refused(_));
+            assert_eq!(refused, !served, "{pairs:?} {policy:?} {path}");
+            if let Target::Refused(reason) = &route.backend.target {
+                for (key, _) in &pairs {
+                    let access =
+                        annotations::registry::lookup(key.rsplit('/').next().unwrap_or_default())
+                            .is_none_or(|a| {
+                                a.category == annotations::registry::Category::AccessControl
+                            });
+                    assert_eq!(reason.contains(key), access, "{key} in {reason}");
+                }
+            }
+        }
+        // The kernel gate keeps admitting the name: clients get a 503, not a reset.
+        assert!(snap.sni.names.contains_key("shop.example.com"));
+    }
+}
+
+#[test]
+fn a_refused_ingress_keeps_its_paths_claimed_and_spares_its_neighbours() {
+    // `guarded` (older) protects /admin on shop.example.com; `public` (newer) serves / there,
+    // and all of other.example.com.
+    let guarded = annotated(
+        "guarded",
+        "shop.example.com",
+        &[(
+            "nginx.ingress.kubernetes.io/whitelist-source-range",
+            "10.0.0.0/8",
+        )],
+        true,
+    );
+    let public = r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: public, namespace: shop, creationTimestamp: "2024-02-01T00:00:00Z"}
+spec:
+  ingressClassName: ingress
+  defaultBackend: {service: {name: fallback, port: {number: 80}}}
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}
+  - host: other.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+"#;
+    let snap = build(&format!("{SERVICES}{guarded}{public}"));
+    let target = |host: &str, path: &str| {
+        let route = snap.route(Some(host), path).expect("routed");
+        let refused = matches!(route.backend.target, Target::Refused(_));
+        (route.ingress.name.clone(), refused)
+    };
+    assert_eq!(
+        target("shop.example.com", "/admin"),
+        ("guarded".into(), true)
+    );
+    assert_eq!(
+        target("shop.example.com", "/admin/x/../y"),
+        ("guarded".into(), true)
+    );
+    assert_eq!(target("shop.example.com", "/"), ("public".into(), false));
+    assert_eq!(
+        target("shop.example.com", "/shop"),
+        ("public".into(), false)
+    );
+    assert_eq!(
+        target("other.example.com", "/admin"),
+        ("public".into(), false)
+    );
+    let errors: Vec<&Diagnostic> = snap
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
+    assert_eq!(errors.len(), 1, "{:?}", snap.diagnostics);
+    assert_eq!(errors[0].kind, DiagnosticKind::UnsupportedAnnotation);
+    assert_eq!(
+        errors[0].subject,
+        Subject::object(Kind::Ingress, &ObjectKey::new("shop", "guarded"))
+    );
+    assert!(
+        errors[0].message.contains("whitelist-source-range") && errors[0].message.contains("503"),
+        "{}",
+        errors[0].message
+    );
+}
+
+#[test]
+fn a_refused_passthrough_ingress_is_refused_too() {
+    let yaml = annotated(
+        "tunnel",
+        "tunnel.example.com",
+        &[
+            ("nginx.ingress.kubernetes.io/ssl-passthrough", "true"),
+            (
+                "nginx.ingress.kubernetes.io/whitelist-source-range",
+                "10.0.0.0/8",
+            ),
+        ],
+        true,
+    );
+    let snap = build(&format!("{SERVICES}{yaml}"));
+    let route = snap
+        .passthrough
+        .lookup_named("tunnel.example.com")
+        .expect("passthrough route");
+    assert!(matches!(route.backend.target, Target::Refused(_)));
 }

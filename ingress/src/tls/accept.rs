@@ -152,7 +152,7 @@ impl Handshake for TlsHandshake {
                 // A connection the kernel passed before accept had no first record read here.
                 let session = tls.get_ref().1;
                 if conn.sni.is_none() {
-                    conn.sni = session.server_name().map(str::to_owned);
+                    conn.sni = session.server_name().map(str::to_ascii_lowercase);
                 }
                 conn.h2 = session.alpn_protocol() == Some(b"h2");
                 Some((tls, conn))

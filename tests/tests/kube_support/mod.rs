@@ -57,12 +57,14 @@ impl Cluster {
         }
     }
 
-    /// The controller, watching this cluster (no `--manifests`). Not waited for.
+    /// The controller, watching this cluster (no `--manifests`). Not waited for. The test
+    /// backends listen on loopback, which the Kubernetes source refuses by default.
     pub fn ingress(&self) -> IngressBuilder {
         Ingress::builder()
             .no_wait()
             .arg("--kubeconfig")
             .arg(self.kubeconfig.to_string_lossy().into_owned())
+            .arg("--allow-local-backends")
     }
 
     pub async fn kubectl(&self, args: &[&str]) -> Output {

@@ -31,6 +31,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use super::gate::{Cgroup, NetNs, PinDir, ip, sample, site_files};
 use super::procs::{self, Running};
+use super::report::Report;
 use super::{Bench, write};
 
 const KNOWN: &str = "known.accuracy.test";
@@ -158,7 +159,9 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
         if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
             bail!("gate accuracy benchmark cannot run under CI=true: {why}");
         }
-        println!("\n## Kernel SNI gate accuracy: skipped ({why})");
+        bench
+            .report
+            .skip(format!("\n## Kernel SNI gate accuracy: skipped ({why})"));
         return Ok(());
     }
     let started = Instant::now();
@@ -174,21 +177,32 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
             results.push((mode, client, site.tally(mode, client, count)?));
         }
     }
-    report(chromium_count, curl_count, &results);
+    report(&bench.report, chromium_count, curl_count, &results);
     drop(site);
-    println!(
+    writeln!(
+        bench.report,
         "(accuracy section: {:.0} s)",
         started.elapsed().as_secs_f64()
     );
     Ok(())
 }
 
-fn report(chromium_count: usize, curl_count: usize, results: &[(Mode, Client, Tally)]) {
-    println!("\n## Kernel SNI gate accuracy: real clients across a veth, both modes");
-    println!(
+fn report(
+    out: &Report,
+    chromium_count: usize,
+    curl_count: usize,
+    results: &[(Mode, Client, Tally)],
+) {
+    writeln!(
+        out,
+        "\n## Kernel SNI gate accuracy: real clients across a veth, both modes"
+    );
+    writeln!(
+        out,
         "per mode: chromium {chromium_count} fetches, each curl {curl_count}, alternating {KNOWN} and a fresh unknown name"
     );
-    println!(
+    writeln!(
+        out,
         "{:<10} {:<22} {:>6} {:>7} {:>14} {:>6} {:>8} {:>8} {:>13} {:>6}",
         "mode",
         "client",
@@ -207,7 +221,8 @@ fn report(chromium_count: usize, curl_count: usize, results: &[(Mode, Client, Ta
         let unknown_other = t.unknown - t.unknown_refused - t.unknown_served;
         false_rejects += t.known - t.known_served;
         false_admits += t.unknown_served;
-        println!(
+        writeln!(
+            out,
             "{:<10} {:<22} {:>6} {:>7} {:>14} {:>6} {:>8} {:>8} {:>13} {:>6}",
             mode.name,
             client.label(),
@@ -221,15 +236,19 @@ fn report(chromium_count: usize, curl_count: usize, results: &[(Mode, Client, Ta
             unknown_other
         );
     }
-    println!(
+    writeln!(
+        out,
         "false rejects (known names not served, refused or other): {false_rejects}; false admits (unknown names served): {false_admits}"
     );
     for (mode, client, t) in results {
         for other in &t.others {
-            println!("other, {} {}: {other}", mode.name, client.label());
+            writeln!(out, "other, {} {}: {other}", mode.name, client.label());
         }
     }
-    println!("kernel counters moved per client in eBPF mode (ingress_ebpf_gate_total):");
+    writeln!(
+        out,
+        "kernel counters moved per client in eBPF mode (ingress_ebpf_gate_total):"
+    );
     for (mode, client, t) in results {
         if t.kernel.is_empty() {
             continue;
@@ -238,7 +257,7 @@ fn report(chromium_count: usize, curl_count: usize, results: &[(Mode, Client, Ta
         for (name, value) in &t.kernel {
             let _ = write!(line, " {name}={value:.0}");
         }
-        println!("  {} {}:{line}", mode.name, client.label());
+        writeln!(out, "  {} {}:{line}", mode.name, client.label());
     }
 }
 

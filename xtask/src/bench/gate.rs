@@ -35,6 +35,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
 use super::procs::{self, Running};
+use super::report::Report;
 use super::{Bench, median, write, wrk};
 
 const HOST: &str = "localhost";
@@ -75,7 +76,9 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
         if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
             bail!("gate benchmark cannot run under CI=true: {why}");
         }
-        println!("\n## Kernel SNI gate: skipped ({why})");
+        bench
+            .report
+            .skip(format!("\n## Kernel SNI gate: skipped ({why})"));
         return Ok(());
     }
     let started = Instant::now();
@@ -108,9 +111,10 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
             rounds.push(site.round(*mode, &plan)?);
         }
     }
-    report(&plan, bench.rounds, &results);
+    report(&bench.report, &plan, bench.rounds, &results);
     drop(site);
-    println!(
+    writeln!(
+        bench.report,
         "(gate section: {:.0} s including its build)",
         started.elapsed().as_secs_f64()
     );
@@ -818,25 +822,31 @@ fn family_sum(text: &str, name: &str) -> f64 {
 // ---------------------------------------------------------------------------------------------
 // Reporting
 
-fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
+fn report(out: &Report, plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
     let hello = results
         .first()
         .and_then(|(_, r)| r.first())
         .map_or(f64::NAN, |r| r.flood.report.hello_bytes);
-    println!("\n## Kernel SNI gate: eBPF mode vs userspace mode (median of {rounds} rounds)");
-    println!(
+    writeln!(
+        out,
+        "\n## Kernel SNI gate: eBPF mode vs userspace mode (median of {rounds} rounds)"
+    );
+    writeln!(
+        out,
         "flood: {FLOOD_RATE} new connections/s for {}s, each a {hello:.0}-byte ClientHello (rustls) with a random unknown name",
         plan.phase.as_secs()
     );
-    println!(
+    writeln!(
+        out,
         "known: wrk, {} HTTPS keep-alive connections to {HOST}; handshakes: h2load, {}/s for {}s, one request each",
         plan.connections,
         plan.handshake_rate,
         plan.phase.as_secs()
     );
 
-    println!("\n### Rejecting the flood (flood alone)");
-    println!(
+    writeln!(out, "\n### Rejecting the flood (flood alone)");
+    writeln!(
+        out,
         "{:<10} {:>9} {:>9} {:>8} {:>12} {:>14} {:>12} {:>11} {:>11} {:>16} {:>13}",
         "mode",
         "launched",
@@ -863,7 +873,8 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
                 / r.flood.rejected.max(1.0)
                 * 1000.0
         }));
-        println!(
+        writeln!(
+            out,
             "{:<10} {:>9.0} {:>9.0} {:>8.0} {:>12.0} {:>14.0} {:>12.0} {:>11.2} {:>11.2} {:>16.1} {:>13.1}",
             mode.name,
             m(&|r| r.flood.report.launched),
@@ -879,24 +890,29 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
         );
     }
     if let [ebpf, userspace] = per_1k.as_slice() {
-        println!(
+        writeln!(
+            out,
             "ratio ebpf/userspace: proxy CPU per 1000 rejected {:.2}x (target <= 0.5x)",
             ebpf / userspace
         );
     }
     if let [ebpf, userspace] = node_per_1k.as_slice() {
-        println!(
+        writeln!(
+            out,
             "ratio ebpf/userspace: proxy + flood client CPU per 1000 rejected {:.2}x (all the work on this machine, wherever the kernel charged it)",
             ebpf / userspace
         );
     }
-    println!(
+    writeln!(
+        out,
         "(rejected: ingress_sni_gate_total{{reason=\"unknown\"}}; kernel drop: ingress_ebpf_gate_total{{counter=\"unknown\"}};"
     );
-    println!(
+    writeln!(
+        out,
         " before accept: of those, reset by the TC program before a socket existed (counter=\"reset_before_accept_unknown\");"
     );
-    println!(
+    writeln!(
+        out,
         " client: the flood's own CPU, which on loopback includes the kernel receive path where the eBPF gate runs{})",
         if plan.quick {
             "; --quick uses a debug-built flood client, so this column is inflated"
@@ -905,8 +921,12 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
         }
     );
 
-    println!("\n### Known-host keep-alive HTTPS while the flood runs");
-    println!(
+    writeln!(
+        out,
+        "\n### Known-host keep-alive HTTPS while the flood runs"
+    );
+    writeln!(
+        out,
         "{:<10} {:>14} {:>10} {:>16} {:>10} {:>10} {:>12}",
         "mode", "rps no flood", "p99 ms", "rps with flood", "p99 ms", "kept", "flood RST"
     );
@@ -914,7 +934,8 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
         let m = |f: &dyn Fn(&Round) -> f64| median(runs.iter().map(f).collect());
         let quiet = m(&|r| r.quiet.requests_per_sec);
         let loud = m(&|r| r.loud.requests_per_sec);
-        println!(
+        writeln!(
+            out,
             "{:<10} {:>14.0} {:>10.3} {:>16.0} {:>10.3} {:>9.2}x {:>12.0}",
             mode.name,
             quiet,
@@ -925,10 +946,14 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
             m(&|r| r.loud_flood.reset)
         );
     }
-    println!("(kept: requests/s with the flood / without, per round; target for ebpf >= 0.9x)");
+    writeln!(
+        out,
+        "(kept: requests/s with the flood / without, per round; target for ebpf >= 0.9x)"
+    );
 
-    println!("\n### New known-host TLS handshakes, no flood");
-    println!(
+    writeln!(out, "\n### New known-host TLS handshakes, no flood");
+    writeln!(
+        out,
         "{:<10} {:>12} {:>24}",
         "mode", "succeeded", "handshakes/CPU-second"
     );
@@ -937,7 +962,8 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
         let m = |f: &dyn Fn(&Round) -> f64| median(runs.iter().map(f).collect());
         let rate = m(&|r| r.handshakes.per_cpu_second);
         rates.push(rate);
-        println!(
+        writeln!(
+            out,
             "{:<10} {:>12.0} {:>24.0}",
             mode.name,
             m(&|r| r.handshakes.succeeded),
@@ -945,7 +971,8 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
         );
     }
     if let [ebpf, userspace] = rates.as_slice() {
-        println!(
+        writeln!(
+            out,
             "gate overhead on handshakes per proxy CPU-second: {:+.1}% (1 - ebpf/userspace; target <= 5%)",
             (1.0 - ebpf / userspace) * 100.0
         );
@@ -953,7 +980,8 @@ fn report(plan: &Plan, rounds: usize, results: &[(Mode, Vec<Round>)]) {
 
     for (mode, runs) in results {
         let list = |f: &dyn Fn(&Round) -> f64| runs.iter().map(f).collect::<Vec<_>>();
-        println!(
+        writeln!(
+            out,
             "rounds {}: proxy CPU ms/1k rejected {:.1?}, kept {:.2?}, handshakes/CPU-s {:.0?}",
             mode.name,
             list(&|r| r.flood.proxy_cpu.as_secs_f64() * 1e6 / r.flood.rejected.max(1.0)),

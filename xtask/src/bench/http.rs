@@ -51,22 +51,34 @@ pub fn compare(
     };
     let (nr, n50, n99) = summary(&n);
     let (ir, i50, i99) = summary(&i);
-    println!(
+    writeln!(
+        bench.report,
         "\n## {title} ({} connections, median of {} rounds)",
         bench.connections, bench.rounds
     );
-    println!(
+    writeln!(
+        bench.report,
         "{:<10} {:>12} {:>10} {:>10}",
         "proxy", "requests/s", "p50 ms", "p99 ms"
     );
-    println!("{:<10} {:>12.0} {:>10.3} {:>10.3}", "nginx", nr, n50, n99);
-    println!("{:<10} {:>12.0} {:>10.3} {:>10.3}", "ingress", ir, i50, i99);
-    println!(
+    writeln!(
+        bench.report,
+        "{:<10} {:>12.0} {:>10.3} {:>10.3}",
+        "nginx", nr, n50, n99
+    );
+    writeln!(
+        bench.report,
+        "{:<10} {:>12.0} {:>10.3} {:>10.3}",
+        "ingress", ir, i50, i99
+    );
+    writeln!(
+        bench.report,
         "ratio ingress/nginx: requests/s {:.2}x, p99 {:.2}x (lower is better)",
         ir / nr,
         i99 / n99
     );
-    println!(
+    writeln!(
+        bench.report,
         "rounds (requests/s): nginx {:?} ingress {:?}",
         n.iter()
             .map(|l| l.requests_per_sec.round())

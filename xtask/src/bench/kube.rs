@@ -31,6 +31,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 
 use super::procs::{self, Running};
+use super::report::Report;
 use super::{Bench, write};
 
 const API_PORT: u16 = 19600;
@@ -50,18 +51,25 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
     let updates = if quick { 200 } else { 1000 };
     let scale_flips = if quick { 10 } else { 50 };
 
-    println!("\n## Kubernetes source (through the test API server)");
-    println!(
+    writeln!(
+        bench.report,
+        "\n## Kubernetes source (through the test API server)"
+    );
+    writeln!(
+        bench.report,
         "method: PATCH an Ingress to the other Service, then GET through the proxy every {POLL:?} on a"
     );
-    println!(
+    writeln!(
+        bench.report,
         "keep-alive connection until the other backend answers; latency = first such answer - write sent."
     );
-    println!(
+    writeln!(
+        bench.report,
         "It includes the API write and watch delivery, the 10 ms debounce, the build and the swap."
     );
     if quick {
-        println!(
+        writeln!(
+            bench.report,
             "(--quick: {updates} updates and {scale_flips} at scale, and a debug-built API server; run without --quick for 1000 and 50)"
         );
     }
@@ -75,6 +83,7 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
     wait_ready(Duration::from_secs(60))?;
     let latencies = flip(&mut client, "ing-0", "h0.bench.local", updates)?;
     report(
+        &bench.report,
         &format!("event to routable, 1 Ingress, {updates} updates"),
         &latencies,
     );
@@ -87,7 +96,8 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
     let mut client = api.client()?;
     let loading = Instant::now();
     let objects = create_base(&mut client, 10_000, 10_000, 2)?;
-    println!(
+    writeln!(
+        bench.report,
         "loaded {objects} objects through the API server in {:.1} s",
         loading.elapsed().as_secs_f64()
     );
@@ -106,33 +116,42 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
     let rss_after = ingress.rss_kib()? as f64 / 1024.0;
     let rebuilds = count_after - count_before;
     ensure!(rebuilds > 0.0, "no rebuild happened");
-    println!("\n### 10,000 Ingresses, 10,000 Services, 20,000 EndpointSlices (from the API)");
-    println!(
+    writeln!(
+        bench.report,
+        "\n### 10,000 Ingresses, 10,000 Services, 20,000 EndpointSlices (from the API)"
+    );
+    writeln!(
+        bench.report,
         "{:<44} {:>12}",
         "start to ready (lists + first build)",
         format!("{:.2} s", ready.as_secs_f64())
     );
-    println!(
+    writeln!(
+        bench.report,
         "{:<44} {:>12}",
         "first build",
         format!("{:.1} ms", first_build * 1000.0)
     );
-    println!(
+    writeln!(
+        bench.report,
         "{:<44} {:>12}",
         format!("full rebuild, mean of {rebuilds}"),
         format!("{:.1} ms", (sum_after - sum_before) / rebuilds * 1000.0)
     );
-    println!(
+    writeln!(
+        bench.report,
         "{:<44} {:>12}",
         "RSS when ready",
         format!("{rss_ready:.1} MiB")
     );
-    println!(
+    writeln!(
+        bench.report,
         "{:<44} {:>12}",
         format!("RSS after {scale_flips} updates"),
         format!("{rss_after:.1} MiB")
     );
     report(
+        &bench.report,
         &format!("event to routable at this size, {scale_flips} updates"),
         &latencies,
     );
@@ -286,8 +305,11 @@ fn rule(host: &str, service: &str) -> Value {
 
 fn start_ingress(bench: &Bench, dir: &Path) -> Result<Running> {
     let mut cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
+    // The bench's nginx backends listen on loopback, which the Kubernetes source refuses
+    // unless told otherwise.
     cmd.arg("--kubeconfig")
         .arg(dir.join("kubeconfig"))
+        .arg("--allow-local-backends")
         .args([
             "--bind",
             "127.0.0.1",
@@ -387,7 +409,7 @@ fn flip(api: &mut Api, name: &str, host: &str, times: usize) -> Result<Vec<Durat
     Ok(latencies)
 }
 
-fn report(title: &str, latencies: &[Duration]) {
+fn report(out: &Report, title: &str, latencies: &[Duration]) {
     let mut ms: Vec<f64> = latencies.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
     ms.sort_by(|a, b| a.total_cmp(b));
     // The nearest-rank percentile, in thousandths.
@@ -406,9 +428,9 @@ fn report(title: &str, latencies: &[Duration]) {
         pct(990),
         pct(1000)
     );
-    println!("{line}");
+    writeln!(out, "{line}");
     let within = ms.iter().filter(|v| **v <= 100.0).count();
-    println!("  {within} of {} within 100 ms", ms.len());
+    writeln!(out, "  {within} of {} within 100 ms", ms.len());
 }
 
 /// A keep-alive HTTP/1.1 connection to the test API server.

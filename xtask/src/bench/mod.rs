@@ -7,7 +7,8 @@
 //!
 //! Machines are noisy, so every claim is a ratio against nginx measured in the same run, with
 //! the two proxies interleaved round by round and the median round reported. Nothing here
-//! passes or fails on a number: it prints them.
+//! passes or fails on a number: it prints them, and writes them to `docs/benchmark-results.md`
+//! with the date, commit and machine (see `report`), so nobody copies them by hand.
 
 mod accuracy;
 mod gate;
@@ -15,8 +16,10 @@ mod http;
 mod kube;
 mod passthrough;
 mod procs;
+mod report;
 mod rig;
 mod scale;
+mod slow;
 mod tls;
 mod wrk;
 
@@ -25,6 +28,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use self::report::Report;
 use crate::toolchain::RouteArg;
 use crate::workspace::Workspace;
 
@@ -33,8 +37,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate, accuracy, passthrough); default
-    /// all. `gate` includes `accuracy`.
+    /// Only these sections (http, https, memory, scale, kube, gate, accuracy, passthrough,
+    /// slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -46,6 +50,8 @@ pub struct Bench {
     pub rounds: usize,
     pub duration: Duration,
     pub connections: u32,
+    /// What the sections print: `writeln!(bench.report, ...)` prints a line and keeps it.
+    pub report: Report,
 }
 
 impl Bench {
@@ -63,12 +69,17 @@ pub fn run(args: &Args) -> Result<()> {
     for tool in ["nginx", "wrk", "h2load", "taskset"] {
         procs::require(tool)?;
     }
+    let rounds = if args.quick { 2 } else { 3 };
+    let duration = Duration::from_secs(if args.quick { 4 } else { 10 });
+    let connections = 32;
+    let setup = format!("{rounds} rounds of {duration:?}, {connections} connections");
     let bench = Bench {
         ingress,
         dir: ws.target_dir.join("bench"),
-        rounds: if args.quick { 2 } else { 3 },
-        duration: Duration::from_secs(if args.quick { 4 } else { 10 }),
-        connections: 32,
+        rounds,
+        duration,
+        connections,
+        report: Report::new(&ws, args.quick, &setup),
     };
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     println!(
@@ -78,26 +89,38 @@ pub fn run(args: &Args) -> Result<()> {
     if procs::cpus() < 2 {
         println!("note: fewer than 2 CPUs; pinning is skipped and numbers are less meaningful");
     }
+    // Each section's results are written as soon as it ends, so a later failure keeps them.
     if wanted("http") {
         http::run(&bench)?;
+        bench.report.finish("http")?;
     }
     if wanted("https") {
         tls::run(&bench)?;
+        bench.report.finish("https")?;
     }
     if wanted("memory") || wanted("scale") {
         scale::run(&bench)?;
+        bench.report.finish("memory")?;
     }
     if wanted("kube") {
         kube::run(&bench, args.quick)?;
+        bench.report.finish("kube")?;
     }
     if wanted("passthrough") {
         passthrough::run(&bench, args.quick)?;
+        bench.report.finish("passthrough")?;
     }
     if wanted("gate") {
         gate::run(&bench, args.quick)?;
+        bench.report.finish("gate")?;
     }
     if wanted("gate") || wanted("accuracy") {
         accuracy::run(&bench, args.quick)?;
+        bench.report.finish("accuracy")?;
+    }
+    if wanted("slow") {
+        slow::run(&bench, args.quick)?;
+        bench.report.finish("slow")?;
     }
     Ok(())
 }

@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use super::procs::{self, Running};
+use super::report::Report;
 use super::{Bench, median, write};
 
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 237, 0, 1);
@@ -99,9 +100,9 @@ struct Load {
 }
 
 pub fn run(bench: &Bench, quick: bool) -> Result<()> {
-    println!("\n## TLS passthrough bulk transfer");
+    writeln!(bench.report, "\n## TLS passthrough bulk transfer");
     if let Some(why) = unavailable() {
-        println!("skipped: {why}");
+        bench.report.skip(format!("skipped: {why}"));
         return Ok(());
     }
     sweep_leftovers();
@@ -131,7 +132,7 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
             19601,
             Some(&pins.0),
         )?),
-        Some(why) => println!("ingress ebpf: not measured ({why})"),
+        Some(why) => writeln!(bench.report, "ingress ebpf: not measured ({why})"),
     }
     proxies.push(start_ingress(
         bench,
@@ -149,7 +150,8 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
             .with_context(|| format!("{} never routed a connection", proxy.name))?;
     }
 
-    println!(
+    writeln!(
+        bench.report,
         "{} connections, {} MiB each way per connection ({} MiB per run), {} rounds; backend: a plain TCP source and sink behind a real ClientHello for {HOST}, so nothing is encrypted and the proxies route on SNI alone",
         load.connections,
         load.per_connection / MIB,
@@ -167,9 +169,9 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
             samples[index].push(sample);
         }
     }
-    report(&proxies, &samples);
+    report(&bench.report, &proxies, &samples);
     if let Some(proxy) = proxies.iter().find(|p| p.name == "ingress ebpf") {
-        print_splice_counts(&pair, proxy)?;
+        print_splice_counts(&bench.report, &pair, proxy)?;
     }
     // Processes stop before their pins go, and the namespaces last.
     drop(proxies);
@@ -392,7 +394,7 @@ fn machine_busy() -> Result<Duration> {
     Ok(Duration::from_millis(busy * 1000 / hz))
 }
 
-fn report(proxies: &[Proxy], samples: &[Vec<Sample>]) {
+fn report(out: &Report, proxies: &[Proxy], samples: &[Vec<Sample>]) {
     let medians: Vec<Sample> = samples
         .iter()
         .map(|runs| {
@@ -418,12 +420,14 @@ fn report(proxies: &[Proxy], samples: &[Vec<Sample>]) {
         .iter()
         .map(|runs| median(runs.iter().map(Sample::mib_per_s).collect()))
         .collect();
-    println!(
+    writeln!(
+        out,
         "{:<16} {:>10} {:>11} {:>14} {:>12} {:>16}",
         "proxy", "MiB/s", "proxy CPU", "MiB/proxy-CPU-s", "machine CPU", "MiB/machine-CPU-s"
     );
     for (i, proxy) in proxies.iter().enumerate() {
-        println!(
+        writeln!(
+            out,
             "{:<16} {:>10.0} {:>10.3}s {:>14.0} {:>11.2}s {:>16.0}",
             proxy.name,
             throughput[i],
@@ -443,7 +447,8 @@ fn report(proxies: &[Proxy], samples: &[Vec<Sample>]) {
         ("haproxy splice", "target > 1x"),
     ] {
         if let Some(o) = find(other) {
-            println!(
+            writeln!(
+                out,
                 "ratio ingress ebpf/{other}: bytes per proxy CPU-second {:.2}x ({target}), per machine CPU-second {:.2}x, throughput {:.2}x",
                 per_proxy_cpu[ebpf] / per_proxy_cpu[o],
                 per_machine_cpu[ebpf] / per_machine_cpu[o],
@@ -462,11 +467,11 @@ fn report(proxies: &[Proxy], samples: &[Vec<Sample>]) {
         .enumerate()
         .map(|(i, p)| format!("{} {:?}", p.name, rounds(i)))
         .collect();
-    println!("rounds (MiB per proxy CPU-second): {}", all.join(", "));
+    writeln!(out, "rounds (MiB per proxy CPU-second): {}", all.join(", "));
 }
 
 /// What ingress counted: connections spliced and fallbacks to the copy.
-fn print_splice_counts(pair: &Pair, proxy: &Proxy) -> Result<()> {
+fn print_splice_counts(report: &Report, pair: &Pair, proxy: &Proxy) -> Result<()> {
     let Some(admin) = proxy.admin else {
         return Ok(());
     };
@@ -484,7 +489,8 @@ fn print_splice_counts(pair: &Pair, proxy: &Proxy) -> Result<()> {
             .sum::<f64>()
             + 0.0
     };
-    println!(
+    writeln!(
+        report,
         "ingress ebpf counted {:.0} connections spliced in the kernel, {:.0} copied in userspace, {:.0} fallbacks, {:.0} redirected messages, {:.0} retransmissions trimmed",
         sum("ingress_passthrough_connections_total{", "mode=\"kernel\""),
         sum(

@@ -1,5 +1,6 @@
 //! The shared rig: one upstream, nginx as the peer proxy, ingress as the proxy under test, both
-//! serving the same host over HTTP and HTTPS (TLS 1.3, ECDSA P-256, one certificate).
+//! serving the same host over HTTP and HTTPS (TLS 1.3, ECDSA P-256, one certificate). nginx sets
+//! the forwarding headers ingress-nginx's template sets, so both proxies do the same work.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -83,8 +84,11 @@ impl Rig {
              ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.3; ssl_session_tickets off;\n\
              keepalive_requests 100000000;\n\
              location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
-             proxy_set_header Host $host; proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;\n\
-             proxy_set_header X-Real-IP $remote_addr; proxy_set_header X-Forwarded-Proto $scheme; }} }} }}\n",
+             proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr;\n\
+             proxy_set_header X-Original-Forwarded-For $http_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
+             proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Scheme $scheme; proxy_set_header X-Scheme $scheme;\n\
+             proxy_set_header X-Forwarded-Host $host; proxy_set_header X-Forwarded-Port $server_port;\n\
+             proxy_set_header X-Original-URI $request_uri; proxy_set_header X-Request-ID $request_id; }} }} }}\n",
                 d = dir.display(),
                 cert = cert.display(),
                 key = key.display()

@@ -12,8 +12,9 @@ use super::{Bench, write};
 const ADMIN: u16 = 19354;
 
 pub fn run(bench: &Bench) -> Result<()> {
-    println!("\n## Memory and snapshot build time");
-    println!(
+    writeln!(bench.report, "\n## Memory and snapshot build time");
+    writeln!(
+        bench.report,
         "{:<44} {:>10} {:>16} {:>14}",
         "configuration", "RSS MiB", "first build ms", "rebuild ms"
     );
@@ -117,7 +118,8 @@ fn measure(bench: &Bench, label: &str, dir: &std::path::Path, rebuild: bool) -> 
     } else {
         "-".to_string()
     };
-    println!(
+    writeln!(
+        bench.report,
         "{:<44} {:>10.1} {:>16.1} {:>14}",
         label,
         rss,

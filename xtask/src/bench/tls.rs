@@ -48,17 +48,32 @@ pub fn run(bench: &Bench) -> Result<()> {
     let per_cpu = |runs: &[Handshakes]| median(runs.iter().map(|h| h.per_cpu_second).collect());
     let ok = |runs: &[Handshakes]| median(runs.iter().map(|h| h.succeeded as f64).collect());
     let (np, ip) = (per_cpu(&n), per_cpu(&i));
-    println!(
+    writeln!(
+        bench.report,
         "\n## New TLS 1.3 connections ({rate}/s for {seconds}s, one request each, median of {} rounds)",
         bench.rounds
     );
-    println!(
+    writeln!(
+        bench.report,
         "{:<10} {:>14} {:>22}",
         "proxy", "succeeded", "handshakes/CPU-second"
     );
-    println!("{:<10} {:>14.0} {:>22.0}", "nginx", ok(&n), np);
-    println!("{:<10} {:>14.0} {:>22.0}", "ingress", ok(&i), ip);
-    println!(
+    writeln!(
+        bench.report,
+        "{:<10} {:>14.0} {:>22.0}",
+        "nginx",
+        ok(&n),
+        np
+    );
+    writeln!(
+        bench.report,
+        "{:<10} {:>14.0} {:>22.0}",
+        "ingress",
+        ok(&i),
+        ip
+    );
+    writeln!(
+        bench.report,
         "ratio ingress/nginx: handshakes per CPU-second {:.2}x",
         ip / np
     );

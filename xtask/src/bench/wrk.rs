@@ -11,6 +11,23 @@ pub struct Load {
     pub requests_per_sec: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Responses received.
+    pub requests: u64,
+    /// Of them, ones other than 2xx and 3xx.
+    pub non_2xx: u64,
+    /// Requests that got no response: connect, read, write errors and timeouts.
+    pub socket_errors: u64,
+}
+
+impl Load {
+    /// Of the requests attempted, the share that got a 2xx or 3xx answer.
+    pub fn success_rate(&self) -> f64 {
+        let attempted = self.requests + self.socket_errors;
+        if attempted == 0 {
+            return 0.0;
+        }
+        self.requests.saturating_sub(self.non_2xx) as f64 / attempted as f64
+    }
 }
 
 /// Runs wrk (one thread, pinned next to the upstream) against `url` with a Host header.
@@ -53,10 +70,33 @@ pub fn parse(text: &str) -> Option<Load> {
             .find_map(|l| l.strip_prefix(p).map(str::trim))
             .and_then(duration_ms)
     };
+    let requests = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .unwrap_or(0);
+    let non_2xx: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    // `Socket errors: connect 0, read 3, write 0, timeout 12`
+    let socket_errors: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Socket errors:"))
+        .map(|v| {
+            v.split(',')
+                .filter_map(|part| part.split_whitespace().last()?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
     Some(Load {
         requests_per_sec: rps,
         p50_ms: percentile("50%")?,
         p99_ms: percentile("99%")?,
+        requests,
+        non_2xx,
+        socket_errors,
     })
 }
 
@@ -82,9 +122,19 @@ mod tests {
     fn parses_wrk_output() {
         let text = "Running 5s test @ http://127.0.0.1:19080/\n  Latency Distribution\n     50%  628.00us\n     75%    1.00ms\n     90%    1.10ms\n     99%    1.33ms\n  228826 requests in 5.00s, 40.15MB read\nRequests/sec:  45764.07\nTransfer/sec:      8.03MB\n";
         let load = parse(text).unwrap();
+        assert_eq!(
+            (load.requests, load.non_2xx, load.socket_errors),
+            (228826, 0, 0)
+        );
         assert_eq!(load.requests_per_sec, 45764.07);
         assert!((load.p50_ms - 0.628).abs() < 1e-9);
         assert!((load.p99_ms - 1.33).abs() < 1e-9);
         assert_eq!(duration_ms("2.5s"), Some(2500.0));
+        let failing = format!(
+            "{text}  Socket errors: connect 0, read 3, write 0, timeout 12\n  Non-2xx or 3xx responses: 5\n"
+        );
+        let load = parse(&failing).unwrap();
+        assert_eq!((load.non_2xx, load.socket_errors), (5, 15));
+        assert!((load.success_rate() - (228826.0 - 5.0) / (228826.0 + 15.0)).abs() < 1e-3);
     }
 }

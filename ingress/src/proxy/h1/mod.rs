@@ -1,67 +1,80 @@
-//! The HTTP/1.1 fast path: what most requests are (a head, and no body or a small one) is
-//! proxied without building `http::Request`s, by one task that drives the client connection
-//! and the upstream connection itself.
+//! HTTP/1.x, read and written by the proxy itself: one task drives the client connection and
+//! the upstream connection, and copies bytes instead of building `http::Request`s.
 //!
 //! ```text
-//!   read head (httparse) ── anything unusual ──> hand the bytes and the stream to hyper
-//!        │                                        (HTTP/1.0, upgrades, Expect, chunked or
-//!        │                                         large bodies, malformed heads, h2c)
-//!   route + decide (the same Proxy::decide as hyper's path)
+//!   read head (request.rs: httparse + RFC 9112's framing and Host rules) ─ refused ─> 4xx/5xx,
+//!        │                                                                           close
+//!        ├─ h2c preface ───────────────────────────────> HTTP/2 (hyper), with the bytes read
+//!   authority → target → route (shared with HTTP/2) → decide
 //!        │
 //!   404 / redirect / 503 ─────────────> local response
-//!   forward: rewrite the head byte for byte → pooled upstream stream → response head
-//!        → relay the body as it is framed (length, chunked, until close) → log + metrics
-//!        → next request on the same connection
+//!   forward (exchange.rs): upstream head written by the proxy → body relayed with the proxy's
+//!        framing (small bodies sent with the head; others streamed, chunked re-encoded)
+//!        → response head (response.rs) → body relayed as framed → log + metrics
+//!   upgrade (tunnel.rs): a fresh upstream connection; 101 → bytes both ways until idle
+//!        │
+//!   next request on the same connection
 //! ```
 //!
-//! Profiles of the hyper server + client pair showed a flat cost spread over building and
-//! dropping requests, responses and header maps twice per request; this path copies bytes
-//! instead, and keeps every rule (forwarding headers, hop-by-hop stripping, status codes,
-//! timeouts, metrics, access log) in shared, table-tested functions.
+//! Every wait is bounded: the next request's first byte (`--client-keepalive-timeout`), a
+//! request head (`--header-read-timeout`), each pause in a request body
+//! (`--client-body-timeout`), each stalled write to the client (`--client-send-timeout`) or to
+//! the upstream (`--upstream-send-timeout`), and the upstream's response (`proxy-read-timeout`).
+//! Memory per connection is bounded too: a head of at most `--max-header-size`, a body buffered
+//! only when it is at most [`BUFFERED_BODY`], and fixed-size buffers otherwise.
+//!
+//! hyper served these requests once, beside this path; two parsers of one connection's bytes
+//! could disagree about where a request ends or what it targets, and each such disagreement is
+//! a way past routing. Now hyper parses HTTP/1.1 only in tests, as the reference this parser is
+//! checked against.
 
-pub mod chunked;
 mod deadline;
-pub mod head;
+mod exchange;
+pub mod response;
 pub mod rewind;
 pub mod streams;
+mod tunnel;
 
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use http::{StatusCode, Version};
+use http::{StatusCode, Version as HttpVersion};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use deadline::Deadline;
-use head::{Framing, RequestParse, ResponseContext, ResponseParse};
+use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
+use ingress_wire::target;
+use response::ResponseContext;
 use rewind::Rewind;
-use streams::Upstream;
 
 use super::listener::HttpSettings;
-use super::upstream::UpstreamError;
-use super::{ConnInfo, Decision, Forward, Outcome, Proxy, Record};
+use super::route::Refusal;
+use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
-use crate::snapshot::host::request_host;
 
 /// Room made for a client's next request head: most are well under this, and an idle
 /// kept-alive connection holds its buffer.
 const HEAD_READ: usize = 4 * 1024;
-/// Bytes asked for per read of an upstream response.
+/// Bytes asked for per read of a body, in either direction.
 const READ_SIZE: usize = 16 * 1024;
 /// Largest upstream response head accepted (then 502).
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Request bodies up to this size are read whole and sent with the head, so the request can be
+/// retried on a fresh connection; larger ones are streamed.
+pub const BUFFERED_BODY: u64 = 16 * 1024;
 
-/// How a connection left the fast path.
+/// How a connection left this path.
 pub enum Ended<IO> {
     Closed,
-    /// The next request is hyper's: the bytes read so far go back in front of the stream.
-    HandOff(Rewind<IO>),
+    /// It is HTTP/2 with prior knowledge: the bytes read so far go back in front of the stream.
+    H2c(Rewind<IO>),
 }
 
-/// Serves HTTP/1.1 requests on `io` until the client closes, an error closes it, shutdown
-/// begins, or a request needs hyper.
+/// Serves HTTP/1.x requests on `io` until the client closes, an error or a timeout closes it,
+/// shutdown begins, or the client turns out to speak HTTP/2.
 pub async fn serve<IO>(
     proxy: &Proxy,
     io: IO,
@@ -81,17 +94,17 @@ where
         inbuf: BytesMut::with_capacity(HEAD_READ),
         request: Vec::with_capacity(1024),
         response: Vec::with_capacity(1024),
-        headers_due: Deadline::new(),
-        response_due: Deadline::new(),
+        client_due: Deadline::new(),
+        upstream_due: Deadline::new(),
     };
     let mut stopped = pin!(stop.cancelled());
     let mut waiting_since = Instant::now();
     loop {
         let prepared = match client.next_request(stopped.as_mut(), waiting_since).await {
             Next::Request(prepared) => prepared,
-            Next::HandOff => {
+            Next::H2c => {
                 let Client { inbuf, io, .. } = client;
-                return Ended::HandOff(Rewind::new(inbuf.freeze(), io));
+                return Ended::H2c(Rewind::new(inbuf.freeze(), io));
             }
             Next::Closed => return Ended::Closed,
         };
@@ -112,71 +125,85 @@ struct Client<'a, IO> {
     stop: &'a CancellationToken,
     io: IO,
     inbuf: BytesMut,
-    /// The upstream request, kept whole so it can be sent again on a fresh connection.
+    /// The upstream request head (and a buffered body), kept whole so it can be sent again on
+    /// a fresh connection.
     request: Vec<u8>,
     /// The client's response head, with the first body bytes behind it.
     response: Vec<u8>,
-    headers_due: Deadline,
-    response_due: Deadline,
+    /// Reads from and writes to the client.
+    client_due: Deadline,
+    /// Reads from and writes to the upstream.
+    upstream_due: Deadline,
 }
 
+// A request is moved through these once; boxing it would allocate once per request.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     Request(Prepared),
-    HandOff,
+    H2c,
     Closed,
 }
 
-/// A request read and decided; its upstream head (if any) is in `Client::request`.
+/// A request read and decided; its upstream head (if any) is in `Client::request`, and its
+/// body (if any) is still to be read from `Client::inbuf` and the connection.
 struct Prepared {
-    head_len: usize,
-    body_len: usize,
     started: Instant,
     action: Decision,
     route: Option<Arc<Route>>,
     head_request: bool,
     idempotent: bool,
     close: bool,
+    http10: bool,
+    expect_continue: bool,
+    body: BodyFraming,
+    /// The protocol asked for in `Upgrade`, when the route allows it.
+    upgrade: Option<Vec<u8>>,
     /// Method, target and host, when the access log is on.
     logged: Option<(String, String, Option<String>)>,
 }
 
-/// Why an exchange with the upstream failed.
-enum Failure {
-    /// A reused connection failed before any answer: worth one more try on a new one.
-    Stale(UpstreamError),
-    Error(UpstreamError),
-}
-
-enum Parsed {
-    Partial,
-    HandOff,
-    Ready(Prepared),
-}
-
 impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
-    /// Reads until a whole request head (and its small body) is buffered.
+    /// Reads until a whole request head is buffered, and decides what to do with it.
     async fn next_request(
         &mut self,
         mut stopped: std::pin::Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
         waiting_since: Instant,
     ) -> Next {
-        self.headers_due
-            .set(waiting_since + self.settings.header_read_timeout);
-        let prepared = loop {
+        // Until the first byte of the next request: the keep-alive timeout; from then on, the
+        // head must be whole within the header timeout.
+        let idle_due = waiting_since + self.settings.keepalive_timeout;
+        self.client_due.set(if self.inbuf.is_empty() {
+            idle_due
+        } else {
+            waiting_since + self.settings.header_read_timeout
+        });
+        let mut first_byte_seen = !self.inbuf.is_empty();
+        loop {
             if !self.inbuf.is_empty() {
+                if !first_byte_seen {
+                    first_byte_seen = true;
+                    self.client_due
+                        .set(Instant::now() + self.settings.header_read_timeout);
+                }
                 match self.prepare() {
-                    Parsed::Ready(prepared) => break prepared,
+                    Parsed::Ready(prepared) => return Next::Request(prepared),
+                    Parsed::H2c => return Next::H2c,
                     Parsed::Partial if self.inbuf.len() < self.settings.max_header_size => {}
-                    // Too large, or not ours: hyper answers (431, 400) or serves it.
-                    Parsed::Partial | Parsed::HandOff => return Next::HandOff,
+                    Parsed::Partial => {
+                        let refusal = Refusal {
+                            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                            reason: "request head too large",
+                        };
+                        return Next::Request(self.refused(refusal));
+                    }
                 }
             }
             self.inbuf.reserve(HEAD_READ);
             let read = tokio::select! {
                 biased;
                 () = stopped.as_mut(), if self.inbuf.is_empty() => return Next::Closed,
-                () = self.headers_due.expired() => {
-                    tracing::debug!(peer = %self.conn.peer, "request head not received in time");
+                () = self.client_due.expired() => {
+                    tracing::debug!(peer = %self.conn.peer, waited_for_first_byte = !first_byte_seen, "request head not received in time");
                     return Next::Closed;
                 }
                 read = self.io.read_buf(&mut self.inbuf) => read,
@@ -184,67 +211,116 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             if !matches!(read, Ok(n) if n > 0) {
                 return Next::Closed;
             }
-        };
-        // A small body, read whole so the request can be sent (and resent) in one write.
-        let total = prepared.head_len + prepared.body_len;
-        while self.inbuf.len() < total {
-            self.inbuf.reserve(total - self.inbuf.len());
-            let read = tokio::select! {
-                () = self.headers_due.expired() => return Next::Closed,
-                read = self.io.read_buf(&mut self.inbuf) => read,
-            };
-            if !matches!(read, Ok(n) if n > 0) {
-                return Next::Closed;
-            }
         }
-        if matches!(prepared.action, Decision::Forward(_)) {
-            self.request
-                .extend_from_slice(&self.inbuf[prepared.head_len..total]);
-        }
-        self.inbuf.advance(total);
-        Next::Request(prepared)
     }
 
-    /// Parses the buffered head and decides what to do with it, writing the upstream head.
+    /// Parses the buffered head and runs the phases up to the decision, writing the upstream
+    /// head. On success the head's bytes are consumed from `inbuf`.
     fn prepare(&mut self) -> Parsed {
-        let mut storage = [httparse::EMPTY_HEADER; head::MAX_HEADERS];
-        let req = match head::parse_request(&self.inbuf, &mut storage) {
+        let mut storage = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
+        let req = match request::parse(&self.inbuf, &mut storage) {
             RequestParse::Complete(req) => req,
             RequestParse::Partial => return Parsed::Partial,
-            RequestParse::HandOff => return Parsed::HandOff,
+            RequestParse::H2Preface => return Parsed::H2c,
+            RequestParse::Reject(rejection) => {
+                let refusal = Refusal {
+                    status: rejection.status,
+                    reason: rejection.reason,
+                };
+                return Parsed::Ready(self.refused(refusal));
+            }
         };
         let started = Instant::now();
-        let host = std::str::from_utf8(req.host).ok().and_then(request_host);
-        let path = req.target.split_once('?').map_or(req.target, |(p, _)| p);
-        let route = self.proxy.route_for(host.as_deref(), path);
-        let action = self
-            .proxy
-            .decide(route.as_ref(), self.conn, host.as_deref(), req.target);
-        if matches!(action, Decision::Forward(_)) {
-            head::write_upstream_head(&mut self.request, &req, &self.conn.client);
-        }
-        let logged = self.proxy.settings.access_log.then(|| {
+        let proxy = self.proxy;
+        let host = req.authority.as_ref().map(|a| a.host.as_ref());
+        let logged = proxy.settings.access_log.then(|| {
             (
                 req.method.to_string(),
                 req.target.to_string(),
-                host.as_deref().map(str::to_string),
+                host.map(str::to_string),
             )
         });
-        Parsed::Ready(Prepared {
-            head_len: req.head_len,
-            body_len: req.body_len,
+        let phases = target::parse(&req.target, &proxy.settings.paths)
+            .map_err(|err| {
+                tracing::debug!(peer = %self.conn.peer, %err, "request target refused");
+                Refusal::bad_request("invalid request target")
+            })
+            .and_then(|target| {
+                let route = proxy.route(self.conn, host, &target)?;
+                Ok((target, route))
+            });
+        let (action, route, upgrade) = match phases {
+            Err(refusal) => (Decision::Refuse(refusal), None, None),
+            Ok((target, route)) => {
+                let action = proxy.decide(route.as_ref(), self.conn, host, &req.target);
+                let mut upgrade = None;
+                if let Decision::Forward(forward) = &action {
+                    upgrade = req
+                        .upgrade
+                        .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
+                        .map(<[u8]>::to_vec);
+                    let key = forward.key.to_string();
+                    let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
+                    request::write_upstream(
+                        &mut self.request,
+                        &req,
+                        &request::Upstream {
+                            target: &target,
+                            authority,
+                            client: self.conn.client.facts(),
+                            underscores: proxy.settings.headers.underscores,
+                            body: req.body.into(),
+                            upgrade: upgrade.is_some(),
+                            new_request_id: super::forward::new_request_id(),
+                        },
+                    );
+                }
+                (action, route, upgrade)
+            }
+        };
+        let refused = matches!(action, Decision::Refuse(_));
+        let prepared = Prepared {
             started,
             action,
             route,
             head_request: req.is_head(),
             idempotent: req.idempotent(),
-            close: req.close,
+            close: req.close || refused,
+            http10: req.version == Version::Http10,
+            expect_continue: req.expect_continue,
+            body: req.body,
+            upgrade,
             logged,
-        })
+        };
+        let head_len = req.head_len;
+        self.inbuf.advance(head_len);
+        Parsed::Ready(prepared)
+    }
+
+    /// A request refused before it was understood: answered, then the connection closes.
+    fn refused(&mut self, refusal: Refusal) -> Prepared {
+        tracing::debug!(peer = %self.conn.peer, status = refusal.status.as_u16(), reason = refusal.reason, "request refused");
+        Prepared {
+            started: Instant::now(),
+            action: Decision::Refuse(refusal),
+            route: None,
+            head_request: false,
+            idempotent: false,
+            close: true,
+            http10: false,
+            expect_continue: false,
+            body: BodyFraming::None,
+            upgrade: None,
+            logged: self
+                .proxy
+                .settings
+                .access_log
+                .then(|| ("-".to_string(), "-".to_string(), None)),
+        }
     }
 
     /// Answers one request. Returns when it finished, or `None` if the connection must close.
-    async fn serve_one(&mut self, prepared: Prepared) -> Option<Instant> {
+    async fn serve_one(&mut self, mut prepared: Prepared) -> Option<Instant> {
         let hsts = self
             .proxy
             .settings
@@ -252,38 +328,47 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             .as_ref()
             .filter(|_| self.conn.https)
             .map(http::HeaderValue::as_bytes);
+        let action = std::mem::replace(
+            &mut prepared.action,
+            Decision::Respond(StatusCode::NOT_FOUND),
+        );
+        let upgrade = prepared.upgrade.take();
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
             close: prepared.close || self.stop.is_cancelled(),
             hsts,
+            http10: prepared.http10,
+            upgrade: upgrade.as_deref(),
         };
-        let Prepared {
-            action,
-            started,
-            idempotent,
-            ..
-        } = prepared;
         let (status, outcome, keep_open) = match action {
-            Decision::Respond(code) => {
-                head::write_local(&mut self.response, code, None, &ctx);
-                (code.as_u16(), Outcome::LOCAL, self.write_response().await)
+            Decision::Forward(forward) if upgrade.is_some() => {
+                self.upgrade(forward, &prepared, &mut ctx).await
             }
-            Decision::Redirect(location) => {
-                let code = StatusCode::PERMANENT_REDIRECT;
-                head::write_local(&mut self.response, code, Some(&location), &ctx);
-                (code.as_u16(), Outcome::LOCAL, self.write_response().await)
-            }
-            Decision::Fail(error) => {
-                let code = error.status();
-                head::write_local(&mut self.response, code, None, &ctx);
-                let outcome = Outcome {
-                    upstream: None,
-                    error: Some(error),
+            Decision::Forward(forward) => self.exchange(forward, &prepared, &mut ctx).await,
+            local => {
+                // A body nobody will read: skipped when it is already here, else the
+                // connection closes after the answer.
+                ctx.close |= !self.skip_body(prepared.body);
+                let (code, location, outcome) = match local {
+                    Decision::Respond(code) => (code, None, Outcome::LOCAL),
+                    Decision::Redirect(location) => (
+                        StatusCode::PERMANENT_REDIRECT,
+                        Some(location),
+                        Outcome::LOCAL,
+                    ),
+                    Decision::Refuse(refusal) => (refusal.status, None, Outcome::refused(refusal)),
+                    Decision::Fail(error) => (
+                        error.status(),
+                        None,
+                        Outcome {
+                            error: Some(error),
+                            ..Outcome::LOCAL
+                        },
+                    ),
+                    Decision::Forward(_) => unreachable_forward(),
                 };
+                response::write_local(&mut self.response, code, location.as_deref(), &ctx);
                 (code.as_u16(), outcome, self.write_response().await)
-            }
-            Decision::Forward(forward) => {
-                self.exchange(forward, started, idempotent, &mut ctx).await
             }
         };
         let finished = Instant::now();
@@ -292,190 +377,127 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             conn: self.conn,
             route: prepared.route.as_deref(),
             status,
-            elapsed: finished.saturating_duration_since(started),
+            elapsed: finished.saturating_duration_since(prepared.started),
             request: logged.map(|(m, t, _)| (m.as_str(), t.as_str())),
             host: logged.and_then(|(_, _, h)| h.as_deref()),
-            version: Version::HTTP_11,
+            version: if prepared.http10 {
+                HttpVersion::HTTP_10
+            } else {
+                HttpVersion::HTTP_11
+            },
             outcome: &outcome,
         });
         (keep_open && !ctx.close).then_some(finished)
     }
 
-    /// Sends the request upstream and relays the response. Returns the status, the outcome,
-    /// and whether the client connection can carry another request.
-    async fn exchange(
-        &mut self,
-        forward: Forward,
-        started: Instant,
-        idempotent: bool,
-        ctx: &mut ResponseContext<'_>,
-    ) -> (u16, Outcome, bool) {
-        let Forward {
-            key,
-            in_flight,
-            timeout,
-        } = forward;
-        self.response_due.set(started + timeout);
-        let streams = &self.proxy.streams;
-        let first = tokio::select! {
-            up = streams.checkout(&key, started) => up,
-            () = self.response_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
-        };
-        let mut result = match first {
-            Ok(up) => self.send(up, idempotent, timeout, ctx).await,
-            Err(error) => Err(Failure::Error(error)),
-        };
-        if let Err(Failure::Stale(error)) = &result {
-            tracing::debug!(upstream = %key, %error, "kept-alive upstream connection was closed; retrying on a new one");
-            let fresh = tokio::select! {
-                up = streams.connect(&key) => up,
-                () = self.response_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
-            };
-            result = match fresh {
-                Ok(up) => self.send(up, idempotent, timeout, ctx).await,
-                Err(error) => Err(Failure::Error(error)),
-            };
-        }
-        drop(in_flight);
-        let (response, up) = match result {
-            Ok(pair) => pair,
-            Err(Failure::Stale(error) | Failure::Error(error)) => {
-                let code = error.status();
-                head::write_local(&mut self.response, code, None, ctx);
-                let outcome = Outcome {
-                    upstream: Some(key),
-                    error: Some(error),
-                };
-                return (code.as_u16(), outcome, self.write_response().await);
-            }
-        };
-        ctx.close |= response.close_client;
-        let status = response.status;
-        let (keep_open, up) = self.relay(response, up).await;
-        if let Some(up) = up {
-            streams.checkin(&key, up, Instant::now());
-        }
-        let outcome = Outcome {
-            upstream: Some(key),
-            error: None,
-        };
-        (status, outcome, keep_open)
-    }
-
-    /// Writes the request and reads the response head into `self.response`, passing any 1xx
-    /// heads on to the client.
-    async fn send(
-        &mut self,
-        mut up: Upstream,
-        idempotent: bool,
-        timeout: std::time::Duration,
-        ctx: &mut ResponseContext<'_>,
-    ) -> Result<(head::Response, Upstream), Failure> {
-        let reused = up.reused;
-        let stale_or = |error: UpstreamError, retry: bool| {
-            if reused && retry {
-                Failure::Stale(error)
-            } else {
-                Failure::Error(error)
-            }
-        };
-        if let Err(err) = up.stream.write_all(&self.request).await {
-            return Err(stale_or(UpstreamError::Protocol(err.to_string()), true));
-        }
-        let mut answered = false;
-        loop {
-            if !up.buf.is_empty() {
-                answered = true;
-                // Shutdown may have begun while the upstream worked: say so in this response.
-                ctx.close |= self.stop.is_cancelled();
-                match head::rewrite_response(&up.buf, ctx, &mut self.response) {
-                    ResponseParse::Complete(response) if response.informational => {
-                        up.buf.advance(response.head_len);
-                        if self.io.write_all(&self.response).await.is_err() {
-                            let error = UpstreamError::Protocol("client went away".into());
-                            return Err(Failure::Error(error));
-                        }
-                        continue;
-                    }
-                    ResponseParse::Complete(response) => {
-                        up.buf.advance(response.head_len);
-                        return Ok((response, up));
-                    }
-                    ResponseParse::Partial if up.buf.len() < MAX_RESPONSE_HEAD => {}
-                    ResponseParse::Partial => {
-                        let error = UpstreamError::Protocol("response head too large".into());
-                        return Err(Failure::Error(error));
-                    }
-                    ResponseParse::Invalid(why) => {
-                        return Err(Failure::Error(UpstreamError::Protocol(why.into())));
-                    }
+    /// Drops a request body that is already whole in the buffer. Returns false if it is not
+    /// (the connection must then close, as the rest of it would be read as the next request).
+    fn skip_body(&mut self, body: BodyFraming) -> bool {
+        match body {
+            BodyFraming::None => true,
+            BodyFraming::Length(n) => match usize::try_from(n) {
+                Ok(n) if n <= self.inbuf.len() => {
+                    self.inbuf.advance(n);
+                    true
                 }
-            }
-            up.buf.reserve(READ_SIZE);
-            let read = tokio::select! {
-                read = up.stream.read_buf(&mut up.buf) => read,
-                () = self.response_due.expired() => {
-                    return Err(Failure::Error(UpstreamError::ResponseTimeout(timeout)));
-                }
-            };
-            match read {
-                Ok(0) => {
-                    let error =
-                        UpstreamError::Protocol("connection closed before a response".into());
-                    return Err(stale_or(error, !answered && idempotent));
-                }
-                Ok(_) => {}
-                Err(err) => {
-                    let error = UpstreamError::Protocol(err.to_string());
-                    return Err(stale_or(error, !answered && idempotent));
-                }
-            }
+                _ => false,
+            },
+            BodyFraming::Chunked => false,
         }
-    }
-
-    /// Relays the response head and body. Returns whether the client connection is still
-    /// usable, and the upstream connection if it can be reused.
-    async fn relay(
-        &mut self,
-        response: head::Response,
-        mut up: Upstream,
-    ) -> (bool, Option<Upstream>) {
-        let mut framing = response.framing;
-        let Ok((n, mut done)) = framing.take(&up.buf) else {
-            return (false, None);
-        };
-        self.response.extend_from_slice(&up.buf[..n]);
-        up.buf.advance(n);
-        if !self.write_response().await {
-            return (false, None);
-        }
-        while !done {
-            if up.buf.is_empty() {
-                up.buf.reserve(READ_SIZE);
-                match up.stream.read_buf(&mut up.buf).await {
-                    Ok(0) if framing == Framing::UntilClose => break,
-                    Ok(n) if n > 0 => {}
-                    // Cut short: the client cannot be told, only disconnected.
-                    _ => return (false, None),
-                }
-            }
-            let Ok((n, end)) = framing.take(&up.buf) else {
-                return (false, None);
-            };
-            if self.io.write_all(&up.buf[..n]).await.is_err() {
-                return (false, None);
-            }
-            up.buf.advance(n);
-            done = end;
-        }
-        if self.io.flush().await.is_err() {
-            return (false, None);
-        }
-        let reusable = done && response.reusable && up.buf.is_empty();
-        (true, reusable.then_some(up))
     }
 
     async fn write_response(&mut self) -> bool {
-        self.io.write_all(&self.response).await.is_ok() && self.io.flush().await.is_ok()
+        let timeout = self.proxy.settings.client_send_timeout;
+        write_timed(&mut self.io, &self.response, &mut self.client_due, timeout)
+            .await
+            .is_ok()
+            && self.io.flush().await.is_ok()
+    }
+}
+
+#[allow(clippy::large_enum_variant)]
+enum Parsed {
+    Partial,
+    H2c,
+    Ready(Prepared),
+}
+
+/// `decide` never returns a forward into the local-answer branch; this keeps the match total
+/// without a panic.
+fn unreachable_forward() -> (StatusCode, Option<String>, Outcome) {
+    (StatusCode::INTERNAL_SERVER_ERROR, None, Outcome::LOCAL)
+}
+
+/// Whether every protocol an `Upgrade` header offers is one the route allows.
+fn allowed(upgrades: &[String], offered: &[u8]) -> bool {
+    let mut any = false;
+    for token in ingress_wire::header::tokens(offered) {
+        let name = token.split(|&b| b == b'/').next().unwrap_or(token);
+        if !upgrades
+            .iter()
+            .any(|u| u.as_bytes().eq_ignore_ascii_case(name))
+        {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// Writes all of `buf`, failing if the peer takes none of it for `timeout`.
+async fn write_timed<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    buf: &[u8],
+    due: &mut Deadline,
+    timeout: Duration,
+) -> std::io::Result<()> {
+    due.set(Instant::now() + timeout);
+    tokio::select! {
+        biased;
+        written = w.write_all(buf) => written,
+        () = due.expired() => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+/// Reads into `buf`, failing if nothing arrives for `timeout`; `Ok(0)` is end of stream.
+async fn read_timed<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    due: &mut Deadline,
+    timeout: Duration,
+) -> std::io::Result<usize> {
+    due.set(Instant::now() + timeout);
+    buf.reserve(READ_SIZE);
+    tokio::select! {
+        biased;
+        read = r.read_buf(buf) => read,
+        () = due.expired() => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upgrade_offers() {
+        let websocket = ["websocket".to_string()];
+        let cases: &[(&[u8], bool)] = &[
+            (b"websocket", true),
+            (b"WebSocket", true),
+            (b"websocket/13", true),
+            (b"h2c", false),
+            (b"websocket, h2c", false),
+            (b"", false),
+            (b" , ", false),
+        ];
+        for (offered, want) in cases {
+            assert_eq!(
+                allowed(&websocket, offered),
+                *want,
+                "{}",
+                String::from_utf8_lossy(offered)
+            );
+        }
     }
 }

@@ -1,0 +1,308 @@
+//! The annotations this controller reads. Each is accepted under its ingress-nginx name
+//! (`nginx.ingress.kubernetes.io/…`) so existing manifests keep working, and under this
+//! project's own prefix (`ingress.rs/…`), which wins when both are present.
+//!
+//! Every other annotation under either prefix is judged by the table in [`registry`]: see
+//! [`unsupported`].
+
+pub mod registry;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use registry::{Category, Status};
+
+pub const PREFIX: &str = "ingress.rs/";
+pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
+/// Per-Ingress options, parsed once per snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// `ssl-redirect`: `None` means "redirect when the host has TLS".
+    pub ssl_redirect: Option<bool>,
+    /// `force-ssl-redirect`: redirect to HTTPS even without TLS configured.
+    pub force_ssl_redirect: bool,
+    /// `ssl-passthrough`: the hosts are routed by SNI and TLS is left to the backend.
+    pub ssl_passthrough: bool,
+    /// `proxy-read-timeout`, in seconds: how long to wait for the upstream's response headers.
+    pub read_timeout: Option<Duration>,
+    /// `ingress.rs/upgrades`: the protocols a client may switch to with `Upgrade` (lower-case);
+    /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
+    /// passes every `Upgrade` on.
+    pub upgrades: Arc<[String]>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            ssl_redirect: None,
+            force_ssl_redirect: false,
+            ssl_passthrough: false,
+            read_timeout: None,
+            upgrades: Arc::from(["websocket".to_string()]),
+        }
+    }
+}
+
+/// Parses the annotations this controller knows. Unknown keys are ignored, because other tools
+/// annotate Ingresses too. Each value that does not parse is an error message and the option
+/// keeps its default.
+pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<String>) {
+    let mut options = Options::default();
+    let mut errors = Vec::new();
+    let Some(annotations) = annotations else {
+        return (options, errors);
+    };
+    let mut bool_of = |name: &str| -> Option<bool> {
+        let (key, value) = lookup(annotations, name)?;
+        match value.trim() {
+            "true" => Some(true),
+            "false" => Some(false),
+            other => {
+                errors.push(format!("{key}: {other:?} is not \"true\" or \"false\""));
+                None
+            }
+        }
+    };
+    options.ssl_redirect = bool_of("ssl-redirect");
+    options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
+    options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
+    options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    if let Some(value) = annotations.get(&format!("{PREFIX}upgrades")) {
+        match upgrade_list(value) {
+            Some(list) => options.upgrades = list,
+            None => errors.push(format!(
+                "{PREFIX}upgrades: {value:?} is not a comma-separated list of protocol names"
+            )),
+        }
+    }
+    (options, errors)
+}
+
+/// What an Ingress with an access-control annotation this controller cannot honour gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum UnsupportedAccess {
+    /// Not served: every path it declares answers 503, so nothing it protects is public.
+    #[default]
+    Refuse,
+    /// Served without that protection, with a warning.
+    Ignore,
+}
+
+/// An annotation under one of the two prefixes that this controller does not honour.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsupported {
+    /// The full key, as written on the object.
+    pub key: String,
+    pub category: Category,
+    /// Whether ingress-nginx documents it (otherwise it is a typo, or newer than the table).
+    pub known: bool,
+}
+
+/// The annotations under `nginx.ingress.kubernetes.io/` or `ingress.rs/` that are not honoured,
+/// in key order. Other prefixes belong to other tools and are left alone.
+pub fn unsupported(annotations: Option<&BTreeMap<String, String>>) -> Vec<Unsupported> {
+    let Some(annotations) = annotations else {
+        return Vec::new();
+    };
+    annotations
+        .keys()
+        .filter_map(|key| {
+            let (name, entry) = match key.strip_prefix(PREFIX) {
+                Some(name) => (name, registry::lookup_own(name)),
+                None => {
+                    let name = key.strip_prefix(NGINX_PREFIX)?;
+                    (name, registry::lookup(name))
+                }
+            };
+            match entry {
+                Some(entry) if entry.status == Status::Supported => None,
+                Some(entry) => Some(Unsupported {
+                    key: key.clone(),
+                    category: entry.category,
+                    known: true,
+                }),
+                None => Some(Unsupported {
+                    key: key.clone(),
+                    category: registry::category_of_unknown(name),
+                    known: false,
+                }),
+            }
+        })
+        .collect()
+}
+
+/// Protocol names as `Upgrade` carries them (RFC 9110 tokens), without versions; empty is a
+/// valid list that allows none.
+fn upgrade_list(value: &str) -> Option<Arc<[String]>> {
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| token(s).then(|| s.to_ascii_lowercase()))
+        .collect::<Option<Vec<String>>>()
+        .map(Arc::from)
+}
+
+fn seconds_of(
+    annotations: &BTreeMap<String, String>,
+    name: &str,
+    errors: &mut Vec<String>,
+) -> Option<Duration> {
+    let (key, value) = lookup(annotations, name)?;
+    match value.trim().parse::<u64>() {
+        Ok(s) if (1..=86_400).contains(&s) => Some(Duration::from_secs(s)),
+        _ => {
+            errors.push(format!(
+                "{key}: {value:?} is not a whole number of seconds in 1..=86400"
+            ));
+            None
+        }
+    }
+}
+
+fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
+    [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
+        annotations
+            .get_key_value(&format!("{prefix}{name}"))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_pairs(pairs: &[(&str, &str)]) -> (Options, Vec<String>) {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        parse(Some(&map))
+    }
+
+    #[test]
+    fn unsupported_table() {
+        let n = |s: &str| format!("{NGINX_PREFIX}{s}");
+        let o = |s: &str| format!("{PREFIX}{s}");
+        let cases: Vec<(String, Option<(Category, bool)>)> = vec![
+            (n("ssl-redirect"), None),
+            (o("proxy-read-timeout"), None),
+            (n("rewrite-target"), Some((Category::Routing, true))),
+            (
+                n("whitelist-source-range"),
+                Some((Category::AccessControl, true)),
+            ),
+            (o("auth-url"), Some((Category::AccessControl, true))),
+            (n("auth-tls-secret"), Some((Category::AccessControl, true))),
+            (n("limit-rps"), Some((Category::AccessControl, true))),
+            (n("auth-brand-new"), Some((Category::AccessControl, false))),
+            (n("no-such-thing"), Some((Category::Unknown, false))),
+            (o("typo-redirect"), Some((Category::Unknown, false))),
+            (o("upgrades"), None),
+            (n("upgrades"), Some((Category::Unknown, false))),
+            ("example.com/auth-url".to_string(), None),
+            ("kubernetes.io/ingress.class".to_string(), None),
+        ];
+        for (key, want) in cases {
+            let map = BTreeMap::from([(key.clone(), "x".to_string())]);
+            let got: Vec<(Category, bool)> = unsupported(Some(&map))
+                .into_iter()
+                .map(|u| {
+                    assert_eq!(u.key, key);
+                    (u.category, u.known)
+                })
+                .collect();
+            assert_eq!(got, want.into_iter().collect::<Vec<_>>(), "{key}");
+        }
+        assert!(unsupported(None).is_empty());
+    }
+
+    #[test]
+    fn table() {
+        let n = |s: &str| format!("{NGINX_PREFIX}{s}");
+        let o = |s: &str| format!("{PREFIX}{s}");
+        let cases: Vec<(Vec<(String, &str)>, Options, usize)> = vec![
+            (vec![], Options::default(), 0),
+            (
+                vec![(n("ssl-redirect"), "false")],
+                Options {
+                    ssl_redirect: Some(false),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("ssl-redirect"), "false"), (o("ssl-redirect"), "true")],
+                Options {
+                    ssl_redirect: Some(true),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("force-ssl-redirect"), "true")],
+                Options {
+                    force_ssl_redirect: true,
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("ssl-passthrough"), "true")],
+                Options {
+                    ssl_passthrough: true,
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("ssl-passthrough"), "yes")], Options::default(), 1),
+            (
+                vec![(n("proxy-read-timeout"), "120")],
+                Options {
+                    read_timeout: Some(Duration::from_secs(120)),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
+            (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
+            (
+                vec![(o("upgrades"), "WebSocket, h2c")],
+                Options {
+                    upgrades: Arc::from(["websocket".to_string(), "h2c".to_string()]),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("upgrades"), "")],
+                Options {
+                    upgrades: Arc::from(Vec::<String>::new()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            // Not an ingress-nginx annotation: its prefix does nothing here.
+            (vec![(n("upgrades"), "h2c")], Options::default(), 0),
+            (
+                vec![("example.com/other".to_string(), "x")],
+                Options::default(),
+                0,
+            ),
+        ];
+        for (pairs, want, errors) in cases {
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let (got, errs) = parse_pairs(&pairs);
+            assert_eq!(got, want, "{pairs:?}");
+            assert_eq!(errs.len(), errors, "{pairs:?}: {errs:?}");
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! Every annotation ingress-nginx documents, what it is about, and whether this controller
+//! honours it: one table, so the snapshot's diagnostics and the migration report read the same
+//! data.
+//!
+//! ```text
+//!   nginx.ingress.kubernetes.io/NAME or ingress.rs/NAME
+//!       └─> lookup(NAME) ─> Annotation { category, status }
+//!             not in the table ─> category_of_unknown(NAME): access control by family, else Unknown
+//!   unsupported + AccessControl ─> the Ingress is refused (503) unless told to ignore it
+//!   unsupported + anything else ─> a warning; the Ingress is served without it
+//! ```
+//!
+//! An access-control annotation that is not honoured would turn a protected path public, so it
+//! fails closed; names this table does not know but which belong to an access-control family
+//! (`auth-…`, `limit-…`, `…-source-range`, ModSecurity, global rate limits) fail closed too.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// What an annotation is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Category {
+    /// Which backend a request reaches: paths, rewrites, redirects, canaries, aliases.
+    Routing,
+    /// How the upstream is spoken to: protocol, timeouts, retries, buffering, balancing,
+    /// affinity, mirroring.
+    Upstream,
+    /// TLS toward clients or upstreams.
+    Tls,
+    /// Who may reach the backend: source ranges, authentication, client certificates, rate
+    /// limits, WAF. Unhonoured, the Ingress is not served.
+    AccessControl,
+    /// What the client gets back: headers, CORS, error pages, cookie and redirect rewriting.
+    Response,
+    /// Raw nginx configuration.
+    Snippet,
+    /// Logs and traces.
+    Observability,
+    /// Not in ingress-nginx's documentation.
+    Unknown,
+}
+
+impl Category {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Routing => "routing",
+            Category::Upstream => "upstream",
+            Category::Tls => "tls",
+            Category::AccessControl => "access-control",
+            Category::Response => "response",
+            Category::Snippet => "snippet",
+            Category::Observability => "observability",
+            Category::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether this controller honours an annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    Supported,
+    Unsupported,
+}
+
+/// One annotation, by its name after the prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Annotation {
+    pub name: &'static str,
+    pub category: Category,
+    pub status: Status,
+}
+
+const fn yes(name: &'static str, category: Category) -> Annotation {
+    Annotation {
+        name,
+        category,
+        status: Status::Supported,
+    }
+}
+
+const fn no(name: &'static str, category: Category) -> Annotation {
+    Annotation {
+        name,
+        category,
+        status: Status::Unsupported,
+    }
+}
+
+use Category::{AccessControl, Observability, Response, Routing, Snippet, Tls, Upstream};
+
+/// Sorted by name (a test keeps it so): `lookup` is a binary search.
+pub const ANNOTATIONS: &[Annotation] = &[
+    no("affinity", Upstream),
+    no("affinity-canary-behavior", Upstream),
+    no("affinity-mode", Upstream),
+    no("allowlist-source-range", AccessControl),
+    no("app-root", Routing),
+    no("auth-always-set-cookie", AccessControl),
+    no("auth-cache-duration", AccessControl),
+    no("auth-cache-key", AccessControl),
+    no("auth-keepalive", AccessControl),
+    no("auth-keepalive-requests", AccessControl),
+    no("auth-keepalive-share-vars", AccessControl),
+    no("auth-keepalive-timeout", AccessControl),
+    no("auth-method", AccessControl),
+    no("auth-proxy-set-headers", AccessControl),
+    no("auth-realm", AccessControl),
+    no("auth-request-redirect", AccessControl),
+    no("auth-response-headers", AccessControl),
+    no("auth-secret", AccessControl),
+    no("auth-secret-type", AccessControl),
+    no("auth-signin", AccessControl),
+    no("auth-signin-redirect-param", AccessControl),
+    no("auth-snippet", AccessControl),
+    no("auth-tls-error-page", AccessControl),
+    no("auth-tls-match-cn", AccessControl),
+    no("auth-tls-pass-certificate-to-upstream", AccessControl),
+    no("auth-tls-secret", AccessControl),
+    no("auth-tls-verify-client", AccessControl),
+    no("auth-tls-verify-depth", AccessControl),
+    no("auth-type", AccessControl),
+    no("auth-url", AccessControl),
+    no("backend-protocol", Upstream),
+    no("canary", Routing),
+    no("canary-by-cookie", Routing),
+    no("canary-by-header", Routing),
+    no("canary-by-header-pattern", Routing),
+    no("canary-by-header-value", Routing),
+    no("canary-weight", Routing),
+    no("canary-weight-total", Routing),
+    no("client-body-buffer-size", Upstream),
+    no("configuration-snippet", Snippet),
+    no("connection-proxy-header", Upstream),
+    no("cors-allow-credentials", Response),
+    no("cors-allow-headers", Response),
+    no("cors-allow-methods", Response),
+    no("cors-allow-origin", Response),
+    no("cors-expose-headers", Response),
+    no("cors-max-age", Response),
+    no("custom-headers", Response),
+    no("custom-http-errors", Response),
+    no("default-backend", Routing),
+    no("denylist-source-range", AccessControl),
+    no("disable-proxy-intercept-errors", Response),
+    no("enable-access-log", Observability),
+    no("enable-cors", Response),
+    no("enable-global-auth", AccessControl),
+    no("enable-modsecurity", AccessControl),
+    no("enable-opentelemetry", Observability),
+    no("enable-owasp-core-rules", AccessControl),
+    no("enable-rewrite-log", Observability),
+    no("fastcgi-index", Upstream),
+    no("fastcgi-params-configmap", Upstream),
+    yes("force-ssl-redirect", Routing),
+    no("from-to-www-redirect", Routing),
+    no("global-rate-limit", AccessControl),
+    no("global-rate-limit-ignored-cidrs", AccessControl),
+    no("global-rate-limit-key", AccessControl),
+    no("global-rate-limit-window", AccessControl),
+    no("http2-push-preload", Response),
+    no("limit-allowlist", AccessControl),
+    no("limit-burst-multiplier", AccessControl),
+    no("limit-connections", AccessControl),
+    no("limit-rate", AccessControl),
+    no("limit-rate-after", AccessControl),
+    no("limit-rpm", AccessControl),
+    no("limit-rps", AccessControl),
+    no("limit-whitelist", AccessControl),
+    no("load-balance", Upstream),
+    no("mirror-host", Upstream),
+    no("mirror-request-body", Upstream),
+    no("mirror-target", Upstream),
+    no("modsecurity-snippet", AccessControl),
+    no("modsecurity-transaction-id", AccessControl),
+    no("opentelemetry-operation-name", Observability),
+    no("opentelemetry-trust-incoming-span", Observability),
+    no("permanent-redirect", Routing),
+    no("permanent-redirect-code", Routing),
+    no("preserve-trailing-slash", Routing),
+    no("proxy-body-size", Upstream),
+    no("proxy-buffer-size", Upstream),
+    no("proxy-buffering", Upstream),
+    no("proxy-buffers-number", Upstream),
+    no("proxy-busy-buffers-size", Upstream),
+    no("proxy-connect-timeout", Upstream),
+    no("proxy-cookie-domain", Response),
+    no("proxy-cookie-path", Response),
+    no("proxy-http-version", Upstream),
+    no("proxy-max-temp-file-size", Upstream),
+    no("proxy-next-upstream", Upstream),
+    no("proxy-next-upstream-timeout", Upstream),
+    no("proxy-next-upstream-tries", Upstream),
+    yes("proxy-read-timeout", Upstream),
+    no("proxy-redirect-from", Response),
+    no("proxy-redirect-to", Response),
+    no("proxy-request-buffering", Upstream),
+    no("proxy-send-timeout", Upstream),
+    no("proxy-ssl-ciphers", Tls),
+    no("proxy-ssl-name", Tls),
+    no("proxy-ssl-protocols", Tls),
+    no("proxy-ssl-secret", Tls),
+    no("proxy-ssl-server-name", Tls),
+    no("proxy-ssl-verify", Tls),
+    no("proxy-ssl-verify-depth", Tls),
+    no("relative-redirects", Routing),
+    no("rewrite-target", Routing),
+    no("satisfy", AccessControl),
+    no("server-alias", Routing),
+    no("server-snippet", Snippet),
+    no("service-upstream", Upstream),
+    no("session-cookie-change-on-failure", Upstream),
+    no("session-cookie-conditional-samesite-none", Upstream),
+    no("session-cookie-domain", Upstream),
+    no("session-cookie-expires", Upstream),
+    no("session-cookie-max-age", Upstream),
+    no("session-cookie-name", Upstream),
+    no("session-cookie-path", Upstream),
+    no("session-cookie-samesite", Upstream),
+    no("session-cookie-secure", Upstream),
+    no("ssl-ciphers", Tls),
+    yes("ssl-passthrough", Tls),
+    no("ssl-prefer-server-ciphers", Tls),
+    yes("ssl-redirect", Routing),
+    no("stream-snippet", Snippet),
+    no("temporal-redirect", Routing),
+    no("temporal-redirect-code", Routing),
+    no("upstream-hash-by", Upstream),
+    no("upstream-hash-by-subset", Upstream),
+    no("upstream-hash-by-subset-size", Upstream),
+    no("upstream-vhost", Upstream),
+    no("use-port-in-redirects", Routing),
+    no("use-regex", Routing),
+    no("whitelist-source-range", AccessControl),
+    no("x-forwarded-prefix", Routing),
+];
+
+/// This project's own annotations, honoured only under `ingress.rs/` (ingress-nginx has no
+/// counterpart). Sorted by name.
+pub const PROJECT_ANNOTATIONS: &[Annotation] = &[
+    // The protocols `Upgrade` may switch to; `websocket` alone by default.
+    yes("upgrades", Upstream),
+];
+
+/// Families whose members decide who gets in: a name from one of them that the table does not
+/// know (a newer ingress-nginx, or a version this table predates) is still access control.
+const ACCESS_CONTROL_PREFIXES: &[&str] = &[
+    "auth-",
+    "limit-",
+    "global-rate-limit",
+    "modsecurity",
+    "enable-modsecurity",
+    "enable-owasp",
+];
+const ACCESS_CONTROL_SUFFIXES: &[&str] = &["-source-range"];
+
+/// The table's entry for `name` (the part after the prefix).
+pub fn lookup(name: &str) -> Option<&'static Annotation> {
+    ANNOTATIONS
+        .binary_search_by(|a| a.name.cmp(name))
+        .ok()
+        .and_then(|i| ANNOTATIONS.get(i))
+}
+
+/// The entry for `name` under this project's own prefix: its own annotations, then the
+/// ingress-nginx ones it shares.
+pub fn lookup_own(name: &str) -> Option<&'static Annotation> {
+    PROJECT_ANNOTATIONS
+        .iter()
+        .find(|a| a.name == name)
+        .or_else(|| lookup(name))
+}
+
+/// The category of a name the table does not know.
+pub fn category_of_unknown(name: &str) -> Category {
+    let access = ACCESS_CONTROL_PREFIXES.iter().any(|p| name.starts_with(p))
+        || ACCESS_CONTROL_SUFFIXES.iter().any(|s| name.ends_with(s));
+    if access {
+        Category::AccessControl
+    } else {
+        Category::Unknown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sorted_and_unique_so_lookup_finds_every_entry() {
+        for pair in ANNOTATIONS.windows(2) {
+            assert!(
+                pair[0].name < pair[1].name,
+                "{} ≥ {}",
+                pair[0].name,
+                pair[1].name
+            );
+        }
+        for a in ANNOTATIONS {
+            assert_eq!(lookup(a.name), Some(a));
+        }
+        assert_eq!(lookup("no-such-annotation"), None);
+        for a in PROJECT_ANNOTATIONS {
+            assert_eq!(lookup_own(a.name), Some(a));
+            assert_eq!(lookup(a.name), None, "{} is ours alone", a.name);
+        }
+    }
+
+    #[test]
+    fn the_access_control_annotations_are_classified_as_such() {
+        let access = [
+            "whitelist-source-range",
+            "allowlist-source-range",
+            "denylist-source-range",
+            "auth-type",
+            "auth-secret",
+            "auth-secret-type",
+            "auth-realm",
+            "auth-url",
+            "auth-signin",
+            "auth-response-headers",
+            "auth-tls-secret",
+            "auth-tls-verify-client",
+            "auth-tls-match-cn",
+            "limit-rps",
+            "limit-rpm",
+            "limit-connections",
+            "satisfy",
+            "enable-modsecurity",
+            "enable-owasp-core-rules",
+            "modsecurity-snippet",
+            "global-rate-limit",
+            "global-rate-limit-window",
+        ];
+        for name in access {
+            let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
+            assert_eq!(entry.category, Category::AccessControl, "{name}");
+            assert_eq!(entry.status, Status::Unsupported, "{name}");
+        }
+        // Every auth-*, limit-* and ModSecurity entry of the table is access control.
+        for a in ANNOTATIONS {
+            if category_of_unknown(a.name) == Category::AccessControl {
+                assert_eq!(a.category, Category::AccessControl, "{}", a.name);
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_names_fail_closed_by_family() {
+        let cases = [
+            ("auth-something-new", Category::AccessControl),
+            ("limit-new-thing", Category::AccessControl),
+            ("global-rate-limit-status-code", Category::AccessControl),
+            ("modsecurity-new", Category::AccessControl),
+            ("office-source-range", Category::AccessControl),
+            ("some-future-knob", Category::Unknown),
+            ("ssl-something", Category::Unknown),
+        ];
+        for (name, want) in cases {
+            assert_eq!(category_of_unknown(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_supported_ones_are_the_ones_the_parser_reads() {
+        let supported: Vec<&str> = ANNOTATIONS
+            .iter()
+            .filter(|a| a.status == Status::Supported)
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(
+            supported,
+            [
+                "force-ssl-redirect",
+                "proxy-read-timeout",
+                "ssl-passthrough",
+                "ssl-redirect"
+            ]
+        );
+        let documented = ANNOTATIONS.len();
+        assert!(documented >= 140, "{documented} entries");
+    }
+}

@@ -1,0 +1,154 @@
+//! Annotations this controller does not honour, through the real binary: an access-control
+//! one keeps its Ingress from being served (503 on every path it declares, which stay claimed),
+//! `ingress check` names the reason, and another Ingress on the same host is unaffected.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+use ingress_tests::manifests::service;
+use ingress_tests::process::{Ingress, binary};
+use ingress_tests::scratch::Scratch;
+use ingress_tests::upstream::{Backend, Echo};
+
+/// `guarded` (older) asks for an allow-list on /admin of shop.example.com; `public` (newer)
+/// serves / there; `styled` carries only an unsupported cosmetic annotation.
+const INGRESSES: &str = r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: guarded
+  namespace: t
+  creationTimestamp: "2024-01-01T00:00:00Z"
+  annotations:
+    nginx.ingress.kubernetes.io/whitelist-source-range: "10.0.0.0/8"
+spec:
+  ingressClassName: ingress
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {path: /admin, pathType: Prefix, backend: {service: {name: admin, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: public, namespace: t, creationTimestamp: "2024-02-01T00:00:00Z"}
+spec:
+  ingressClassName: ingress
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: styled
+  namespace: t
+  annotations:
+    nginx.ingress.kubernetes.io/enable-cors: "true"
+spec:
+  ingressClassName: ingress
+  rules:
+  - host: styled.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+"#;
+
+/// GET `host``path` through the proxy with curl over `version`: the answering backend's name,
+/// or `<status>` when no backend answered.
+async fn curl_backend(ingress: &Ingress, host: &str, path: &str, version: &str) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", "--max-time", "10", "-w", "\n%{http_code}", version])
+        .args(["-H", &format!("Host: {host}")])
+        .arg(ingress.url(path))
+        .output()
+        .await
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    serde_json::from_str::<Echo>(body)
+        .map(|e| e.backend)
+        .unwrap_or_else(|_| format!("<{}>", status.trim()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unsupported_allow_list_answers_503_and_spares_the_other_ingress() {
+    let (admin, web) = (Backend::start("admin"), Backend::start("web"));
+    let dir = Scratch::new("annotations");
+    dir.write(
+        "a.yaml",
+        &(service("t", "admin", &[&admin]) + &service("t", "web", &[&web]) + INGRESSES),
+    );
+    // (host, path, answer when refused, answer when ignored)
+    let cases = [
+        ("shop.example.com", "/admin", "<503>", "admin"),
+        ("shop.example.com", "/admin/users", "<503>", "admin"),
+        ("shop.example.com", "/", "web", "web"),
+        ("shop.example.com", "/shop", "web", "web"),
+        ("styled.example.com", "/", "web", "web"),
+    ];
+    for (policy, column) in [("refuse", 0), ("ignore", 1)] {
+        let ingress = Ingress::builder()
+            .manifests(dir.path())
+            .args(["--unsupported-access-annotations", policy])
+            .start();
+        for (host, path, refused, ignored) in cases {
+            let want = [refused, ignored][column];
+            // HTTP/1.1 takes the fast path, h2c hyper's.
+            for version in ["--http1.1", "--http2-prior-knowledge"] {
+                let got = curl_backend(&ingress, host, path, version).await;
+                assert_eq!(got, want, "{policy} {version} {host}{path}");
+            }
+        }
+        if policy == "refuse" {
+            assert_eq!(admin.served(), 0, "nothing reached the guarded backend");
+        }
+        let (severity, count) = match policy {
+            "refuse" => ("error", 1.0),
+            _ => ("warning", 2.0),
+        };
+        assert_eq!(
+            ingress.metric(
+                "ingress_config_errors",
+                &[("kind", "UnsupportedAnnotation"), ("severity", severity)]
+            ),
+            Some(count),
+            "{policy}"
+        );
+    }
+
+    // `ingress check` names the Ingress, the annotation and why, and fails.
+    let out = Command::new(binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let error = text
+        .lines()
+        .find(|l| l.starts_with("error") && l.contains("UnsupportedAnnotation"))
+        .unwrap_or_else(|| panic!("no error line in\n{text}"));
+    for part in [
+        "Ingress t/guarded",
+        "nginx.ingress.kubernetes.io/whitelist-source-range",
+        "access-control",
+        "503",
+    ] {
+        assert!(error.contains(part), "{part:?} missing from {error}");
+    }
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning") && l.contains("enable-cors"))
+        .unwrap_or_else(|| panic!("no warning line in\n{text}"));
+    assert!(warning.contains("Ingress t/styled"), "{warning}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("shop.example.com") && l.contains("/admin"))
+        .unwrap_or_else(|| panic!("no /admin row in\n{text}"));
+    assert!(row.contains("refused (503)"), "{row}");
+}
