@@ -38,6 +38,18 @@ pub const MAX_EXTENSIONS: u32 = 32;
 /// How many listener ports one gate can watch.
 pub const MAX_PORTS: usize = 8;
 
+/// Connections the kernel keeps state for at once: every per-connection map (SOCKS, VERDICTS,
+/// NEXT_MESSAGE, PASSED_EARLY, and the splice maps) is sized from this one number, so none of
+/// them fills before another. A connection that finds a map full is decided in userspace
+/// instead (`sock_add_failed`, `record_failed`), never left half-gated.
+pub const MAX_CONNECTIONS: u32 = 65536;
+
+/// Working memory slots per CPU. A decision runs in softirq or in process context (where it can
+/// be preempted by another task's, or interrupted by a softirq's, on the same CPU); each run
+/// claims a slot of its own, so no two ever share one. Four covers a preempted run, the run
+/// that preempted it, and a softirq on top of each.
+pub const WORKSPACE_LEVELS: u32 = 4;
+
 /// What happens to a connection. Stored in [`HostValue::action`], the per-case fields of
 /// [`GateConfig`] and [`VerdictRecord::action`].
 pub mod action {
@@ -47,6 +59,9 @@ pub mod action {
     pub const PASS: u32 = 1;
     pub const PASSTHROUGH: u32 = 2;
     pub const DROP: u32 = 3;
+    /// The kernel could not decide (no free working memory): the socket is held like a pass,
+    /// and userspace reads the first record and applies the policy itself.
+    pub const DEFER: u32 = 4;
 }
 
 /// Why the verdict program decided as it did. Names match the userspace parser's
@@ -120,8 +135,9 @@ pub mod counter {
     /// the parser hands on whole skbs after a verdict.
     pub const SEQ_UNREADABLE: u32 = 18;
     /// Connections the TC program reset before the kernel made a socket for them, by reason
-    /// (their verdicts are also counted by reason above, and in DROPPED); the proxy never saw
-    /// them. Only drops happen there, so pass and passthrough have no slot.
+    /// (their verdicts are also counted by reason above, and in DROPPED): the RST left through
+    /// the interface the segment came in on. Counted once per connection, when it happened.
+    /// Only drops happen there, so pass and passthrough have no slot.
     pub const RESET_BEFORE_ACCEPT_UNKNOWN: u32 = 19;
     pub const RESET_BEFORE_ACCEPT_NO_SNI: u32 = 20;
     pub const RESET_BEFORE_ACCEPT_MALFORMED: u32 = 21;
@@ -129,8 +145,25 @@ pub mod counter {
     /// Connections the TC program passed before accept, whose socket sock_ops then left out of
     /// SOCKS: no parser, no verdict program, nothing for userspace to take back out.
     pub const PASSED_BEFORE_ACCEPT: u32 = 23;
+    /// Connections the TC program refused whose RST it could not send itself (the packet could
+    /// not be rewritten or redirected): the request is dropped all the same, and the client
+    /// meets the listener's reset when it retransmits.
+    pub const EARLY_RESET_UNSENT: u32 = 24;
+    /// Data segments on a gated port that the TC program left to the socket path because they
+    /// were not the first one the connection expects (a reordered or retransmitted-with-more
+    /// segment), or did not start with a whole TLS handshake record.
+    pub const EARLY_NOT_FIRST: u32 = 25;
+    /// Connections on a gated port that belong to another listener (another process, an
+    /// address the proxy does not listen on, a transparent proxy): left alone.
+    pub const OTHER_LISTENER: u32 = 26;
+    /// Decisions the kernel left to userspace because every working-memory slot of the CPU
+    /// was taken (`action::DEFER`).
+    pub const DEFERRED: u32 = 27;
+    /// Admitted first records the kernel could not hand userspace in their event (the ring
+    /// buffer was full, or the message was not a lone record): left in the socket instead.
+    pub const UNDELIVERED: u32 = 28;
     /// Slots in the array.
-    pub const LEN: u32 = 24;
+    pub const LEN: u32 = 29;
 
     /// The before-accept counter for a dropped verdict's reason.
     pub const fn reset_before_accept(reason: u32) -> Option<u32> {
@@ -175,6 +208,11 @@ pub mod counter {
             RESET_BEFORE_ACCEPT_MALFORMED => "reset_before_accept_malformed",
             RESET_BEFORE_ACCEPT_NOT_TLS => "reset_before_accept_not_tls",
             PASSED_BEFORE_ACCEPT => "passed_before_accept",
+            EARLY_RESET_UNSENT => "early_reset_unsent",
+            EARLY_NOT_FIRST => "early_not_first",
+            OTHER_LISTENER => "other_listener",
+            DEFERRED => "deferred",
+            UNDELIVERED => "undelivered",
             _ => "invalid",
         }
     }
@@ -244,6 +282,9 @@ pub struct VerdictRecord {
     /// before accept (the TC program passed it), so the socket never joined SOCKS and its bytes
     /// are all in its plain receive queue.
     pub record_len: u32,
+    /// Non-zero: the record's bytes were delivered to userspace in the verdict's event (and
+    /// dropped from the socket), so userspace takes them from the event, not the socket.
+    pub delivered: u32,
 }
 
 /// The PASSED_EARLY key: one connection, as the TC program sees its first data segment and as
@@ -315,6 +356,43 @@ pub struct SpliceState {
     pub _reserved: u32,
 }
 
+/// Working memory for one ClientHello decision: the lookup keys and the duplicate-extension
+/// bookkeeping. Each decision claims a slot of its own (per CPU, `WORKSPACE_LEVELS` of them;
+/// see the eBPF crate's `work.rs`) and leaves `seen` all zero when it releases it, so at rest
+/// every slot's `seen` is zero and no slot is claimed: userspace reads both back to check.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Workspace {
+    /// The exact-name lookup key.
+    pub key: HostKey,
+    /// The `*.parent` lookup key.
+    pub wild: HostKey,
+    /// The extension types recorded in `seen`, in order, to clear them afterwards.
+    pub types: [u16; MAX_EXTENSIONS as usize],
+    /// One bit per extension type; all zero between runs.
+    pub seen: [u64; SEEN_WORDS],
+    /// Where the verdict assembles what it hands userspace.
+    pub delivery: Delivery,
+}
+
+/// A verdict event followed by the first record's bytes, as the stream verdict writes it to the
+/// ring buffer for a connection it admits: userspace gets the ClientHello from here, and the
+/// kernel drops it from the socket. Why not leave it in the socket for userspace to read:
+/// bytes a stream verdict passes to the socket are counted as read twice when another parser
+/// run happens before userspace reads them (`tcp_bpf_strp_read_sock` on Linux 6.14 and later),
+/// which leaves the socket's read position past its data, and the next bytes the client sends
+/// never wake the reader. Only the first `size_of::<GateEvent>() + payload_len` bytes go into
+/// the ring.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Delivery {
+    pub event: GateEvent,
+    pub record: [u8; DELIVERY_BYTES],
+}
+
+/// Words in [`Workspace::seen`]: one bit for each of the 65,536 extension types.
+pub const SEEN_WORDS: usize = 65536 / 64;
+
 /// A ring-buffer event, one per verdict.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -336,10 +414,17 @@ pub struct GateEvent {
     pub remote_ip: [u32; 4],
     /// Bytes of `name` used; 0 when there was no readable name.
     pub name_len: u32,
-    pub _reserved: u32,
+    /// Bytes of the first record that follow this event in the ring buffer (see
+    /// [`Delivery`]); 0 when the record stays in the socket.
+    pub payload_len: u32,
     /// The lowercased `server_name`, zero-padded.
     pub name: [u8; HOST_KEY_LEN],
 }
+
+/// The largest first record: a header and a maximal fragment.
+pub const MAX_RECORD_LEN: u32 = RECORD_HEADER_LEN + MAX_FRAGMENT_LEN;
+/// [`Delivery::record`]'s size: [`MAX_RECORD_LEN`] rounded up to 8 bytes.
+pub const DELIVERY_BYTES: usize = (MAX_RECORD_LEN as usize + 7) & !7;
 
 impl HostKey {
     pub const EMPTY: HostKey = HostKey {
@@ -404,6 +489,8 @@ mod pod {
     unsafe impl aya::Pod for SpliceEntry {}
     unsafe impl aya::Pod for SpliceState {}
     unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for Workspace {}
+    unsafe impl aya::Pod for Delivery {}
 }
 
 #[cfg(test)]
@@ -415,7 +502,7 @@ mod tests {
     /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
     #[test]
     fn types_have_no_padding() {
-        let cases: [(&str, usize, usize, usize); 8] = [
+        let cases: [(&str, usize, usize, usize); 9] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
             ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
             (
@@ -424,7 +511,7 @@ mod tests {
                 8 + 4 * 6 + 2 * MAX_PORTS,
                 8,
             ),
-            ("VerdictRecord", size_of::<VerdictRecord>(), 4 * 5, 4),
+            ("VerdictRecord", size_of::<VerdictRecord>(), 4 * 6, 4),
             (
                 "GateEvent",
                 size_of::<GateEvent>(),
@@ -434,6 +521,16 @@ mod tests {
             ("SpliceEntry", size_of::<SpliceEntry>(), 8 + 8, 8),
             ("SpliceState", size_of::<SpliceState>(), 8 + 4 * 4, 8),
             ("FlowKey", size_of::<FlowKey>(), 4 * 11, 4),
+            (
+                "Workspace",
+                size_of::<Workspace>(),
+                2 * HOST_KEY_LEN
+                    + 2 * MAX_EXTENSIONS as usize
+                    + 8 * SEEN_WORDS
+                    + size_of::<GateEvent>()
+                    + DELIVERY_BYTES,
+                8,
+            ),
         ];
         let aligns = [
             align_of::<HostKey>(),
@@ -443,6 +540,8 @@ mod tests {
             align_of::<GateEvent>(),
             align_of::<SpliceEntry>(),
             align_of::<SpliceState>(),
+            align_of::<FlowKey>(),
+            align_of::<Workspace>(),
         ];
         for ((name, size, fields, align), actual_align) in cases.into_iter().zip(aligns) {
             assert_eq!(size, fields, "{name} has padding");
@@ -455,6 +554,22 @@ mod tests {
     fn ring_buffer_event_fits_its_8_byte_slots() {
         assert!(align_of::<GateEvent>() <= 8);
         assert_eq!(size_of::<GateEvent>() % 8, 0);
+        assert_eq!(
+            size_of::<Delivery>(),
+            size_of::<GateEvent>() + DELIVERY_BYTES,
+            "the record follows the event with no gap"
+        );
+        assert!(DELIVERY_BYTES >= MAX_RECORD_LEN as usize);
+    }
+
+    /// A per-CPU map value may not exceed 32 KiB (PCPU_MIN_UNIT_SIZE).
+    #[test]
+    fn a_workspace_fits_a_per_cpu_slot() {
+        assert!(
+            size_of::<Workspace>() <= 32 * 1024,
+            "{}",
+            size_of::<Workspace>()
+        );
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! however long the input is. Duplicate extension types are found in a 65536-bit per-CPU bitmap
 //! (one bit test per extension) rather than by comparing with every earlier type, which the
 //! verifier would have to explore per pair; the bits set are cleared again before returning.
+//! The bitmap lives in the run's own workspace, which no other run touches until this one
+//! releases it (see `work.rs`), so a run interrupted half-way never leaves bits for another.
 //! Offsets are plain integers handed to a load helper that bounds-checks them at run time, so a
 //! hostile length can only ever make a load fail. The reader is generic over [`Packet`] so the
 //! same code runs on the stream verdict's socket buffer and on the probe's test buffer.
@@ -74,20 +76,10 @@ pub struct Classified {
     pub record_len: u32,
 }
 
-/// Per-CPU working memory (a map value: the keys alone would fill the 512-byte stack).
-#[repr(C)]
-pub struct Workspace {
-    /// The exact-name lookup key.
-    pub key: HostKey,
-    /// The `*.parent` lookup key.
-    pub wild: HostKey,
-    /// The extension types recorded in `seen`, in order, to clear them afterwards.
-    types: [u16; MAX_EXTENSIONS as usize],
-    /// One bit per extension type; all zero between runs.
-    seen: [u64; SEEN_WORDS],
-}
+/// Working memory (a map value: the keys alone would fill the 512-byte stack); each decision
+/// has one of its own (see `work.rs`).
+pub use ingress_common::Workspace;
 
-const SEEN_WORDS: usize = 65536 / 64;
 /// `MAX_NAME_LEN` in the width the walk computes in.
 const MAX_NAME: u32 = 253;
 const _: () = assert!(MAX_NAME as usize == MAX_NAME_LEN);

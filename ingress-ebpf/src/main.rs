@@ -1,35 +1,45 @@
 //! The kernel half of the SNI gate.
 //!
 //! ```text
-//!  sock_ops (cgroup)      PASSIVE_ESTABLISHED on a gated port, in the proxy's netns
+//!  gate_early (TC ingress; a shortcut, never the only path; see early.rs)
+//!                         the first data segment of a connection still in the SYN queue of the
+//!                         proxy's own listener (the listener defers accept), starting with a
+//!                         whole TLS handshake record: the verdict's decision
+//!                         drop → the client gets an RST|ACK from here, and the segment becomes
+//!                              the client's RST: the request is dropped, nothing is accepted
+//!                         pass → PASSED_EARLY[flow] for sock_ops; anything else goes on
+//!  sock_ops (cgroup)      PASSIVE_ESTABLISHED on a gated port, in the proxy's netns, of a socket
+//!     │                   whose listener the proxy marked (LISTENERS, cloned to each child):
 //!     │                       passed early (PASSED_EARLY[flow]) → VERDICTS[cookie] = pass,
 //!     │                         EVENTS, ask for STATE_CB; the socket stays out of SOCKS
-//!     │                       otherwise → SOCKS[cookie] = socket, VERDICTS[cookie] = pending,
+//!     │                       otherwise → VERDICTS[cookie] = pending, SOCKS[cookie] = socket,
 //!     │                         ask for STATE_CB
-//!     │                   STATE_CB to TCP_CLOSE → delete VERDICTS[cookie]
+//!     │                   STATE_CB to TCP_CLOSE → delete the socket's VERDICTS, NEXT_MESSAGE,
+//!     │                   SPLICES and SPLICE_STATE entries (userspace deletes them earlier,
+//!     │                   when admission or the splice ends; this catches the rest)
 //!     ▼
 //!  stream parser (SOCKS)  pending → frame the first TLS record (0 = need more)
 //!     │                   verdict exists → pass everything through unframed, from where
 //!     │                   the message starts in the skb (NEXT_MESSAGE)
 //!     ▼
-//!  stream verdict         classify the ClientHello → HOSTS (exact, then *.parent) → policy
-//!                             → VERDICTS[cookie], EVENTS, COUNTERS; SK_PASS / SK_DROP
-//!  gate_early (TC ingress, before any of the above; a shortcut, never the only path)
-//!                         the first data of a connection still in the SYN queue (the listener
-//!                         defers accept) holding a whole first record: the verdict's decision
-//!                         drop → set SYN on it: the kernel answers RST and forgets the request,
-//!                              so no socket, no accept, no userspace work
-//!                         pass → PASSED_EARLY[flow] for sock_ops; anything else goes on
+//!  stream verdict         claim a workspace (work.rs) → classify the ClientHello → HOSTS (exact,
+//!                         then *.parent) → policy → VERDICTS[cookie], EVENTS, COUNTERS;
+//!                         SK_PASS / SK_DROP. No free workspace: action DEFER, userspace decides
 //!  gate_probe (XDP, never attached): the same decision on a raw buffer through
 //!                         BPF_PROG_TEST_RUN, result in PROBE, for the shared corpus
 //!
 //!  splice_verdict (SPLICE_SOCKS, no parser: whole skbs in order, no strparser)
+//!                         no SPLICE_STATE (the splice is being taken down) → userspace
 //!                         bytes before SPLICE_STATE.next_seq (a retransmission overlapping what
 //!                             was delivered) → trimmed off; untrimmable → dropped, broken
 //!                         SPLICES[cookie] armed, userspace caught up (consumed == passed)
 //!                             → redirect to SPLICE_SOCKS[peer], out of the peer socket
 //!                         otherwise → this socket's own receive queue, passed += len
 //! ```
+//!
+//! Every per-connection map is sized from `MAX_CONNECTIONS`, and none is an LRU that could
+//! evict a record still in use (PASSED_EARLY is an LRU on purpose: losing one of its entries
+//! only sends that connection through the socket path).
 //!
 //! The splice half moves TLS passthrough streams between a client and its upstream without
 //! userspace copying them. Userspace puts both sockets into SPLICE_SOCKS, writes the first
@@ -41,72 +51,129 @@
 //! names are part of the xtask's BTF rewrite.
 #![no_std]
 #![no_main]
+// Atomic compare-and-swap on map values (work.rs): the bpf target declares no atomic types.
+#![feature(core_intrinsics)]
+#![expect(
+    internal_features,
+    reason = "core::intrinsics is the only atomic CAS on this target"
+)]
 
+mod early;
 mod hello;
 mod segment;
+mod work;
 
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
-        __sk_buff, BPF_ANY, BPF_F_CURRENT_NETNS, BPF_F_NO_PREALLOC, BPF_NOEXIST,
+        __sk_buff, BPF_ANY, BPF_F_CLONE, BPF_F_NO_PREALLOC, BPF_NOEXIST,
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
-        BPF_TCP_CLOSE, BPF_TCP_NEW_SYN_RECV, TC_ACT_UNSPEC, sk_action, xdp_action,
+        BPF_TCP_CLOSE, TC_ACT_UNSPEC, bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, bpf_sock, sk_action,
+        xdp_action,
     },
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash},
     helpers::{
         bpf_probe_read_kernel,
         generated::{
-            bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_release, bpf_skc_lookup_tcp,
+            bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_delete, bpf_sk_storage_get,
+            bpf_skb_load_bytes,
         },
     },
     macros::{btf_map, classifier, sock_ops, stream_parser, stream_verdict, xdp},
     programs::{SkBuffContext, SockOpsContext, TcContext, XdpContext},
 };
 use aya_log_ebpf::debug;
-use core::ptr::read_volatile;
+use core::ptr::{null_mut, read_volatile};
 use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
-    FlowKey, GateConfig, GateEvent, HostKey, HostValue, SpliceEntry, SpliceState, VerdictRecord,
-    action, counter, reason,
+    FlowKey, GateConfig, GateEvent, HostKey, HostValue, MAX_CONNECTIONS, MAX_RECORD_LEN,
+    SpliceEntry, SpliceState, VerdictRecord, action, counter, reason,
 };
 
 const AF_INET: u32 = 2;
+
+/// Per-connection maps are sized from one constant, so none fills before another.
+const CONNS: usize = MAX_CONNECTIONS as usize;
 
 #[btf_map]
 static HOSTS: HashMap<HostKey, HostValue, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 #[btf_map]
 static CONFIG: Array<GateConfig, 1> = Array::new();
 #[btf_map]
-static SOCKS: SockHash<u64, 65536> = SockHash::new();
+static SOCKS: SockHash<u64, CONNS> = SockHash::new();
+/// Not an LRU: a pending record evicted under load would make userspace treat a gated socket
+/// as ungated and take it out of SOCKS with its half-assembled ClientHello.
 #[btf_map]
-static VERDICTS: LruHashMap<u64, VerdictRecord, 32768> = LruHashMap::new();
+static VERDICTS: HashMap<u64, VerdictRecord, CONNS> = HashMap::new();
+/// Verdict events, and for admitted connections the first record behind each (see `Delivery`):
+/// room for a few thousand ClientHellos between two drains.
 #[btf_map]
-static EVENTS: RingBuf<GateEvent, { 1 << 19 }> = RingBuf::new();
+static EVENTS: RingBuf<GateEvent, { 1 << 23 }> = RingBuf::new();
 #[btf_map]
 static COUNTERS: PerCpuArray<u64, { counter::LEN as usize }> = PerCpuArray::new();
-#[btf_map]
-static SCRATCH: PerCpuArray<Workspace, 1> = PerCpuArray::new();
-/// The TC program's own working memory: it runs in softirq, which can interrupt a stream
-/// verdict that runs in process context on the same CPU.
-#[btf_map]
-static EARLY_SCRATCH: PerCpuArray<Workspace, 1> = PerCpuArray::new();
 /// Connections the TC program passed before their socket existed; sock_ops takes the verdict
-/// from here and leaves the socket out of SOCKS.
+/// from here and leaves the socket out of SOCKS. An LRU on purpose: entries for segments TCP
+/// then discarded have no other way out, and a lost entry only means the socket path decides.
 #[btf_map]
-static PASSED_EARLY: LruHashMap<FlowKey, VerdictRecord, 16384> = LruHashMap::new();
+static PASSED_EARLY: LruHashMap<FlowKey, VerdictRecord, CONNS> = LruHashMap::new();
 #[btf_map]
 static PROBE: Array<GateEvent, 1> = Array::new();
 #[btf_map]
-static SPLICE_SOCKS: SockHash<u64, 65536> = SockHash::new();
+static SPLICE_SOCKS: SockHash<u64, CONNS> = SockHash::new();
 #[btf_map]
-static SPLICES: HashMap<u64, SpliceEntry, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+static SPLICES: HashMap<u64, SpliceEntry, CONNS, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 /// The TCP sequence number where the next stream-parser message of a decided gated socket
 /// starts: the parser is shown whole skbs, and a message can start inside one.
 #[btf_map]
-static NEXT_MESSAGE: LruHashMap<u64, u32, 32768> = LruHashMap::new();
+static NEXT_MESSAGE: HashMap<u64, u32, CONNS> = HashMap::new();
 #[btf_map]
-static SPLICE_STATE: HashMap<u64, SpliceState, 65536, { BPF_F_NO_PREALLOC as usize }> =
+static SPLICE_STATE: HashMap<u64, SpliceState, CONNS, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
+/// The proxy's own listeners: userspace marks each one (keyed by its fd), and the mark is
+/// cloned to every child the listener makes, so sock_ops knows a connection is the proxy's and
+/// not another listener's on the same port.
+#[btf_map]
+static LISTENERS: ListenerMarks = ListenerMarks::new();
+
+/// A socket-local storage map whose values are cloned from a listener to its children
+/// (`BPF_F_CLONE`), which aya's `SkStorage` cannot ask for. Same layout as aya's BTF map
+/// definitions: the loader reads the map's shape from these fields' types.
+#[repr(C)]
+pub struct ListenerMarks {
+    r#type: *const [i32; BPF_MAP_TYPE_SK_STORAGE as usize],
+    key: *const i32,
+    value: *const u32,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; (BPF_F_NO_PREALLOC | BPF_F_CLONE) as usize],
+}
+
+// SAFETY: placeholder pointers the loader patches; never dereferenced from Rust.
+unsafe impl Sync for ListenerMarks {}
+
+impl ListenerMarks {
+    const fn new() -> ListenerMarks {
+        ListenerMarks {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    #[inline(always)]
+    fn as_ptr(&self) -> *mut core::ffi::c_void {
+        core::ptr::from_ref(self).cast_mut().cast()
+    }
+
+    /// Whether `sk` carries the proxy's mark (its own, or cloned from its listener).
+    #[inline(always)]
+    fn marked(&self, sk: *mut bpf_sock) -> bool {
+        // SAFETY: a socket pointer from the program's context; no value to create.
+        !sk.is_null()
+            && !unsafe { bpf_sk_storage_get(self.as_ptr(), sk.cast(), null_mut(), 0) }.is_null()
+    }
+}
 
 /// `offsetof(struct sk_buff, cb)`: where TCP keeps a received skb's sequence numbers
 /// (`TCP_SKB_CB(skb)->seq`, then `end_seq`). Stable across kernels for years (6.18 included);
@@ -130,6 +197,10 @@ pub fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
                 count(counter::RECORD_REAPED);
             }
             let _ = NEXT_MESSAGE.remove(cookie);
+            // A spliced client socket: the kernel has unlinked it from SPLICE_SOCKS as it
+            // closed, so nothing can recreate these any more.
+            let _ = SPLICES.remove(cookie);
+            let _ = SPLICE_STATE.remove(cookie);
         }
         _ => {}
     }
@@ -147,9 +218,37 @@ fn gate_socket(ctx: &SockOpsContext) {
     if !port_gated(config, ctx.local_port()) {
         return;
     }
+    // SAFETY: `ops` is the kernel's bpf_sock_ops for this callback; `sk` is a context field.
+    let sk = unsafe { read_volatile(&raw const (*ctx.ops).__bindgen_anon_2.sk) };
+    if !LISTENERS.marked(sk) {
+        // Another listener's connection on the same port: none of the gate's business.
+        count(counter::OTHER_LISTENER);
+        return;
+    }
+    // The child needs no copy of the mark once it is known to be the proxy's.
+    // SAFETY: as above; `sk` is not null (it carries the mark).
+    let _ = unsafe { bpf_sk_storage_delete(LISTENERS.as_ptr(), sk.cast()) };
     // SAFETY: as above.
     let mut cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if passed_early(ctx, cookie) {
+        return;
+    }
+    // Pending first: it tells userspace this socket is gated (a userspace lookup in a SOCKHASH
+    // with 4-byte values always fails, so SOCKS itself cannot say), and a socket must never be
+    // in SOCKS without one. Without a record the socket stays out of SOCKS: userspace decides.
+    let pending = VerdictRecord {
+        action: action::UNSET,
+        reason: 0,
+        route_id: 0,
+        generation: 0,
+        record_len: 0,
+        delivered: 0,
+    };
+    if VERDICTS
+        .insert(cookie, pending, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        count(counter::RECORD_FAILED);
         return;
     }
     // SAFETY: `ops` is the kernel's bpf_sock_ops for this callback.
@@ -157,21 +256,14 @@ fn gate_socket(ctx: &SockOpsContext) {
     match SOCKS.update(&mut cookie, ops, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             count(counter::SOCK_ADDED);
-            // Pending: tells userspace this socket is gated (a userspace lookup in a SOCKHASH
-            // with 4-byte values always fails, so SOCKS itself cannot say).
-            let pending = VerdictRecord {
-                action: action::UNSET,
-                reason: 0,
-                route_id: 0,
-                generation: 0,
-                record_len: 0,
-            };
-            let _ = VERDICTS.insert(cookie, pending, u64::from(BPF_NOEXIST));
-            // Ask for the close callback so the verdict record never outlives the socket.
+            // Ask for the close callback so the records never outlive the socket.
             let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
             debug!(ctx, "gated socket {} on port {}", cookie, ctx.local_port());
         }
-        Err(_) => count(counter::SOCK_ADD_FAILED),
+        Err(_) => {
+            let _ = VERDICTS.remove(cookie);
+            count(counter::SOCK_ADD_FAILED);
+        }
     }
 }
 
@@ -208,7 +300,7 @@ fn passed_early(ctx: &SockOpsContext, cookie: u64) -> bool {
                 e.local_ip = flow.local_ip;
                 e.remote_ip = flow.remote_ip;
                 e.name_len = 0;
-                e._reserved = 0;
+                e.payload_len = 0;
                 hello::zero_key(&mut *(&raw mut e.name).cast::<HostKey>());
             }
             entry.submit(0);
@@ -268,7 +360,7 @@ fn flow_of(ctx: &SockOpsContext) -> FlowKey {
 }
 
 #[inline(always)]
-fn port_gated(config: &GateConfig, port: u32) -> bool {
+pub(crate) fn port_gated(config: &GateConfig, port: u32) -> bool {
     let used = config.port_count as usize;
     let mut gated = false;
     for (i, &p) in config.ports.iter().enumerate() {
@@ -316,53 +408,154 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
     if let Some(action) = decided(cookie) {
         return sk_result(action);
     }
-    // SAFETY: per-CPU scratch, used only for the length of this program run.
-    let Some(work) = SCRATCH.get_ptr_mut(0).map(|w| unsafe { &mut *w }) else {
+    let Some(claim) = work::claim() else {
+        defer(skb, cookie);
         return sk_action::SK_PASS;
     };
+    // SAFETY: the claimed slot is this run's alone until it is released below.
+    let result = judge_message(&ctx, cookie, unsafe { &mut *claim.work });
+    work::release(claim);
+    result
+}
+
+/// The verdict on a socket's first message, with this run's own workspace. An admitted
+/// record goes to userspace in the verdict's event and is dropped from the socket (see
+/// `ingress_common::Delivery` for why); if the ring buffer has no room, it is passed to the
+/// socket for userspace to read, as it used to be.
+#[inline(always)]
+fn judge_message(ctx: &SkBuffContext, cookie: u64, work: &mut Workspace) -> u32 {
+    let skb = ctx.skb.skb;
     let Some(decision) = decide(Skb(skb), work) else {
         return sk_action::SK_PASS;
     };
+    let delivered = decision.action != action::DROP && deliver(skb, cookie, &decision, work);
     let record = VerdictRecord {
         action: decision.action,
         reason: decision.reason,
         route_id: decision.route_id,
         generation: decision.generation,
         record_len: decision.record_len,
+        delivered: u32::from(delivered),
     };
     if VERDICTS.insert(cookie, record, u64::from(BPF_ANY)).is_err() {
         count(counter::RECORD_FAILED);
     }
-    // The first message starts the stream, and is the first record: the next one starts
-    // right after it. The message may have been gathered from several skbs, so the lengths
-    // cannot be checked against the first one's sequence numbers here.
-    if decision.action != action::DROP
-        && let Some([seq, _]) = tcp_seqs(skb)
-    {
-        let next = seq.wrapping_add(decision.record_len);
-        let _ = NEXT_MESSAGE.insert(cookie, next, u64::from(BPF_ANY));
+    if decision.action != action::DROP {
+        next_message(skb, cookie, decision.record_len);
     }
-    match EVENTS.reserve(0) {
-        Some(mut entry) => {
-            fill_event(entry.as_mut_ptr(), cookie, &decision);
-            fill_addresses(entry.as_mut_ptr(), skb);
-            entry.submit(0);
+    if !delivered {
+        match EVENTS.reserve(0) {
+            Some(mut entry) => {
+                fill_event(entry.as_mut_ptr(), cookie, &decision);
+                fill_addresses(entry.as_mut_ptr(), skb);
+                entry.submit(0);
+            }
+            None => count(counter::EVENT_LOST),
         }
-        None => count(counter::EVENT_LOST),
+        if decision.action != action::DROP {
+            count(counter::UNDELIVERED);
+        }
     }
     count(counter::for_reason(decision.reason));
     if decision.action == action::DROP {
         count(counter::DROPPED);
     }
     debug!(
-        &ctx,
+        ctx,
         "verdict socket {} reason {} action {} bytes {}",
         cookie,
         decision.reason,
         decision.action,
         decision.record_len
     );
-    sk_result(decision.action)
+    if delivered {
+        // Userspace has the bytes; the socket must not see them a second time.
+        sk_action::SK_DROP
+    } else {
+        sk_result(decision.action)
+    }
+}
+
+/// Writes the verdict's event followed by the whole message (the first record) to EVENTS;
+/// `false` if it is too long or the ring buffer has no room.
+#[inline(always)]
+fn deliver(skb: *mut __sk_buff, cookie: u64, decision: &Decision, work: &mut Workspace) -> bool {
+    let len = decision.record_len;
+    // SAFETY: the context pointer the kernel handed the program.
+    let message = unsafe { (*skb).len };
+    // The message is exactly the record (the parser framed it); anything else stays with the
+    // socket.
+    if len == 0 || len != message || len > MAX_RECORD_LEN {
+        return false;
+    }
+    let delivery = &raw mut work.delivery;
+    // SAFETY: the event and the record are fields of this run's own workspace; `decision.key`
+    // points at another field of it.
+    unsafe {
+        let event = &raw mut (*delivery).event;
+        fill_event(event, cookie, decision);
+        fill_addresses(event, skb);
+        (*event).payload_len = len;
+        let record = (&raw mut (*delivery).record).cast::<u8>();
+        if bpf_skb_load_bytes(skb.cast(), 0, record.cast(), len) != 0 {
+            return false;
+        }
+        let bytes = core::slice::from_raw_parts(
+            delivery.cast::<u8>(),
+            core::mem::size_of::<GateEvent>() + len as usize,
+        );
+        EVENTS.output_untyped::<[u8]>(bytes, 0).is_ok()
+    }
+}
+
+/// No workspace was free: the first message goes to the socket as for a pass, and the record
+/// tells userspace to read it and decide itself.
+#[inline(always)]
+fn defer(skb: *mut __sk_buff, cookie: u64) {
+    // SAFETY: the context pointer the kernel handed the program.
+    let len = unsafe { (*skb).len };
+    let record = VerdictRecord {
+        action: action::DEFER,
+        reason: reason::UNKNOWN,
+        route_id: 0,
+        generation: 0,
+        record_len: len,
+        delivered: 0,
+    };
+    if VERDICTS.insert(cookie, record, u64::from(BPF_ANY)).is_err() {
+        count(counter::RECORD_FAILED);
+    }
+    next_message(skb, cookie, len);
+    match EVENTS.reserve(0) {
+        Some(mut entry) => {
+            let decision = Decision {
+                action: action::DEFER,
+                reason: reason::UNKNOWN,
+                route_id: 0,
+                generation: 0,
+                record_len: len,
+                name_len: 0,
+                key: core::ptr::null(),
+            };
+            fill_event(entry.as_mut_ptr(), cookie, &decision);
+            fill_addresses(entry.as_mut_ptr(), skb);
+            entry.submit(0);
+        }
+        None => count(counter::EVENT_LOST),
+    }
+    count(counter::DEFERRED);
+}
+
+/// Where the message after the first record starts. The first message starts the stream, and
+/// is the first record: the next one starts right after it. The message may have been
+/// gathered from several skbs, so the lengths cannot be checked against the first one's
+/// sequence numbers here.
+#[inline(always)]
+fn next_message(skb: *mut __sk_buff, cookie: u64, record_len: u32) {
+    if let Some([seq, _]) = tcp_seqs(skb) {
+        let next = seq.wrapping_add(record_len);
+        let _ = NEXT_MESSAGE.insert(cookie, next, u64::from(BPF_ANY));
+    }
 }
 
 /// What the parser asks for on a decided socket: the rest of the skb from where the message
@@ -426,18 +619,12 @@ pub fn splice_verdict(ctx: SkBuffContext) -> u32 {
     if len == 0 {
         return sk_action::SK_DROP;
     }
-    let state = match SPLICE_STATE.get_ptr_mut(cookie) {
-        Some(state) => state,
-        None => {
-            // Userspace seeds the entry before the socket joins SPLICE_SOCKS; if that raced
-            // with a delete, start afresh. A failed insert leaves the socket with userspace,
-            // which then never sees a matching count: slow, but every byte stays in order.
-            let _ = SPLICE_STATE.insert(cookie, SpliceState::default(), u64::from(BPF_ANY));
-            match SPLICE_STATE.get_ptr_mut(cookie) {
-                Some(state) => state,
-                None => return sk_action::SK_PASS,
-            }
-        }
+    // Userspace seeds the entry before the socket joins SPLICE_SOCKS and deletes it only after
+    // the socket left, so a missing entry means the splice is being taken down: the bytes go
+    // to userspace, which has stopped forwarding. Never recreate it: nothing would delete it.
+    let Some(state) = SPLICE_STATE.get_ptr_mut(cookie) else {
+        count(counter::SPLICE_PASSED);
+        return sk_action::SK_PASS;
     };
     // SAFETY: a live map value of this socket, only ever written by this program (after
     // userspace seeded it), which the kernel runs for one socket at a time.
@@ -530,106 +717,13 @@ fn trim_delivered(ctx: &SkBuffContext, state: &mut SpliceState, len: u32) -> Tri
     }
 }
 
-/// Resets, before any socket exists, a connection whose first data the stream verdict would
-/// drop. With TCP_DEFER_ACCEPT on the listener the handshake's last ACK leaves the connection a
-/// request in the SYN queue; its first data segment is what would create the socket. Seen here
-/// first, a drop verdict turns the segment into one carrying SYN, which the kernel's request
-/// handling (`tcp_check_req`) answers with an RST before dropping the request: the client is
-/// reset at once, and the proxy never accepts, peeks or closes anything. A pass is left for
-/// sock_ops, which then keeps the socket out of SOCKS: no psock to build, run or tear down.
-///
-/// Only a whole first record in one segment is judged (most ClientHellos fit one; a split one
-/// is left to the socket path, which reassembles it), and only for a request socket, so an
-/// established connection's data is never touched. Always returns "next": other TC programs on
-/// the device still run.
+/// Refuses, before any socket exists, a connection whose first data the stream verdict would
+/// drop, and records a pass for sock_ops (see `early`). Always returns "next": other TC
+/// programs on the device still run.
 #[classifier]
 pub fn gate_early(ctx: TcContext) -> i32 {
-    let _ = early_reset(&ctx);
+    let _ = early::judge(&ctx);
     TC_ACT_UNSPEC
-}
-
-#[inline(always)]
-fn early_reset(ctx: &TcContext) -> Option<()> {
-    let config = CONFIG.get(0)?;
-    let skb = ctx.skb.skb;
-    let mut seg = segment::read(skb)?;
-    let flags = seg.flags();
-    if flags & segment::TCP_ACK == 0
-        || flags & (segment::TCP_SYN | segment::TCP_RST) != 0
-        || seg.payload.len() == 0
-        || !port_gated(config, u32::from(seg.local_port))
-    {
-        return None;
-    }
-    match hello::frame(seg.payload) {
-        Frame::NeedMore => return None,
-        Frame::Record(total) if total > seg.payload.len() => return None,
-        Frame::Now | Frame::Record(_) => {}
-    }
-    if !in_syn_queue(skb, &mut seg) {
-        return None;
-    }
-    // SAFETY: per-CPU scratch, used only for the length of this program run.
-    let work = unsafe { &mut *EARLY_SCRATCH.get_ptr_mut(0)? };
-    let decision = decide(seg.payload, work)?;
-    if decision.action == action::PASS {
-        // Passthrough stays with the socket path, which hands userspace the first record.
-        let record = VerdictRecord {
-            action: decision.action,
-            reason: decision.reason,
-            route_id: decision.route_id,
-            generation: decision.generation,
-            record_len: 0,
-        };
-        let _ = PASSED_EARLY.insert(seg.flow, record, u64::from(BPF_ANY));
-        return None;
-    }
-    if decision.action != action::DROP {
-        return None;
-    }
-    let old = seg.flags_word;
-    let new = [old[0], old[1] | segment::TCP_SYN];
-    let at = (seg.tcp + segment::TCP_FLAGS_WORD) as usize;
-    ctx.store(at, &new, 0).ok()?;
-    // Two bytes of the sum changed; the helper leaves a partial checksum (loopback, veth)
-    // alone, as it must.
-    ctx.l4_csum_replace(
-        (seg.tcp + segment::TCP_CHECKSUM) as usize,
-        u64::from(u16::from_ne_bytes(old)),
-        u64::from(u16::from_ne_bytes(new)),
-        2,
-    )
-    .ok()?;
-    count(counter::for_reason(decision.reason));
-    count(counter::DROPPED);
-    if let Some(slot) = counter::reset_before_accept(decision.reason) {
-        count(slot);
-    }
-    Some(())
-}
-
-/// Whether the segment belongs to a connection the kernel has not made a socket for yet.
-#[inline(always)]
-fn in_syn_queue(skb: *mut __sk_buff, seg: &mut segment::Segment) -> bool {
-    let tuple = &raw mut seg.tuple;
-    let netns = BPF_F_CURRENT_NETNS as u64;
-    // SAFETY: the context pointer the kernel handed the program and a tuple of the size given
-    // (a constant in each call, as the verifier requires).
-    let sk = unsafe {
-        if seg.v6 {
-            bpf_skc_lookup_tcp(skb.cast(), tuple, segment::TUPLE_V6, netns, 0)
-        } else {
-            bpf_skc_lookup_tcp(skb.cast(), tuple, segment::TUPLE_V4, netns, 0)
-        }
-    };
-    if sk.is_null() {
-        return false;
-    }
-    // SAFETY: a referenced socket the helper returned, released right after one field read.
-    let state = unsafe { read_volatile(&raw const (*sk).state) };
-    // SAFETY: as above.
-    unsafe { bpf_sk_release(sk.cast()) };
-    state == BPF_TCP_NEW_SYN_RECV
 }
 
 /// Runs the verdict's decision on a raw buffer (`BPF_PROG_TEST_RUN`, layout in
@@ -637,26 +731,28 @@ fn in_syn_queue(skb: *mut __sk_buff, seg: &mut segment::Segment) -> bool {
 /// can hold the kernel and userspace parsers to the same answers without a socket per case.
 #[xdp(frags)]
 pub fn gate_probe(ctx: XdpContext) -> u32 {
-    // SAFETY: per-CPU scratch, used only for the length of this program run.
-    let work = SCRATCH.get_ptr_mut(0).map(|w| unsafe { &mut *w });
-    if let Some(decision) = ProbeBuffer::new(ctx.ctx)
-        .zip(work)
-        .and_then(|(buffer, work)| decide(buffer, work))
+    let Some(claim) = work::claim() else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the claimed slot is this run's alone until it is released below.
+    let work = unsafe { &mut *claim.work };
+    if let Some(decision) = ProbeBuffer::new(ctx.ctx).and_then(|buffer| decide(buffer, work))
         && let Some(slot) = PROBE.get_ptr_mut(0)
     {
         fill_event(slot, 0, &decision);
     }
+    work::release(claim);
     xdp_action::XDP_PASS
 }
 
-struct Decision {
+pub(crate) struct Decision {
     action: u32,
     reason: u32,
     route_id: u32,
     generation: u32,
     record_len: u32,
     name_len: u32,
-    /// The name, in SCRATCH, for the event.
+    /// The name, in the run's workspace, for the event.
     key: *const HostKey,
 }
 
@@ -665,7 +761,7 @@ struct Decision {
     clippy::needless_borrows_for_generic_args,
     reason = "by value, each 256-byte key would be copied onto the 512-byte stack"
 )]
-fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision> {
+pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision> {
     let config = CONFIG.get(0)?;
     let classified = hello::classify(pkt, work);
     let mut decision = Decision {
@@ -747,7 +843,7 @@ fn sk_result(action: u32) -> u32 {
 #[inline(always)]
 fn fill_event(event: *mut GateEvent, cookie: u64, decision: &Decision) {
     // SAFETY: `event` points at a GateEvent-sized reservation or map value, and `decision.key`
-    // into this CPU's SCRATCH.
+    // into the run's workspace.
     unsafe {
         let e = &mut *event;
         e.cookie = cookie;
@@ -762,8 +858,8 @@ fn fill_event(event: *mut GateEvent, cookie: u64, decision: &Decision) {
         e.local_ip = [0; 4];
         e.remote_ip = [0; 4];
         e.name_len = decision.name_len;
-        e._reserved = 0;
-        if decision.name_len != 0 {
+        e.payload_len = 0;
+        if decision.name_len != 0 && !decision.key.is_null() {
             hello::copy_key(&raw mut e.name, &*decision.key);
         } else {
             hello::zero_key(&mut *(&raw mut e.name).cast::<HostKey>());
@@ -801,7 +897,7 @@ fn fill_addresses(event: *mut GateEvent, skb: *mut __sk_buff) {
 }
 
 #[inline(always)]
-fn count(index: u32) {
+pub(crate) fn count(index: u32) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot; nothing else on this CPU runs concurrently with this program.
         unsafe { *slot += 1 };

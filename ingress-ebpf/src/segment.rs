@@ -36,6 +36,8 @@ const IPV4_FRAGMENT: u16 = 0x3fff;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
+/// Where the IP header starts: right after the Ethernet header.
+pub const L3: u32 = ETH_HLEN;
 /// The 16-bit word holding the data offset and the flags.
 pub const TCP_FLAGS_WORD: u32 = 12;
 pub const TCP_CHECKSUM: u32 = 16;
@@ -44,10 +46,14 @@ pub const TCP_CHECKSUM: u32 = 16;
 pub struct Segment {
     /// Offset of the TCP header in the skb.
     pub tcp: u32,
+    /// The sequence and acknowledgement numbers, host byte order.
+    pub seq: u32,
+    pub ack: u32,
     /// The data-offset/flags word, as it is on the wire.
     pub flags_word: [u8; 2],
-    /// Local port, host byte order.
+    /// Local and remote port, host byte order.
     pub local_port: u16,
+    pub remote_port: u16,
     pub payload: Payload,
     /// The lookup key for `bpf_skc_lookup_tcp`: addresses and ports as the packet has them.
     pub tuple: bpf_sock_tuple,
@@ -64,6 +70,47 @@ pub const TUPLE_V6: u32 = 36;
 impl Segment {
     pub fn flags(&self) -> u8 {
         self.flags_word[1]
+    }
+}
+
+impl Segment {
+    /// A placeholder for `read_into` to fill.
+    pub const EMPTY: Segment = Segment {
+        tcp: 0,
+        seq: 0,
+        ack: 0,
+        flags_word: [0; 2],
+        local_port: 0,
+        remote_port: 0,
+        payload: Payload {
+            skb: core::ptr::null_mut(),
+            base: 0,
+            len: 0,
+        },
+        // SAFETY: zeroed bytes are a valid tuple (a union of integer arrays).
+        tuple: unsafe { core::mem::zeroed() },
+        v6: false,
+        flow: FlowKey {
+            local_ip: [0; 4],
+            remote_ip: [0; 4],
+            local_port: 0,
+            remote_port: 0,
+            seq: 0,
+        },
+    };
+}
+
+/// `read`, into `out`: not inlined, so the header loads' temporaries live in a frame of their
+/// own rather than in the caller's for its whole run (the verifier allows 512 bytes of stack
+/// for a whole chain of calls).
+#[inline(never)]
+pub fn read_into(skb: *mut __sk_buff, out: &mut Segment) -> bool {
+    match read(skb) {
+        Some(segment) => {
+            *out = segment;
+            true
+        }
+        None => false,
     }
 }
 
@@ -112,6 +159,7 @@ pub fn read(skb: *mut __sk_buff) -> Option<Segment> {
     };
     let ports = load::<4>(skb, tcp)?;
     let seq = u32::from_be_bytes(load::<4>(skb, tcp + 4)?);
+    let ack = u32::from_be_bytes(load::<4>(skb, tcp + 8)?);
     let flags_word = load::<2>(skb, tcp + TCP_FLAGS_WORD)?;
     let data = tcp + u32::from(flags_word[0] >> 4) * 4;
     // SAFETY: the context pointer the kernel handed the program.
@@ -145,8 +193,11 @@ pub fn read(skb: *mut __sk_buff) -> Option<Segment> {
     }
     Some(Segment {
         tcp,
+        seq,
+        ack,
         flags_word,
         local_port: u16::from_be_bytes([ports[2], ports[3]]),
+        remote_port: u16::from_be_bytes([ports[0], ports[1]]),
         payload: Payload {
             skb,
             base: data,
@@ -159,7 +210,7 @@ pub fn read(skb: *mut __sk_buff) -> Option<Segment> {
 }
 
 #[inline(always)]
-fn load<const N: usize>(skb: *mut __sk_buff, off: u32) -> Option<[u8; N]> {
+pub fn load<const N: usize>(skb: *mut __sk_buff, off: u32) -> Option<[u8; N]> {
     let mut bytes = [0u8; N];
     let len = u32::try_from(N).ok()?;
     // SAFETY: N bytes into a local of N bytes; the helper bounds-checks the packet.

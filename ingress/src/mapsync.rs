@@ -9,6 +9,10 @@
 //!
 //! Within each sync the gate writes additions before removals, so a name valid in both
 //! snapshots is present at every instant (see `gate::policy`).
+//!
+//! A snapshot not built from synced sources (generation 0, what `Published` holds before the
+//! first publish) is never written: the pinned HOSTS of a previous run stay as they are until
+//! the first real snapshot replaces them, diffed against what is really in the map.
 
 use std::sync::Arc;
 
@@ -65,6 +69,9 @@ impl MapSync {
 
 impl PublishHook for MapSync {
     fn before(&self, new: &Snapshot, old: &Snapshot) {
+        if new.generation == 0 {
+            return;
+        }
         let mut union = kernel_policy(new, &self.unnamed);
         let previous = kernel_policy(old, &self.unnamed);
         for (name, rule) in previous.hosts {
@@ -75,6 +82,9 @@ impl PublishHook for MapSync {
     }
 
     fn after(&self, new: &Snapshot, _old: &Snapshot) {
+        if new.generation == 0 {
+            return;
+        }
         self.sync(&kernel_policy(new, &self.unnamed));
     }
 }
@@ -127,9 +137,30 @@ struct CounterLabels {
     counter: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InterfaceLabels {
+    interface: String,
+}
+
 impl Collector for KernelCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(Ok(counters)) = self.0.upgrade().map(|gate| gate.counters()) else {
+        let Some(gate) = self.0.upgrade() else {
+            return Ok(());
+        };
+        let shadowed = gate.early_reset_shadowed();
+        let mut family = encoder.encode_descriptor(
+            "ebpf_early_reset_shadowed",
+            "1 for each interface where another TC program runs before the early reset (which then may never see a packet: those connections are judged after accept), 0 where it runs first",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for interface in gate.early_reset_interfaces() {
+            let value = i64::from(shadowed.iter().any(|s| s.interface == interface));
+            let labels = InterfaceLabels { interface };
+            prometheus_client::metrics::gauge::ConstGauge::new(value)
+                .encode(family.encode_family(&labels)?)?;
+        }
+        let Ok(counters) = gate.counters() else {
             return Ok(());
         };
         let mut family = encoder.encode_descriptor(

@@ -70,6 +70,18 @@ impl Published {
         self.synced.load(Ordering::Acquire)
     }
 
+    /// Resolves once a snapshot built from fully synced sources has been published.
+    pub async fn synced(&self) {
+        // Subscribed before the check, so a publish in between is still seen as a change.
+        let mut changes = self.changes.subscribe();
+        while !self.has_synced() {
+            if changes.changed().await.is_err() {
+                // The sender lives in `self`; it cannot be gone while we borrow it.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     pub fn add_hook(&self, hook: Arc<dyn PublishHook>) {
         // A poisoned lock means a hook panicked while registering; keep serving regardless.
         let mut hooks = self.hooks.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,5 +1,10 @@
 //! Wiring for `ingress` (the default command): sources → pipeline → published snapshot →
 //! proxy listeners, admin listener; then SIGTERM → not ready → stop accepting → drain.
+//!
+//! The proxy's listeners open only once a snapshot built from fully synced sources is
+//! published: until then a known host would be answered 404 over HTTP and reset over HTTPS, and
+//! a hostNetwork DaemonSet gets traffic the moment its ports open. Before that a client finds
+//! the ports closed. The admin port opens at once (liveness, and readiness saying why not).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -155,6 +160,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         args.limits.max_connections,
         args.limits.max_connections_per_client,
     );
+    tokio::select! {
+        () = published.synced() => {}
+        signal = wait_for_shutdown_signal() => {
+            signal?;
+            tracing::info!("stopping before the first snapshot was published");
+            return Ok(());
+        }
+    }
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
     let http = Listener {
         name: "http",
@@ -164,7 +177,13 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         caps: caps.clone(),
     };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
-    let https_listener = bind("https", https_addr).await?;
+    // The gate judges only connections of the listener it was given, marked before listen()
+    // so none reaches the queue unmarked.
+    let https_listener = bind_with("https", https_addr, |socket| match &gate {
+        Some(gate) => gate.register_listener(socket).map_err(RunError::Gate),
+        None => Ok(()),
+    })
+    .await?;
     // TLS clients speak first, so nothing is lost by holding a connection back until its first
     // bytes arrive (nginx's `listen ... deferred`): by then the kernel gate has decided, and a
     // client that connects and says nothing costs no task until the handshake timeout.
@@ -298,12 +317,13 @@ fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
         tracing::info!("userspace mode (--mode userspace): the SNI gate runs after accept");
         return Ok(None);
     }
-    let unnamed = args.tls.unnamed_policy();
     let options = GateOptions {
         pin_dir: args.kernel.bpf_pin_dir.clone(),
         cgroup: args.kernel.bpf_cgroup.clone(),
         https_ports: vec![args.listen.https_port],
-        policy: crate::mapsync::kernel_policy(&crate::snapshot::Snapshot::default(), &unnamed),
+        // The pinned policy stays as the previous run left it until the first snapshot from
+        // synced sources is published (nothing is gated before the listener is registered).
+        policy: None,
         verdict_timeout: args.kernel.gate_timeout,
         early_reset: args.kernel.gate_interfaces.clone(),
         ..GateOptions::default()
@@ -381,6 +401,15 @@ fn backend_policy(source: &SourceArgs, policy: &PolicyArgs) -> BackendPolicy {
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, RunError> {
+    bind_with(what, addr, |_| Ok(())).await
+}
+
+/// `bind`, running `prepare` on the bound socket before it listens.
+async fn bind_with(
+    what: &'static str,
+    addr: SocketAddr,
+    prepare: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> Result<(), RunError>,
+) -> Result<TcpListener, RunError> {
     // A restarted pod may find its previous sockets in TIME_WAIT; SO_REUSEADDR lets it bind.
     let socket = match addr {
         SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
@@ -393,6 +422,7 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, RunEr
     socket
         .bind(addr)
         .map_err(|source| RunError::Bind { what, addr, source })?;
+    prepare(std::os::fd::AsFd::as_fd(&socket))?;
     socket
         .listen(4096)
         .map_err(|source| RunError::Bind { what, addr, source })

@@ -12,8 +12,10 @@ pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod raw;
+pub mod rawtcp;
 pub mod scratch;
 pub mod scripted;
+pub mod tcx;
 pub mod upstream;
 
 /// Whether this is a CI run (`CI=true`, or `CI=1` as some CI systems set it): there, a test that

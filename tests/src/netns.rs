@@ -71,6 +71,44 @@ impl NetNs {
         .map_err(|_| io::Error::other("namespace thread panicked"))?
     }
 
+    /// Runs `program args…` inside this namespace and waits for it; an error if it fails.
+    pub fn exec(&self, program: &str, args: &[&str]) -> io::Result<()> {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", self.path().display()))
+            .arg(program)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "{program} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The hardware address of `ifname` here.
+    pub fn mac(&self, ifname: &str) -> io::Result<[u8; 6]> {
+        let out = Command::new("ip")
+            .args(["-n", &self.name, "-j", "link", "show", ifname])
+            .output()?;
+        let links: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(io::Error::other)?;
+        let text = links[0]["address"]
+            .as_str()
+            .ok_or_else(|| io::Error::other(format!("no address for {ifname}")))?;
+        let mut mac = [0u8; 6];
+        let mut parts = text.split(':');
+        for byte in &mut mac {
+            let part = parts
+                .next()
+                .ok_or_else(|| io::Error::other(format!("bad MAC {text}")))?;
+            *byte = u8::from_str_radix(part, 16).map_err(io::Error::other)?;
+        }
+        Ok(mac)
+    }
+
     /// `nsenter --net=<path> <program>`, for clients such as openssl and curl.
     pub fn command(&self, program: &str) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new("nsenter");
@@ -121,9 +159,44 @@ impl NetPair {
             // One MSS per packet, as on a real wire: with segmentation offload a veth would
             // carry a 2 KB write as one packet and the receiver would never see it split.
             ns.ip(&["link", "set", "veth0", "gso_max_segs", "1"])?;
+            // No offloads at all: checksums are computed by the sender and verified by the
+            // receiver (a veth with rx checksumming on would mark every packet verified, so a
+            // segment with a bad checksum would be accepted), and nothing is merged or split
+            // behind the test's back.
+            ns.exec(
+                "ethtool",
+                &[
+                    "-K", "veth0", "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro",
+                    "off",
+                ],
+            )?;
             ns.ip(&["link", "set", "veth0", "up"])?;
         }
         Ok(NetPair { server, client })
+    }
+
+    /// A packet socket on the client side of the link for [`crate::rawtcp`], speaking as
+    /// `RAW_IP`: the server is told where that address lives, the client's kernel never hears
+    /// of it.
+    pub fn raw_link(&self) -> io::Result<crate::rawtcp::RawLink> {
+        let mac = crate::rawtcp::RAW_MAC
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        self.server.ip(&[
+            "neigh",
+            "replace",
+            &crate::rawtcp::RAW_IP.to_string(),
+            "lladdr",
+            &mac,
+            "dev",
+            "veth0",
+            "nud",
+            "permanent",
+        ])?;
+        let server_mac = self.server.mac("veth0")?;
+        crate::rawtcp::RawLink::open(&self.client, "veth0", crate::rawtcp::RAW_MAC, server_mac)
     }
 }
 

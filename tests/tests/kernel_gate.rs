@@ -116,6 +116,16 @@ impl Harness {
         pins: PathBuf,
         kernel_log: KernelLog,
     ) -> Option<Harness> {
+        Self::start_serving(tag, policy, pins, kernel_log, Server::Report).await
+    }
+
+    async fn start_serving(
+        tag: &str,
+        policy: HostPolicy,
+        pins: PathBuf,
+        kernel_log: KernelLog,
+        kind: Server,
+    ) -> Option<Harness> {
         if !preflight() {
             return None;
         }
@@ -139,8 +149,12 @@ impl Harness {
         let listener = TcpListener::bind((SERVER_IP, PORT))
             .await
             .expect("bind the HTTPS port");
+        register(&gate, &listener);
         let (tx, served) = mpsc::unbounded_channel();
-        let server = AbortOnDrop(tokio::spawn(serve(listener, gate.clone(), tx)));
+        let server = AbortOnDrop(match kind {
+            Server::Report => tokio::spawn(serve(listener, gate.clone(), tx)),
+            Server::Converse => tokio::spawn(converse(listener, gate.clone(), tx)),
+        });
         Some(Harness {
             gate,
             served,
@@ -211,17 +225,33 @@ impl Harness {
     }
 }
 
+/// Tells the gate this listener is the one it judges for.
+fn register(gate: &Gate, listener: &TcpListener) {
+    use std::os::fd::AsFd;
+    gate.register_listener(listener.as_fd())
+        .expect("register the listener");
+}
+
 fn load(pins: &Path, policy: HostPolicy, kernel_log: KernelLog) -> Result<Gate, GateError> {
     Gate::load(GateOptions {
         pin_dir: pins.to_path_buf(),
         https_ports: vec![PORT],
-        policy,
+        policy: Some(policy),
         verdict_timeout: Duration::from_secs(3),
         // Explicit, not from tracing: tests run on parallel threads, and tracing caches
         // per-callsite interest across them.
         kernel_log,
         ..GateOptions::default()
     })
+}
+
+/// What the harness's server does with each connection.
+#[derive(Clone, Copy)]
+enum Server {
+    /// Admits it, takes the first record, and reports both (`serve`).
+    Report,
+    /// Admits it, takes the first record, then talks as a TLS server would (`converse`).
+    Converse,
 }
 
 /// The test server: the accept loop a proxy runs in eBPF mode, minus TLS.
@@ -239,7 +269,9 @@ async fn serve(listener: TcpListener, gate: Arc<Gate>, tx: mpsc::UnboundedSender
                     gate.reject(stream).expect("reject");
                     None
                 }
-                Admission::Pass(verdict) | Admission::Passthrough(verdict) => Some(
+                Admission::Pass(verdict)
+                | Admission::Passthrough(verdict)
+                | Admission::Deferred(verdict) => Some(
                     gate.take_first_record(&mut stream, &verdict)
                         .await
                         .expect("take the first record"),
@@ -556,6 +588,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
         "counters survive"
     );
     let listener = TcpListener::bind((SERVER_IP, PORT)).await.expect("rebind");
+    register(&gate, &listener);
     let (tx, served) = mpsc::unbounded_channel();
     let server = AbortOnDrop(tokio::spawn(serve(listener, gate.clone(), tx)));
     let mut h = Harness {
@@ -805,6 +838,7 @@ async fn verdict_records_never_outlive_their_sockets() {
     ));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let listener = TcpListener::bind((SERVER_IP, PORT)).await.expect("rebind");
+    register(&h.gate, &listener);
     let socket = h
         .pair
         .client
@@ -1065,4 +1099,111 @@ async fn edge_cases_get_the_same_verdict_from_kernel_and_userspace() {
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+/// After taking the first record, answers at once and waits for the client's next bytes, as a
+/// TLS server sends its ServerHello and waits for the client's Finished; reports whether they
+/// came (a `Served` with the admission and `Some(b"ping")`, or `None` after 3 s).
+async fn converse(listener: TcpListener, gate: Arc<Gate>, tx: mpsc::UnboundedSender<Served>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let gate = gate.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let admission = gate.admit(&stream).await.expect("admit");
+            let mut record = None;
+            if let Admission::Pass(verdict) = admission
+                && gate.take_first_record(&mut stream, &verdict).await.is_ok()
+                && stream.write_all(b"hello").await.is_ok()
+            {
+                let mut ping = [0u8; 4];
+                let read =
+                    tokio::time::timeout(Duration::from_secs(3), stream.read_exact(&mut ping));
+                if let Ok(Ok(_)) = read.await {
+                    let _ = stream.write_all(b"pong").await;
+                    record = Some(ping.to_vec());
+                }
+            }
+            let _ = tx.send(Served { admission, record });
+        });
+    }
+}
+
+/// A two-segment ClientHello goes through SOCKS; the server answers as soon as it has the
+/// record and the socket left SOCKS, and the client replies at once. The reply must reach the
+/// server: a TLS client's Finished lost there leaves the handshake to time out.
+#[tokio::test]
+async fn bytes_sent_right_after_the_first_record_reach_the_server() {
+    const N: usize = 1200;
+    const AT_ONCE: usize = 6;
+    let hello = Arc::new(corpus("chromium-2.bin"));
+    let Some(mut h) = Harness::start_serving(
+        "after",
+        policy(&["chromium.example.test"]),
+        pin_dir("after"),
+        KernelLog::Off,
+        Server::Converse,
+    )
+    .await
+    else {
+        return;
+    };
+    let sockets = h
+        .pair
+        .client
+        .run(|| {
+            (0..N)
+                .map(|_| tokio::net::TcpSocket::new_v4().expect("client socket"))
+                .collect::<Vec<_>>()
+        })
+        .expect("client namespace thread");
+    let sockets = Arc::new(std::sync::Mutex::new(sockets));
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..AT_ONCE {
+        let (sockets, hello) = (sockets.clone(), hello.clone());
+        clients.spawn(async move {
+            loop {
+                let Some(socket) = sockets.lock().expect("sockets").pop() else {
+                    return;
+                };
+                let mut stream = socket
+                    .connect(SocketAddr::from((SERVER_IP, PORT)))
+                    .await
+                    .expect("connect");
+                stream.set_nodelay(true).expect("nodelay");
+                // The hello leaves as two segments with a moment between them, as a client
+                // on a real network sends it: the first one makes the socket, the second
+                // completes the record after the server has accepted.
+                let (first, second) = hello.split_at(1000);
+                stream.write_all(first).await.expect("write the hello");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                stream.write_all(second).await.expect("write the hello");
+                let mut answer = [0u8; 5];
+                tokio::time::timeout(STEP, stream.read_exact(&mut answer))
+                    .await
+                    .expect("the server answered in time")
+                    .expect("read the answer");
+                stream.write_all(b"ping").await.expect("write the reply");
+                let mut pong = [0u8; 4];
+                let _ = tokio::time::timeout(STEP, stream.read_exact(&mut pong)).await;
+            }
+        });
+    }
+    let mut lost = 0;
+    for i in 0..N {
+        let served = h.next().await;
+        assert!(
+            matches!(served.admission, Admission::Pass(_)),
+            "#{i}: {served:?}"
+        );
+        if served.record.as_deref() != Some(b"ping".as_slice()) {
+            lost += 1;
+        }
+    }
+    while clients.join_next().await.is_some() {}
+    assert_eq!(lost, 0, "{lost} of {N} replies never reached the server");
+    let seen = ingress::gate::pinned_workspaces(&h.pins.0).expect("workspaces");
+    assert_eq!((seen.claimed, seen.dirty_words), (0, 0), "{seen:?}");
 }

@@ -20,6 +20,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::Deserialize as _;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -36,7 +38,9 @@ use ingress_tests::manifests::service;
 use ingress_tests::netns::{NetPair, SERVER_IP};
 use ingress_tests::pki::{Ca, KeyFormat, KeyKind, Leaf, secret_yaml};
 use ingress_tests::process::binary;
+use ingress_tests::rawtcp::{Answer, Damage, RawTcp};
 use ingress_tests::scratch::Scratch;
+use ingress_tests::tcx::StandIn;
 use ingress_tests::upstream::Backend;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -238,7 +242,7 @@ impl Site {
             "--access-log".into(),
             "false".into(),
             "--log-level".into(),
-            "info".into(),
+            std::env::var("INGRESS_TEST_LOG").unwrap_or_else(|_| "info".into()),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         args
@@ -274,7 +278,23 @@ impl Site {
             .stderr(err)
             .spawn()
             .expect("spawn ingress");
-        Proxy { child, log, ports }
+        // The admin port listens on --bind too; a wildcard is reached through loopback.
+        let bind = args
+            .iter()
+            .position(|a| a == "--bind")
+            .and_then(|at| args.get(at + 1))
+            .and_then(|ip| ip.parse::<IpAddr>().ok());
+        let admin_ip = match bind {
+            Some(ip) if !ip.is_unspecified() => ip,
+            Some(IpAddr::V6(_)) => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            _ => IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
+        };
+        Proxy {
+            child,
+            log,
+            ports,
+            admin_ip,
+        }
     }
 
     /// A socket in the client namespace, connected to the server's `port`.
@@ -394,6 +414,7 @@ struct Proxy {
     child: Child,
     log: PathBuf,
     ports: Ports,
+    admin_ip: IpAddr,
 }
 
 impl Proxy {
@@ -406,7 +427,7 @@ impl Proxy {
     }
 
     fn admin(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.ports.admin))
+        SocketAddr::new(self.admin_ip, self.ports.admin)
     }
 
     fn scrape(&self) -> Scrape {
@@ -1142,6 +1163,937 @@ async fn chromiums_two_segment_hello_with_the_name_in_the_second_userspace() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Hand-written packets: segments out of order, a wrong checksum, the same segment twice
+
+/// A connection from the raw peer (see `ingress_tests::rawtcp`) to the server's `port`,
+/// handshake done, nothing sent.
+fn raw_connect(site: &Site, port: u16) -> RawTcp {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let local_port = 41000 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let link = site
+        .pair
+        .raw_link()
+        .expect("a packet socket in the client namespace");
+    RawTcp::connect(link, local_port, (SERVER_IP, port), STEP).expect("the raw handshake")
+}
+
+/// What the server did next, from a blocking wait off the runtime's thread.
+async fn raw_answer(conn: RawTcp) -> (RawTcp, Answer) {
+    tokio::task::spawn_blocking(move || {
+        let answer = conn.answer(STEP).expect("reading the server's answer");
+        (conn, answer)
+    })
+    .await
+    .expect("the answer thread")
+}
+
+fn assert_server_hello(answer: &Answer, what: &str) {
+    match answer {
+        Answer::Data(bytes) => assert_eq!(&bytes[..3], &[0x16, 0x03, 0x03], "{what}: a handshake"),
+        other => panic!("{what}: expected a ServerHello, got {other:?}"),
+    }
+}
+
+/// A two-segment ClientHello whose second segment arrives first (the first was lost, or
+/// overtaken): the connection is served. Only the first segment of a connection can be
+/// judged on its own; a later one, seen first, is the middle of a record.
+async fn a_hello_whose_first_segment_arrives_second_is_served(mode: Mode) {
+    let hello = corpus("chromium-2.bin");
+    let Some(site) = Site::new(
+        &format!("reorder-{}", mode.flag()),
+        &["chromium.example.test"],
+    ) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    // The second piece starts with a byte no TLS record starts with, as most cuts do.
+    let cut = 1400;
+    assert!(!(20..=24).contains(&hello[cut]), "pick another cut");
+    let mut conn = raw_connect(&site, MAIN.https);
+    conn.send_at(
+        u32::try_from(cut).unwrap(),
+        &hello[cut..],
+        Damage::default(),
+    )
+    .expect("send the second segment");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    conn.send_at(0, &hello[..cut], Damage::default())
+        .expect("send the first segment");
+    let (mut conn, answer) = raw_answer(conn).await;
+    assert_server_hello(&answer, "reordered Chromium hello");
+    conn.reset(u32::try_from(hello.len()).unwrap())
+        .expect("reset");
+    let after = scrape_until(&proxy, "one pass", |s| s.gate("pass") > before.gate("pass")).await;
+    assert_eq!(after.gate("pass") - before.gate("pass"), 1.0);
+    if mode == Mode::Ebpf {
+        assert_eq!(after.kernel("pass") - before.kernel("pass"), 1.0);
+        assert_eq!(
+            after.kernel("dropped"),
+            before.kernel("dropped"),
+            "{}",
+            after.0
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_hello_whose_first_segment_arrives_second_is_served_ebpf() {
+    a_hello_whose_first_segment_arrives_second_is_served(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_hello_whose_first_segment_arrives_second_is_served_userspace() {
+    a_hello_whose_first_segment_arrives_second_is_served(Mode::Userspace).await;
+}
+
+/// A first segment with a wrong TCP checksum naming a served host, then, with the same
+/// sequence number, a real ClientHello for a name nothing serves, in two segments: TCP
+/// discards the first, so only the second hello exists, and it is reset. Whatever looked at
+/// the discarded segment (the TC hook runs before the checksum is checked) must not decide
+/// for the bytes TCP accepted.
+async fn an_early_pass_holds_only_for_the_bytes_tcp_accepted(mode: Mode) {
+    let known = corpus("curl-tls13.bin");
+    let unknown = renamed(&known, "curl.example.test", "curl.unknown.test");
+    let Some(site) = Site::new(&format!("badsum-{}", mode.flag()), &["curl.example.test"]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+    let mut conn = raw_connect(&site, MAIN.https);
+    conn.send_at(0, &known, Damage { bad_checksum: true })
+        .expect("the damaged segment");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // 100 bytes: the record header promises more, so this piece cannot be judged alone.
+    conn.send_at(0, &unknown[..100], Damage::default())
+        .expect("the first piece");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    conn.send_at(100, &unknown[100..], Damage::default())
+        .expect("the second piece");
+    let (_conn, answer) = raw_answer(conn).await;
+    assert!(
+        matches!(answer, Answer::Reset(_)),
+        "a name nothing serves got {answer:?}; logs:\n{}",
+        proxy.logs()
+    );
+    let after = scrape_until(&proxy, "one unknown", |s| {
+        s.gate("unknown") > before.gate("unknown")
+    })
+    .await;
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 1.0);
+    assert_eq!(after.gate("pass"), before.gate("pass"));
+    assert_eq!(
+        after.handshakes(),
+        before.handshakes(),
+        "a handshake started"
+    );
+}
+
+#[tokio::test]
+async fn an_early_pass_holds_only_for_the_bytes_tcp_accepted_ebpf() {
+    an_early_pass_holds_only_for_the_bytes_tcp_accepted(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn an_early_pass_holds_only_for_the_bytes_tcp_accepted_userspace() {
+    an_early_pass_holds_only_for_the_bytes_tcp_accepted(Mode::Userspace).await;
+}
+
+/// The first segment passed once (its copy then lost: a wrong checksum here), the name
+/// removed, and the same segment again: the client is reset, and nothing the first copy left
+/// in the kernel outlives the connection.
+async fn a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing(mode: Mode) {
+    let hello = corpus("curl-tls13.bin");
+    let Some(site) = Site::new(
+        &format!("retrans-{}", mode.flag()),
+        &["curl.example.test", KNOWN],
+    ) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    let generation = |s: &Scrape| s.value("ingress_snapshot_generation", &[]);
+    let mut conn = raw_connect(&site, MAIN.https);
+    conn.send_at(0, &hello, Damage { bad_checksum: true })
+        .expect("the lost copy");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let published = generation(&proxy.scrape());
+    site.write_hosts(&[KNOWN]);
+    scrape_until(&proxy, "the change published", |s| {
+        generation(s) > published
+    })
+    .await;
+    let before = proxy.scrape();
+    conn.send_at(0, &hello, Damage::default())
+        .expect("the retransmission");
+    let (_conn, answer) = raw_answer(conn).await;
+    assert!(matches!(answer, Answer::Reset(_)), "got {answer:?}");
+    let after = scrape_until(&proxy, "one unknown", |s| {
+        s.gate("unknown") > before.gate("unknown")
+    })
+    .await;
+    assert_eq!(after.gate("pass"), before.gate("pass"));
+    if mode == Mode::Ebpf {
+        assert_eq!(
+            after.kernel("passed_before_accept"),
+            before.kernel("passed_before_accept")
+        );
+        assert_eq!(
+            map_entries(&site.pins.0.join("passed_early")),
+            0,
+            "a pass record outlived its connection"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing_ebpf() {
+    a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing_userspace() {
+    a_retransmitted_first_segment_after_its_name_went_is_reset_and_leaves_nothing(Mode::Userspace)
+        .await;
+}
+
+/// Entries in a pinned map (bpftool's dump; 0 if the map is empty).
+fn map_entries(pin: &Path) -> usize {
+    bpftool(&["map", "dump", "pinned", pin.to_str().expect("utf-8 path")])
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+// ---------------------------------------------------------------------------------------------
+// One busy CPU
+
+/// Pins the calling thread to `cpu`.
+fn pin_thread(cpu: usize) {
+    // SAFETY: an all-zero cpu_set_t is empty; CPU_SET only sets a bit in it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of the size passed, for the calling thread (0).
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    assert_eq!(rc, 0, "sched_setaffinity: {}", io::Error::last_os_error());
+}
+
+/// UDP datagrams to the server's discard port as fast as one thread on `cpu` sends them, until
+/// `stop`: the kernel receives each one in softirq on that CPU, which interrupts whatever runs
+/// there in process context (a stream verdict run by the strparser's work, say).
+fn softirq_load(
+    pair: &NetPair,
+    cpu: usize,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    let socket = pair
+        .client
+        .run(|| std::net::UdpSocket::bind("0.0.0.0:0").expect("udp socket"))
+        .expect("client namespace thread");
+    std::thread::spawn(move || {
+        pin_thread(cpu);
+        let target = SocketAddr::from((SERVER_IP, 9));
+        let payload = [0u8; 64];
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+            if socket.send_to(&payload, target).is_ok() {
+                sent += 1;
+            }
+        }
+        sent
+    })
+}
+
+/// Many two-segment ClientHellos for a served name with the proxy on one CPU, clients and a
+/// softirq flood on both: a decision running in process context (the strparser's work) is
+/// interrupted by decisions running in softirq on the same CPU. None may be refused (a
+/// workspace shared between them made the inner one see the outer one's extensions as
+/// duplicates), and once it is over no workspace is left claimed or with bits set.
+async fn split_hellos_on_one_busy_cpu_are_never_refused(mode: Mode) {
+    const N: usize = 2000;
+    const AT_ONCE: usize = 16;
+    let hello = Arc::new(corpus("chromium-2.bin"));
+    let Some(site) = Site::new(&format!("busy-{}", mode.flag()), &["chromium.example.test"]) else {
+        return;
+    };
+    let taskset: Vec<String> = ["taskset", "-c", "0"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let proxy = site.spawn(&taskset, &site.args(mode.flag(), MAIN, &[]), MAIN);
+    proxy.wait_ready().await;
+    let before = proxy.scrape();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = softirq_load(&site.pair, 0, stop.clone());
+    // The strparser's work runs on whichever CPU is free: load the other one too.
+    let other = softirq_load(&site.pair, 1, stop.clone());
+
+    let sockets = Arc::new(std::sync::Mutex::new(client_sockets(&site.pair, N)));
+    let outcomes = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
+    let mut clients = Vec::new();
+    for i in 0..AT_ONCE {
+        let (sockets, outcomes, hello) = (sockets.clone(), outcomes.clone(), hello.clone());
+        clients.push(std::thread::spawn(move || {
+            pin_thread(i % 2);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                loop {
+                    let Some(socket) = sockets.lock().expect("sockets").pop() else {
+                        return;
+                    };
+                    let ending = match socket.connect(server(MAIN.https)).await {
+                        Ok(stream) => {
+                            let _ = stream.set_nodelay(true);
+                            match send_raw(stream, &[&hello], Duration::ZERO).await {
+                                Ending::Answered(bytes) if bytes.starts_with(&[0x16, 3, 3]) => {
+                                    "served".to_string()
+                                }
+                                other => format!("{other:?}"),
+                            }
+                        }
+                        Err(e) => format!("connect: {e}"),
+                    };
+                    *outcomes
+                        .lock()
+                        .expect("outcomes")
+                        .entry(ending)
+                        .or_default() += 1;
+                }
+            });
+        }));
+    }
+    for client in clients {
+        tokio::task::spawn_blocking(move || client.join().expect("client thread"))
+            .await
+            .expect("join");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let datagrams = tokio::task::spawn_blocking(move || {
+        flood.join().expect("flood") + other.join().expect("flood")
+    })
+    .await
+    .expect("join");
+    let outcomes = outcomes.lock().expect("outcomes").clone();
+    eprintln!("{mode:?}: {outcomes:?}, {datagrams} datagrams of softirq load");
+    assert_eq!(
+        outcomes.get("served").copied().unwrap_or(0),
+        N,
+        "a served name was refused: {outcomes:?}"
+    );
+    let after = scrape_until(&proxy, "every pass counted", |s| {
+        s.gate("pass") >= before.gate("pass") + N as f64
+    })
+    .await;
+    assert_eq!(after.gate("malformed"), before.gate("malformed"));
+    if mode == Mode::Ebpf {
+        assert_eq!(
+            after.kernel("malformed"),
+            before.kernel("malformed"),
+            "{}",
+            after.0
+        );
+        assert_eq!(after.kernel("pass") - before.kernel("pass"), N as f64);
+        // Pins of a build that keeps its workspaces pinned (older ones did not).
+        if site.pins.0.join("workspace_busy").exists() {
+            let seen = ingress::gate::pinned_workspaces(&site.pins.0).expect("workspaces");
+            assert_eq!(
+                (seen.claimed, seen.dirty_words),
+                (0, 0),
+                "a workspace was left claimed or dirty: {seen:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn split_hellos_on_one_busy_cpu_are_never_refused_ebpf() {
+    split_hellos_on_one_busy_cpu_are_never_refused(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn split_hellos_on_one_busy_cpu_are_never_refused_userspace() {
+    split_hellos_on_one_busy_cpu_are_never_refused(Mode::Userspace).await;
+}
+
+/// Stream verdicts in process context (the strparser's work, which parses a hello that came
+/// before accept) interrupted on their CPU by stream verdicts in softirq (hellos whose second
+/// segment lands after accept): every packet the server receives is processed on CPU 0 (RPS)
+/// while the proxy and the clients keep CPU 1 busy, so the work runs on CPU 0 too. Each run
+/// has a workspace of its own: not one served name is refused (sharing one, the inner run
+/// found the outer one's extensions in its duplicate bitmap and called the hello malformed),
+/// and none is left claimed or dirty.
+#[tokio::test]
+async fn a_verdict_interrupted_on_its_cpu_never_disturbs_the_interrupting_one() {
+    const N: usize = 3000;
+    let hello = Arc::new(corpus("chromium-2.bin"));
+    let Some(site) = Site::new("nested", &["chromium.example.test"]) else {
+        return;
+    };
+    let taskset: Vec<String> = ["taskset", "-c", "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let proxy = site.spawn(&taskset, &site.args("ebpf", MAIN, &[]), MAIN);
+    proxy.wait_ready().await;
+    // Received packets on the server's end of the link are processed on CPU 0, whichever CPU
+    // sent them (`ip netns exec` mounts the namespace's own /sys for this one command).
+    let rps = Command::new("ip")
+        .args(["netns", "exec", site.pair.server.name(), "sh", "-c"])
+        .arg("echo 1 > /sys/class/net/veth0/queues/rx-0/rps_cpus")
+        .status()
+        .expect("ip netns exec");
+    assert!(rps.success(), "setting rps_cpus");
+    let before = proxy.scrape();
+
+    let sockets = Arc::new(std::sync::Mutex::new(client_sockets(&site.pair, N)));
+    let outcomes = Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let (sockets, outcomes, hello) = (sockets.clone(), outcomes.clone(), hello.clone());
+        clients.push(std::thread::spawn(move || {
+            pin_thread(1);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                loop {
+                    let Some(socket) = sockets.lock().expect("sockets").pop() else {
+                        return;
+                    };
+                    let ending = match socket.connect(server(MAIN.https)).await {
+                        Ok(stream) => {
+                            let _ = stream.set_nodelay(true);
+                            // Half the clients send the hello at once (parsed by the work,
+                            // after accept's peek), half pause before its second segment
+                            // (parsed in softirq as it lands).
+                            let (first, rest) = hello.split_at(1000);
+                            let pause = if i % 2 == 0 {
+                                Duration::ZERO
+                            } else {
+                                Duration::from_millis(2)
+                            };
+                            match send_raw(stream, &[first, rest], pause).await {
+                                Ending::Answered(bytes) if bytes.starts_with(&[0x16, 3, 3]) => {
+                                    "served".to_string()
+                                }
+                                other => format!("{other:?}"),
+                            }
+                        }
+                        Err(e) => format!("connect: {e}"),
+                    };
+                    *outcomes
+                        .lock()
+                        .expect("outcomes")
+                        .entry(ending)
+                        .or_default() += 1;
+                }
+            });
+        }));
+    }
+    for client in clients {
+        tokio::task::spawn_blocking(move || client.join().expect("client thread"))
+            .await
+            .expect("join");
+    }
+    let outcomes = outcomes.lock().expect("outcomes").clone();
+    let after = scrape_until(&proxy, "every decision counted", |s| {
+        REASONS
+            .iter()
+            .map(|r| s.kernel(r) - before.kernel(r))
+            .sum::<f64>()
+            >= N as f64
+    })
+    .await;
+    eprintln!(
+        "{outcomes:?}; kernel pass {} malformed {} parser_waited {}",
+        after.kernel("pass") - before.kernel("pass"),
+        after.kernel("malformed") - before.kernel("malformed"),
+        after.kernel("parser_waited") - before.kernel("parser_waited"),
+    );
+    assert_eq!(
+        outcomes.get("served").copied().unwrap_or(0),
+        N,
+        "a served name was refused: {outcomes:?}"
+    );
+    assert_eq!(
+        after.kernel("malformed"),
+        before.kernel("malformed"),
+        "{}",
+        after.0
+    );
+    if site.pins.0.join("workspace_busy").exists() {
+        let seen = ingress::gate::pinned_workspaces(&site.pins.0).expect("workspaces");
+        assert_eq!((seen.claimed, seen.dirty_words), (0, 0), "{seen:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A flood of connections that never finish their ClientHello
+
+/// This process's open-file limit, the soft one raised to the hard one (children inherit it).
+fn raise_nofile() -> u64 {
+    // SAFETY: getrlimit writes into the struct it is given.
+    let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: a valid rlimit within the hard limit.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    assert_eq!(rc, 0, "setrlimit: {}", io::Error::last_os_error());
+    limit.rlim_cur
+}
+
+/// `count` connections at `rate` per second, each sending the first `prefix.len()` bytes of a
+/// ClientHello (the header promises more) and then holding on until the server ends it or
+/// `hold` passes. Runs on its own thread; returns how the connections ended.
+fn partial_hello_flood(
+    pair: &NetPair,
+    prefix: Vec<u8>,
+    count: usize,
+    rate: u32,
+    hold: Duration,
+) -> std::thread::JoinHandle<BTreeMap<String, usize>> {
+    let sockets = client_sockets(pair, count);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let prefix = Arc::new(prefix);
+            let started = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for (i, socket) in sockets.into_iter().enumerate() {
+                let due = started + Duration::from_secs_f64(i as f64 / f64::from(rate));
+                tokio::time::sleep_until(due.into()).await;
+                let prefix = prefix.clone();
+                tasks.spawn(async move {
+                    let connect = tokio::time::timeout(hold, socket.connect(server(MAIN.https)));
+                    let Ok(Ok(mut stream)) = connect.await else {
+                        return "connect failed".to_string();
+                    };
+                    if stream.write_all(&prefix).await.is_err() {
+                        return "write failed".to_string();
+                    }
+                    let mut buf = [0u8; 64];
+                    match tokio::time::timeout(hold, stream.read(&mut buf)).await {
+                        Err(_) => "held to the end".to_string(),
+                        Ok(Ok(0)) => "closed".to_string(),
+                        Ok(Ok(_)) => "answered".to_string(),
+                        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => {
+                            "reset".to_string()
+                        }
+                        Ok(Err(e)) => format!("{:?}", e.kind()),
+                    }
+                });
+            }
+            let mut tally = BTreeMap::new();
+            while let Some(done) = tasks.join_next().await {
+                *tally.entry(done.expect("flood task")).or_default() += 1;
+            }
+            tally
+        })
+    })
+}
+
+/// 3,300 connections a second that send a record header and stall, each held for the gate
+/// timeout, as many at once as the process limits allow (the test and the proxy each hold one
+/// descriptor per connection). Known names, arriving in pieces (so through the socket path)
+/// all the while, are all served: no per-connection record of theirs is evicted or refused for
+/// want of room.
+async fn a_flood_of_stalled_hellos_never_costs_a_known_name(mode: Mode) {
+    const RATE: u32 = 3300;
+    let Some(site) = Site::new(&format!("stalled-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    // Room for the known traffic and everything else the test and the proxy hold.
+    let count = usize::try_from(raise_nofile().saturating_sub(2000))
+        .unwrap_or(usize::MAX)
+        .min(40_000);
+    eprintln!("{count} stalled connections");
+    site.pair
+        .client
+        .exec(
+            "sysctl",
+            &["-qw", "net.ipv4.ip_local_port_range=1024 65535"],
+        )
+        .expect("port range");
+    let proxy = site.start(mode, &[]).await;
+    let before = proxy.scrape();
+
+    let hello = corpus("curl-tls13.bin");
+    let flood = partial_hello_flood(
+        &site.pair,
+        hello[..100].to_vec(),
+        count,
+        RATE,
+        Duration::from_secs(20),
+    );
+    let flooding = Instant::now();
+    let flood_time = Duration::from_secs_f64(count as f64 / f64::from(RATE));
+    let mut known: BTreeMap<String, usize> = BTreeMap::new();
+    let mut during = Vec::new();
+    while flooding.elapsed() < flood_time + Duration::from_secs(3) {
+        let round = (0..4).map(|_| async {
+            let pieces = Pieces {
+                inner: site.connect(MAIN.https).await,
+                cuts: VecDeque::from([5, 150]),
+                written: 0,
+                pause: Duration::from_millis(20),
+                sleep: None,
+            };
+            https_get(pieces, &site.clients, Some(KNOWN), KNOWN).await
+        });
+        for outcome in futures_util::future::join_all(round).await {
+            *known.entry(format!("{outcome:?}")).or_default() += 1;
+        }
+        during.push(proxy.scrape());
+    }
+    let tally = tokio::task::spawn_blocking(move || flood.join().expect("flood thread"))
+        .await
+        .expect("join");
+    let after = proxy.scrape();
+    eprintln!("{mode:?}: known {known:?}\n  flood {tally:?}");
+    if mode == Mode::Ebpf {
+        for counter in [
+            "sock_added",
+            "sock_add_failed",
+            "record_failed",
+            "parser_waited",
+            "pass",
+        ] {
+            eprintln!(
+                "  {counter}: {}",
+                after.kernel(counter) - before.kernel(counter)
+            );
+        }
+    }
+    let served = known
+        .get(&format!("{:?}", Outcome::Served(200)))
+        .copied()
+        .unwrap_or(0);
+    let total: usize = known.values().sum();
+    assert!(
+        total >= 40,
+        "too little known traffic to mean anything: {known:?}"
+    );
+    assert_eq!(
+        served, total,
+        "a known name failed during the flood: {known:?}"
+    );
+    if mode == Mode::Ebpf {
+        // Room for every stalled connection: none was left to userspace for want of space.
+        assert_eq!(
+            after.kernel("sock_add_failed"),
+            before.kernel("sock_add_failed")
+        );
+        assert_eq!(
+            after.kernel("record_failed"),
+            before.kernel("record_failed")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_flood_of_stalled_hellos_never_costs_a_known_name_ebpf() {
+    a_flood_of_stalled_hellos_never_costs_a_known_name(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_flood_of_stalled_hellos_never_costs_a_known_name_userspace() {
+    a_flood_of_stalled_hellos_never_costs_a_known_name(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Behind a firewall
+
+/// The rule ufw, firewalld and most hardening guides install, on the interface clients come
+/// in through: unknown names must still be reset at once, never left to time out.
+async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(mode: Mode) {
+    let Some(site) = Site::new(&format!("firewall-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]).await;
+    site.pair
+        .server
+        .exec(
+            "iptables",
+            &[
+                "-I",
+                "INPUT",
+                "-i",
+                "veth0",
+                "-m",
+                "conntrack",
+                "--ctstate",
+                "INVALID",
+                "-j",
+                "DROP",
+            ],
+        )
+        .expect("iptables (install it with `cargo xtask setup`)");
+    let before = proxy.scrape();
+    let mut endings = Vec::new();
+    for i in 0..10 {
+        let started = Instant::now();
+        let result = site.curl(&format!("nobody-{i}.test")).await;
+        endings.push((result, started.elapsed()));
+    }
+    eprintln!("{mode:?} behind the firewall: {endings:?}");
+    for (i, (result, took)) in endings.iter().enumerate() {
+        // curl: (35) Recv failure: Connection reset by peer.
+        assert_eq!(
+            *result,
+            Err(Some(35)),
+            "client {i}; logs:\n{}",
+            proxy.logs()
+        );
+        assert!(*took < Duration::from_secs(1), "client {i} took {took:?}");
+    }
+    assert_eq!(
+        site.curl(KNOWN).await,
+        Ok(200),
+        "the known name behind the firewall"
+    );
+    let after = scrape_until(&proxy, "ten unknown", |s| {
+        s.gate("unknown") >= before.gate("unknown") + 10.0
+    })
+    .await;
+    assert_eq!(after.gate("unknown") - before.gate("unknown"), 10.0);
+    if mode == Mode::Ebpf {
+        // Counted once each: what happened, not every segment that was judged.
+        let delta = |c: &str| after.kernel(c) - before.kernel(c);
+        assert_eq!(delta("unknown"), 10.0, "{}", after.0);
+        assert_eq!(delta("dropped"), 10.0, "{}", after.0);
+        // Each reset sent from the TC hook, once: none left to a retransmission.
+        assert_eq!(delta("reset_before_accept_unknown"), 10.0, "{}", after.0);
+        assert_eq!(delta("early_reset_unsent"), 0.0, "{}", after.0);
+    }
+}
+
+#[tokio::test]
+async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid_ebpf() {
+    a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn a_refused_client_is_reset_behind_a_firewall_that_drops_invalid_userspace() {
+    a_refused_client_is_reset_behind_a_firewall_that_drops_invalid(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Other listeners on the same port
+
+/// Another server's listener on port 443, on an address `--bind` leaves free (and deferring
+/// accept, as nginx's `listen … deferred` does): its clients are none of the gate's business,
+/// whatever name they send and however their hello arrives.
+async fn another_listener_on_the_port_is_left_alone(mode: Mode) {
+    const OTHER: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 231, 0, 9);
+    let Some(site) = Site::new(&format!("other-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    site.pair
+        .server
+        .ip(&["addr", "add", "10.231.0.9/24", "dev", "veth0"])
+        .expect("a second address");
+    let mut args = site.args(mode.flag(), MAIN, &[]);
+    let bind = args.iter().position(|a| a == "0.0.0.0").expect("--bind");
+    args[bind] = SERVER_IP.to_string();
+    let proxy = site.spawn(&[], &args, MAIN);
+    proxy.wait_ready().await;
+    let before = proxy.scrape();
+
+    // The other server: reads what its client sends, then answers "other".
+    let listener = std::net::TcpListener::bind((OTHER, 443)).expect("bind the other listener");
+    defer_accept_std(&listener);
+    listener.set_nonblocking(true).expect("nonblocking");
+    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+    let (tx, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_millis(300), stream.read(&mut buf)).await
+                {
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let _ = stream.write_all(b"other").await;
+                let _ = tx.send(got);
+            });
+        }
+    });
+
+    let unknown_one = corpus("curl-tls13.bin");
+    let unknown_two = renamed(
+        &corpus("chromium-2.bin"),
+        "chromium.example.test",
+        "chromium.unknown.test",
+    );
+    for (what, hello) in [
+        ("one segment", &unknown_one),
+        ("two segments", &unknown_two),
+    ] {
+        let socket = client_sockets(&site.pair, 1).pop().expect("a socket");
+        let stream = tokio::time::timeout(STEP, socket.connect(SocketAddr::from((OTHER, 443))))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let ending = send_raw(stream, &[hello], Duration::ZERO).await;
+        assert_eq!(
+            ending,
+            Ending::Answered(b"other".to_vec()),
+            "{what}: the other server did not answer; logs:\n{}",
+            proxy.logs()
+        );
+        let got = tokio::time::timeout(STEP, received.recv())
+            .await
+            .expect("the other server finished")
+            .expect("a report");
+        assert_eq!(&got, hello, "{what}: the other server got other bytes");
+    }
+    server.abort();
+    let after = proxy.scrape();
+    let total = |s: &Scrape| REASONS.iter().map(|r| s.gate(r)).sum::<f64>();
+    assert_eq!(total(&after), total(&before), "the proxy decided something");
+    if mode == Mode::Ebpf {
+        for counter in [
+            "unknown",
+            "dropped",
+            "sock_added",
+            "reset_before_accept_unknown",
+        ] {
+            assert_eq!(after.kernel(counter), before.kernel(counter), "{counter}");
+        }
+    }
+    // The proxy's own address is still gated.
+    assert_eq!(site.curl(KNOWN).await, Ok(200));
+    assert_eq!(site.curl("nobody.test").await, Err(Some(35)));
+}
+
+#[tokio::test]
+async fn another_listener_on_the_port_is_left_alone_ebpf() {
+    another_listener_on_the_port_is_left_alone(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn another_listener_on_the_port_is_left_alone_userspace() {
+    another_listener_on_the_port_is_left_alone(Mode::Userspace).await;
+}
+
+/// TCP_DEFER_ACCEPT on a listener: its connections wait in the SYN queue for their first data.
+fn defer_accept_std(listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    let seconds: libc::c_int = 5;
+    // SAFETY: a valid socket and an int option of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&raw const seconds).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap(),
+        )
+    };
+    assert_eq!(rc, 0, "TCP_DEFER_ACCEPT: {}", io::Error::last_os_error());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Another TC program on the hook
+
+/// A CNI's TC program on the interface (a stand-in that returns TC_ACT_OK, as Cilium's do):
+/// the early reset is attached ahead of it, so it still runs; a program attached ahead of it
+/// later is reported (a warning and `ingress_ebpf_early_reset_shadowed`), and connections
+/// through that interface are still judged, after accept.
+#[tokio::test]
+async fn a_cni_program_on_the_hook_neither_hides_the_early_reset_nor_goes_unreported() {
+    let Some(site) = Site::new("tcx", &[KNOWN]) else {
+        return;
+    };
+    let _cni = StandIn::attach_first(&site.pair.server, "veth0").expect("the stand-in attaches");
+    let proxy = site.start(Mode::Ebpf, &[]).await;
+    let shadowed = |s: &Scrape| {
+        s.value(
+            "ingress_ebpf_early_reset_shadowed",
+            &[("interface", "veth0")],
+        )
+    };
+    let hello = corpus("curl-tls13.bin");
+    let before = proxy.scrape();
+    assert_eq!(shadowed(&before), 0.0, "{}", before.0);
+    let ending = site.send(MAIN.https, &[&hello], Duration::ZERO).await;
+    assert_fast_reset(&ending, "unknown name with a CNI program on the hook");
+    let after = scrape_until(&proxy, "one unknown", |s| {
+        s.kernel("unknown") > before.kernel("unknown")
+    })
+    .await;
+    assert_eq!(
+        after.kernel("reset_before_accept_unknown") - before.kernel("reset_before_accept_unknown"),
+        1.0,
+        "the early reset did not run: {}",
+        after.0
+    );
+
+    // The CNI restarts and puts itself first again.
+    let late = StandIn::attach_first(&site.pair.server, "veth0").expect("attach again");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while shadowed(&proxy.scrape()) != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "shadowing not reported; logs:\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let logs = proxy.logs();
+    assert!(
+        logs.contains("another TC program runs before the early reset") && logs.contains("standin"),
+        "{logs}"
+    );
+    // Still refused: after accept now.
+    let before = proxy.scrape();
+    let ending = site.send(MAIN.https, &[&hello], Duration::ZERO).await;
+    assert_fast_reset(
+        &ending,
+        "unknown name behind a program that shadows the early reset",
+    );
+    let after = scrape_until(&proxy, "one unknown", |s| {
+        s.kernel("unknown") > before.kernel("unknown")
+    })
+    .await;
+    let delta = |c: &str| after.kernel(c) - before.kernel(c);
+    assert_eq!(delta("reset_before_accept_unknown"), 0.0, "{}", after.0);
+    assert_eq!(delta("sock_added"), 1.0, "{}", after.0);
+
+    drop(late);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while shadowed(&proxy.scrape()) != 0.0 {
+        assert!(Instant::now() < deadline, "{}", proxy.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        proxy.logs().contains("the early reset runs first again"),
+        "{}",
+        proxy.logs()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // No SNI, garbage, plain HTTP
 
 async fn no_sni_garbage_and_plain_http_follow_the_flags(mode: Mode) {
@@ -1455,7 +2407,15 @@ async fn hammer(
     };
     while !*stop.borrow() {
         let stream = site.connect(MAIN.https).await;
+        let local = stream.local_addr().ok();
+        let started = Instant::now();
         let outcome = https_get(stream, &clients, Some(name), name).await;
+        if matches!(outcome, Outcome::Failed(_)) {
+            eprintln!(
+                "{name} from {local:?} failed after {:?}: {outcome:?}",
+                started.elapsed()
+            );
+        }
         *tally.entry(format!("{outcome:?}")).or_default() += 1;
     }
     tally
@@ -1519,8 +2479,10 @@ async fn a_route_change_under_load_never_resets_a_still_valid_name(mode: Mode) {
         .unwrap_or(0);
     let total: usize = stay.values().sum();
     assert_eq!(
-        ok, total,
-        "stay.test, valid throughout, was not always served: {stay:?}"
+        ok,
+        total,
+        "stay.test, valid throughout, was not always served: {stay:?}; logs:\n{}",
+        proxy.logs()
     );
     assert!(
         total >= 40,
@@ -1566,6 +2528,193 @@ async fn a_route_change_under_load_never_resets_a_still_valid_name_ebpf() {
 #[tokio::test]
 async fn a_route_change_under_load_never_resets_a_still_valid_name_userspace() {
     a_route_change_under_load_never_resets_a_still_valid_name(Mode::Userspace).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Startup: nothing is answered before the configuration is loaded
+
+/// What probing one port from the moment the process started saw.
+#[derive(Debug, Default)]
+struct Probed {
+    /// Connections refused: the port was not open yet.
+    refused: usize,
+    served: usize,
+    /// Anything else: a 404 for a served host, a reset, a failed handshake.
+    wrong: Vec<String>,
+}
+
+/// Probes HTTP and HTTPS for `host` from now on, one connection after another, until each
+/// has been served `want` times (or `limit` passes): a closed port is fine, as it is for a
+/// load balancer's health check, and anything but the right answer is not. The right answer
+/// over HTTPS is 200; over HTTP it is the redirect to HTTPS a host with TLS gets (308).
+async fn probe_from_start(site: &Site, host: &str, want: usize, limit: Duration) -> [Probed; 2] {
+    let mut seen = [Probed::default(), Probed::default()];
+    let deadline = Instant::now() + limit;
+    while seen.iter().any(|p| p.served < want) && Instant::now() < deadline {
+        for (https, probed) in seen.iter_mut().enumerate() {
+            if probed.served >= want {
+                continue;
+            }
+            let port = if https == 1 { MAIN.https } else { MAIN.http };
+            let socket = client_sockets(&site.pair, 1).pop().expect("a socket");
+            let stream = match tokio::time::timeout(STEP, socket.connect(server(port))).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    probed.refused += 1;
+                    continue;
+                }
+                other => {
+                    probed.wrong.push(format!("connect: {other:?}"));
+                    continue;
+                }
+            };
+            let (outcome, right) = if https == 1 {
+                (
+                    https_get(stream, &site.clients, Some(host), host).await,
+                    200,
+                )
+            } else {
+                (http_get(stream, host).await, 308)
+            };
+            match outcome {
+                Outcome::Served(status) if status == right => probed.served += 1,
+                other => probed.wrong.push(format!("{other:?}")),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    seen
+}
+
+/// `GET /` over plain HTTP with `Host: host`.
+async fn http_get(mut stream: TcpStream, host: &str) -> Outcome {
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    if let Err(e) = stream.write_all(request.as_bytes()).await {
+        return Outcome::Failed(format!("write: {e}"));
+    }
+    let mut response = Vec::new();
+    match tokio::time::timeout(STEP, stream.read_to_end(&mut response)).await {
+        Err(_) => return Outcome::Failed("response timed out".into()),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionReset => return Outcome::Reset,
+        Ok(Err(e)) => return Outcome::Failed(format!("read: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    let text = String::from_utf8_lossy(&response);
+    match text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+    {
+        Some(status) => Outcome::Served(status),
+        None => Outcome::Failed(format!("no status line in {text:?}")),
+    }
+}
+
+fn assert_startup(mode: Mode, what: &str, seen: &[Probed; 2], proxy: &Proxy) {
+    eprintln!("{mode:?} {what}: http {:?}\n  https {:?}", seen[0], seen[1]);
+    for (name, probed) in ["http", "https"].iter().zip(seen) {
+        assert!(
+            probed.wrong.is_empty(),
+            "{what}, {name}: answered before the configuration was loaded: {:?}; logs:\n{}",
+            probed.wrong,
+            proxy.logs()
+        );
+        assert!(probed.served > 0, "{what}, {name}: never served");
+    }
+}
+
+/// 3,000 Ingresses from manifests: from the moment the process starts, a served host is either
+/// not answered at all (the ports are closed) or answered right, over HTTP and HTTPS.
+async fn nothing_is_answered_before_the_manifests_are_loaded(mode: Mode) {
+    let Some(site) = Site::new(&format!("startup-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    let mut many = String::new();
+    for i in 0..3000 {
+        many += &ingress_tests::manifests::ingress(
+            "t",
+            &format!("filler-{i}"),
+            &[(&format!("h{i}.filler.test"), "/", "Prefix", "web")],
+        );
+    }
+    std::fs::write(site.manifests().join("many.yaml"), many).expect("write manifests");
+    let proxy = site.spawn(&[], &site.args(mode.flag(), MAIN, &[]), MAIN);
+    let seen = probe_from_start(&site, KNOWN, 20, Duration::from_secs(60)).await;
+    assert_startup(mode, "3,000 Ingresses from manifests", &seen, &proxy);
+}
+
+#[tokio::test]
+async fn nothing_is_answered_before_the_manifests_are_loaded_ebpf() {
+    nothing_is_answered_before_the_manifests_are_loaded(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn nothing_is_answered_before_the_manifests_are_loaded_userspace() {
+    nothing_is_answered_before_the_manifests_are_loaded(Mode::Userspace).await;
+}
+
+/// The Kubernetes source at the kube benchmark's scale (10,000 Ingresses, 10,000 Services,
+/// 20,000 EndpointSlices, and the site's own objects): the same from process start.
+async fn nothing_is_answered_before_the_cluster_is_synced(mode: Mode) {
+    use ingress_tests::apiserver::{ServerOptions, TestApiServer};
+    let Some(site) = Site::new(&format!("startup-kube-{}", mode.flag()), &[KNOWN]) else {
+        return;
+    };
+    // The API server lives in the server namespace (this thread's), on its loopback.
+    let api = TestApiServer::start_with(ServerOptions::default())
+        .await
+        .expect("test API server");
+    let mut objects = vec![
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "t"}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}}),
+        serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "ingress"}, "spec": {"controller": "ingress.rs/controller"}}),
+    ];
+    let site_yaml =
+        std::fs::read_to_string(site.manifests().join("site.yaml")).expect("site manifests");
+    for document in serde_yaml_ng::Deserializer::from_str(&site_yaml) {
+        let value = serde_json::Value::deserialize(document).expect("a manifest");
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    for i in 0..10_000 {
+        objects.push(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("svc-{i}"), "namespace": "bench"}, "spec": {"ports": [{"name": "http", "port": 80}]}}));
+        for k in 0..2 {
+            objects.push(serde_json::json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": format!("svc-{i}-{k}"), "namespace": "bench", "labels": {"kubernetes.io/service-name": format!("svc-{i}")}}, "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": [{"addresses": [format!("10.{}.{}.{}", (i >> 8) & 255, i & 255, k + 1)], "conditions": {"ready": true}}]}));
+        }
+        objects.push(serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": format!("ing-{i}"), "namespace": "bench"}, "spec": {"ingressClassName": "ingress", "rules": [{"host": format!("h{i}.bench.test"), "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}}]}}]}}));
+    }
+    let stored = api.store().seed(objects).expect("seed the cluster");
+    assert!(stored > 40_000, "{stored}");
+    let kubeconfig = site.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let mut args = site.args(mode.flag(), MAIN, &[]);
+    let at = args
+        .iter()
+        .position(|a| a == "--manifests")
+        .expect("--manifests");
+    args[at] = "--kubeconfig".into();
+    args[at + 1] = kubeconfig.display().to_string();
+    let proxy = site.spawn(&[], &args, MAIN);
+    let seen = probe_from_start(&site, KNOWN, 20, Duration::from_secs(120)).await;
+    assert_startup(
+        mode,
+        "the Kubernetes source with 40,000 objects",
+        &seen,
+        &proxy,
+    );
+    drop(proxy);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn nothing_is_answered_before_the_cluster_is_synced_ebpf() {
+    nothing_is_answered_before_the_cluster_is_synced(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn nothing_is_answered_before_the_cluster_is_synced_userspace() {
+    nothing_is_answered_before_the_cluster_is_synced(Mode::Userspace).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1934,6 +3083,105 @@ async fn a_killed_proxy_leaves_no_gate_attached_and_a_restart_replaces_its_remai
         "programs of the killed run remain: {left:?}"
     );
     some_load(&site, &second, 5).await;
+}
+
+/// Two processes on one pin directory: the second does not load the gate (`--mode ebpf` fails
+/// naming the first's pid; `--mode auto` falls back with one log line), and when it exits the
+/// first's pins, policy and gate are exactly as they were.
+#[tokio::test]
+async fn a_second_instance_on_the_same_pins_is_refused_and_harms_nothing() {
+    let Some(site) = Site::new("shared-pins", &[KNOWN]) else {
+        return;
+    };
+    let pins = site.pins.0.clone();
+    let first = site.start(Mode::Ebpf, &[]).await;
+    let maps = pinned_maps(&pins);
+    let hosts = host_names(&pins);
+    let owner = format!("is in use by another ingress process (pid {})", first.pid());
+
+    let mut second = site.spawn(&[], &site.args("ebpf", SECOND, &[]), SECOND);
+    let status = second.wait_exit(Duration::from_secs(20)).await;
+    let logs = second.logs();
+    assert!(!status.success(), "a second owner started:\n{logs}");
+    assert!(
+        logs.contains("--mode ebpf: the kernel gate did not load") && logs.contains(&owner),
+        "the reason is missing:\n{logs}"
+    );
+
+    let third = site.spawn(&[], &site.args("auto", SECOND, &[]), SECOND);
+    third.wait_ready().await;
+    let logs = third.logs();
+    let lines = fallback_lines(&logs);
+    assert_eq!(lines.len(), 1, "{logs}");
+    assert!(lines[0].contains(&owner), "{}", lines[0]);
+    assert_eq!(third.scrape().value("ingress_ebpf_enabled", &[]), 0.0);
+    assert_eq!(site.curl_port(KNOWN, SECOND.https).await, Ok(200));
+    drop(third);
+
+    assert_eq!(
+        pinned_maps(&pins),
+        maps,
+        "the first instance's pins changed"
+    );
+    assert_eq!(host_names(&pins), hosts);
+    let before = first.scrape();
+    assert_eq!(site.curl(KNOWN).await, Ok(200));
+    assert_fast_reset(
+        &site
+            .send(MAIN.https, &[&corpus("curl-tls13.bin")], Duration::ZERO)
+            .await,
+        "the first instance still refuses unknown names",
+    );
+    let after = scrape_until(&first, "one unknown", |s| {
+        s.kernel("unknown") > before.kernel("unknown")
+    })
+    .await;
+    assert_eq!(
+        after.kernel("reset_before_accept_unknown") - before.kernel("reset_before_accept_unknown"),
+        1.0,
+        "{}",
+        after.0
+    );
+}
+
+/// A restart reuses the pinned HOSTS as they are: nothing is written to them until a snapshot
+/// from synced sources is published, and then only what changed.
+#[tokio::test]
+async fn a_restart_never_empties_the_pinned_hosts() {
+    let Some(site) = Site::new("restart-hosts", &[KNOWN, "stay.test"]) else {
+        return;
+    };
+    let pins = site.pins.0.clone();
+    let mut first = site.start(Mode::Ebpf, &[]).await;
+    first.signal(libc::SIGTERM);
+    assert!(first.wait_exit(Duration::from_secs(40)).await.success());
+    let hosts = host_names(&pins);
+    assert_eq!(
+        hosts,
+        BTreeSet::from([KNOWN.to_string(), "stay.test".to_string()])
+    );
+    let id = pinned_maps(&pins)["hosts"];
+
+    let mut args = site.args("ebpf", MAIN, &[]);
+    let level = args
+        .iter()
+        .position(|a| a == "--log-level")
+        .expect("--log-level");
+    args[level + 1] = "info,ingress::gate=debug".into();
+    let second = site.spawn(&[], &args, MAIN);
+    second.wait_ready().await;
+    let logs = second.logs();
+    let removals: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("kernel host policy synced") && !l.contains("removed=0"))
+        .collect();
+    assert!(
+        removals.is_empty(),
+        "names were removed from the pinned HOSTS at startup: {removals:?}"
+    );
+    assert_eq!(pinned_maps(&pins)["hosts"], id, "HOSTS was replaced");
+    assert_eq!(host_names(&pins), hosts);
+    assert_eq!(site.curl(KNOWN).await, Ok(200));
 }
 
 // ---------------------------------------------------------------------------------------------

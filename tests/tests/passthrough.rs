@@ -282,6 +282,15 @@ impl TlsBackend {
             .expect("the backend reported no connection in time")
             .expect("the backend stopped")
     }
+
+    /// Takes reports until none arrives for `quiet`; how many there were.
+    async fn settle(&mut self, quiet: Duration) -> usize {
+        let mut n = 0;
+        while let Ok(Some(_)) = tokio::time::timeout(quiet, self.served.recv()).await {
+            n += 1;
+        }
+        n
+    }
 }
 
 fn server_config(leaf: &Leaf) -> Arc<rustls::ServerConfig> {
@@ -1381,6 +1390,119 @@ async fn five_hundred_concurrent_connections_leave_nothing_behind_ebpf() {
 #[tokio::test]
 async fn five_hundred_concurrent_connections_leave_nothing_behind_userspace() {
     five_hundred_concurrent_connections_leave_nothing_behind(Mode::Userspace).await;
+}
+
+/// Every way a passthrough connection ends, many at once and with bytes still moving when it
+/// does: the client closes, the upstream closes, either side resets mid-stream, the idle
+/// timeout closes it. Afterwards the proxy is back where it started, and every splice map is
+/// empty: an entry left behind is never deleted, and once the maps fill every passthrough
+/// falls back to copying.
+async fn every_way_a_splice_ends_leaves_nothing_behind(mode: Mode) {
+    const EACH: usize = 40;
+    let extra = ["--passthrough-idle-timeout", "1s"];
+    let Some(mut site) = Site::start("ends", mode, &extra).await else {
+        return;
+    };
+    let mut warm = site.tls(DB).await;
+    warm.write_all(b"E").await.unwrap();
+    warm.shutdown().await.unwrap();
+    drain(&mut warm).await;
+    let _ = site.backend.next().await;
+    site.wait_idle().await;
+    let before = baseline(&site);
+    if let Some(entries) = before.entries {
+        assert_eq!(entries, ingress::gate::PinnedSpliceEntries::default());
+    }
+
+    let site_ref = &site;
+    let one = |way: usize| async move {
+        let mut tls = site_ref.tls(DB).await;
+        match way {
+            // The client closes after an exchange.
+            0 => {
+                tls.write_all(b"Eping").await.unwrap();
+                tls.shutdown().await.unwrap();
+                drain(&mut tls).await;
+            }
+            // The upstream sends, closes its side, and the client follows.
+            1 => {
+                tls.write_all(b"S").await.unwrap();
+                tls.write_all(&(256 * 1024u64).to_le_bytes()).await.unwrap();
+                tls.flush().await.unwrap();
+                drain(&mut tls).await;
+                let _ = tls.shutdown().await;
+            }
+            // The client resets in the middle of sending.
+            2 => {
+                tls.write_all(b"W").await.unwrap();
+                let _ = send_pattern(&mut tls, MIB / 2).await;
+                linger_zero(tls.get_ref().0);
+                drop(tls);
+            }
+            // The upstream resets while the client is still sending.
+            3 => {
+                tls.write_all(b"R").await.unwrap();
+                let _ = send_pattern(&mut tls, MIB).await;
+                drain(&mut tls).await;
+            }
+            // Quiet until the idle timeout.
+            _ => {
+                tls.write_all(b"Eping").await.unwrap();
+                tls.flush().await.unwrap();
+                let mut echo = [0u8; 4];
+                tls.read_exact(&mut echo).await.unwrap();
+                drain(&mut tls).await;
+            }
+        }
+    };
+    let all = (0..5 * EACH).map(|i| one(i % 5));
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        futures_util::future::join_all(all),
+    )
+    .await
+    .expect("every connection ended in time");
+    site.backend.settle(Duration::from_secs(2)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let after = baseline(&site);
+        if after == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not back to the baseline: before {before:?}, after {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ended = |how| {
+        site.proxy.metric(
+            "ingress_passthrough_ended_total",
+            &[("mode", mode.label()), ("how", how)],
+        )
+    };
+    eprintln!(
+        "{mode:?}: closed {}, client_reset {}, upstream_reset {}, idle {}",
+        ended("closed"),
+        ended("client_reset"),
+        ended("upstream_reset"),
+        ended("idle")
+    );
+    assert!(
+        ended("idle") >= EACH as f64,
+        "the idle timeout ended {}",
+        ended("idle")
+    );
+}
+
+#[tokio::test]
+async fn every_way_a_splice_ends_leaves_nothing_behind_ebpf() {
+    every_way_a_splice_ends_leaves_nothing_behind(Mode::Ebpf).await;
+}
+
+#[tokio::test]
+async fn every_way_a_splice_ends_leaves_nothing_behind_userspace() {
+    every_way_a_splice_ends_leaves_nothing_behind(Mode::Userspace).await;
 }
 
 async fn passthrough_and_terminated_hosts_share_the_port(mode: Mode) {

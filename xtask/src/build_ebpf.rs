@@ -40,10 +40,12 @@ pub fn run(args: &Args) -> Result<PathBuf> {
             "--target-dir",
         ])
         .arg(&target_dir)
-        // BTF for maps and programs: debug info in, BTF out of bpf-linker.
+        // BTF for maps and programs: debug info in, BTF out of bpf-linker. CPU v3 (kernel 5.1+,
+        // far below what the gate needs anyway) for the atomic compare-and-swap the workspace
+        // claims rely on (see ingress-ebpf/src/work.rs).
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
-            "-Cdebuginfo=2\x1f-Clink-arg=--btf",
+            "-Cdebuginfo=2\x1f-Clink-arg=--btf\x1f-Ctarget-cpu=v3",
         )
         .current_dir(&ws.root)
         .status()

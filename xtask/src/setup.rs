@@ -29,6 +29,9 @@ pub const PACKAGES: &[&str] = &[
     "bpftool",
     "chromium",
     "iproute2",
+    // Veth offloads off (ethtool), and the node firewall the gate's refusals must get through.
+    "ethtool",
+    "iptables",
 ];
 
 /// How many of [`PACKAGES`] the eBPF build itself needs.

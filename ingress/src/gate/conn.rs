@@ -127,11 +127,10 @@ impl Gate {
         shared.admission(cookie, &record)
     }
 
-    /// After `Pass` or `Passthrough` (with that verdict): reads exactly the first record (plus
-    /// any bytes already queued behind it) and takes the socket out of SOCKS. Hand the bytes to
-    /// TLS ahead of the socket. Reading before leaving SOCKS is the point: leaving discards
-    /// whatever the kernel still holds for the socket. The verdict record stays in VERDICTS
-    /// until the socket closes (the kernel deletes it then).
+    /// After `Pass`, `Passthrough` or `Deferred` (with that verdict): reads exactly the first
+    /// record (plus any bytes already queued behind it), takes the socket out of SOCKS and
+    /// deletes its records. Hand the bytes to TLS ahead of the socket. Reading before leaving
+    /// SOCKS is the point: leaving discards whatever the kernel still holds for the socket.
     pub async fn take_first_record(
         &self,
         stream: &mut TcpStream,
@@ -141,11 +140,48 @@ impl Gate {
         // Passed before accept: the socket never joined SOCKS, and every byte is still in its
         // receive queue for TLS to read.
         if verdict.record_len == 0 {
+            self.forget(cookie);
             return Ok(Vec::new());
         }
         let want = usize::try_from(verdict.record_len)
             .unwrap_or(usize::MAX)
             .min((RECORD_HEADER_LEN + MAX_FRAGMENT_LEN) as usize);
+        let mut buf = if verdict.delivered {
+            let bytes = self.delivered_record(cookie).await?;
+            // Nothing has been read from the socket, so tokio may not have seen its first
+            // readiness yet: without this, TLS's first write (the alert of a handshake that
+            // fails at once) can find it "not writable" and be given up, as the client then
+            // sees: a close with no alert. A connected socket is writable at once.
+            let _ = timeout(READ_RETRY, stream.writable()).await;
+            bytes
+        } else {
+            self.read_record(stream, want).await?
+        };
+        self.drain_and_leave(stream, cookie, &mut buf, want).await?;
+        Ok(buf)
+    }
+
+    /// The first record the kernel delivered in the verdict's event (usually drained already:
+    /// the kernel submits the event before userspace can see the verdict).
+    async fn delivered_record(&self, cookie: u64) -> Result<Vec<u8>> {
+        let deadline = Instant::now() + RECHECK;
+        loop {
+            if let Some(bytes) = self.shared.waiters.take_record(cookie) {
+                return Ok(bytes);
+            }
+            events::drain(&self.shared);
+            if let Some(bytes) = self.shared.waiters.take_record(cookie) {
+                return Ok(bytes);
+            }
+            if Instant::now() >= deadline {
+                return Err(GateError::RecordLost);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Reads the first record the kernel left in the socket.
+    async fn read_record(&self, stream: &mut TcpStream, want: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; want];
         let deadline = Instant::now() + self.shared.timeout;
         let mut read = 0;
@@ -162,6 +198,18 @@ impl Gate {
                 return Err(GateError::RecordTimeout(self.shared.timeout));
             }
         }
+        Ok(buf)
+    }
+
+    /// Reads whatever else the kernel holds for the socket, takes it out of SOCKS, deletes its
+    /// records, and checks that every byte TCP received is accounted for.
+    async fn drain_and_leave(
+        &self,
+        stream: &mut TcpStream,
+        cookie: u64,
+        buf: &mut Vec<u8>,
+        want: usize,
+    ) -> Result<()> {
         // Drain with real reads until everything TCP received has come out: tokio's try_read
         // answers from a cached readiness the last read cleared, and bytes still inside the
         // kernel's psock (a client that sends right behind its ClientHello, as TLS 1.3 early
@@ -184,7 +232,8 @@ impl Gate {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        match lock(&self.shared.socks).remove(&cookie) {
+        let removed = lock(&self.shared.socks).remove(&cookie);
+        match removed {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
             Err(source) => {
                 return Err(GateError::Map {
@@ -193,11 +242,18 @@ impl Gate {
                 });
             }
         }
+        // Out of SOCKS, no program runs for the socket any more: its records are done with.
+        self.forget(cookie);
         // Whatever TCP received is now either read or in the plain receive queue; anything
         // else went with the psock, and the stream can no longer be served whole (the caller
         // resets it).
         let received = data_received(stream)?;
         let queued = sys::unread(stream.as_fd()).map_err(GateError::Socket)?;
+        // A read position past the data (negative FIONREAD): the kernel counted bytes as read
+        // twice, and the next bytes the client sends would never wake us. Refuse to serve it
+        // rather than let the handshake time out.
+        let queued =
+            u64::try_from(queued).map_err(|_| GateError::ReadPastData(queued.unsigned_abs()))?;
         let read = buf.len() as u64;
         if received > read + queued {
             return Err(GateError::Discarded {
@@ -206,7 +262,7 @@ impl Gate {
                 queued,
             });
         }
-        Ok(buf)
+        Ok(())
     }
 
     /// After `Drop`: resets the connection at once (SO_LINGER 0 + close) without reading. The
@@ -217,6 +273,25 @@ impl Gate {
             .map_err(GateError::Socket)?;
         drop(stream);
         Ok(())
+    }
+
+    /// Deletes what the kernel kept for a connection whose admission is over (it would also go
+    /// when the socket closes, but a served connection can stay open for hours).
+    fn forget(&self, cookie: u64) {
+        for (name, result) in [
+            ("VERDICTS", lock(&self.shared.verdicts).remove(&cookie)),
+            (
+                "NEXT_MESSAGE",
+                lock(&self.shared.next_message).remove(&cookie),
+            ),
+        ] {
+            match result {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => {
+                    tracing::debug!(cookie, map = name, error = %e, "could not delete a record")
+                }
+            }
+        }
     }
 
     /// `None`: no record (not gated); `Some(None)`: gated, pending; else the decision.

@@ -12,12 +12,21 @@
 //! is judged after accept exactly as without it. Interfaces are attached with TCX links, which
 //! coexist with other programs on the same hook (a CNI's, for instance) and go away with this
 //! process or with the interface.
+//!
+//! Order on the hook matters: `tcx_run` stops at the first program whose verdict is not "next",
+//! and a CNI's programs return OK or redirect. So the program is attached first, and each
+//! rescan reads the hook's order back: a program attached before it since (a CNI restarted, say)
+//! is reported (`Shadowed`: a warning, and `ingress_ebpf_early_reset_shadowed`), not fought
+//! over. Connections it no longer sees are still judged after accept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
 
-use aya::programs::{SchedClassifier, TcAttachType, tc::SchedClassifierLinkId};
+use aya::programs::{
+    LinkOrder, SchedClassifier, TcAttachType,
+    tc::{SchedClassifierLinkId, TcAttachOptions},
+};
 
 use super::sys::{self, ARPHRD_ETHER, ARPHRD_LOOPBACK, Interface};
 use super::{GateError, Result, lock};
@@ -39,6 +48,14 @@ pub enum EarlyReset {
     Off,
 }
 
+/// An interface where other TC programs run before `gate_early`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shadowed {
+    pub interface: String,
+    /// The programs ahead of it: (id, name).
+    pub by: Vec<(u32, String)>,
+}
+
 /// The loaded programs and the interfaces `gate_early` is attached to. Dropping it detaches
 /// everything.
 pub(super) struct Programs {
@@ -46,6 +63,8 @@ pub(super) struct Programs {
     attached: BTreeMap<u32, (String, SchedClassifierLinkId)>,
     /// Interfaces whose attach failed, so a failure is logged once, not every rescan.
     failing: BTreeSet<String>,
+    /// Interfaces where something runs first, as of the last sync.
+    shadowed: BTreeMap<String, Shadowed>,
 }
 
 /// What one `sync` changed.
@@ -57,6 +76,9 @@ pub(super) struct SyncOutcome {
     pub failed: Vec<(String, String)>,
     /// Named in `Only` but absent or not Ethernet/loopback.
     pub unusable: Vec<String>,
+    /// Newly shadowed interfaces, and ones no longer shadowed.
+    pub shadowed: Vec<Shadowed>,
+    pub unshadowed: Vec<String>,
 }
 
 impl Programs {
@@ -65,7 +87,12 @@ impl Programs {
             ebpf,
             attached: BTreeMap::new(),
             failing: BTreeSet::new(),
+            shadowed: BTreeMap::new(),
         }
+    }
+
+    pub fn shadowed(&self) -> Vec<Shadowed> {
+        self.shadowed.values().cloned().collect()
     }
 
     /// The names of the interfaces the program is attached to.
@@ -113,7 +140,7 @@ impl Programs {
             if self.attached.contains_key(&iface.index) {
                 continue;
             }
-            match prog.attach(&iface.name, TcAttachType::Ingress) {
+            match attach_first(prog, &iface.name) {
                 Ok(link) => {
                     self.failing.remove(&iface.name);
                     self.attached
@@ -127,8 +154,67 @@ impl Programs {
                 }
             }
         }
+        let ours = prog.info().map(|info| info.id()).ok();
+        let mut now = BTreeMap::new();
+        for (name, _) in self.attached.values() {
+            let ahead = ours.and_then(|id| ahead_of(id, name));
+            if let Some(by) = ahead.filter(|by| !by.is_empty()) {
+                now.insert(
+                    name.clone(),
+                    Shadowed {
+                        interface: name.clone(),
+                        by,
+                    },
+                );
+            }
+        }
+        outcome.shadowed = now
+            .values()
+            .filter(|s| self.shadowed.get(&s.interface) != Some(*s))
+            .cloned()
+            .collect();
+        outcome.unshadowed = self
+            .shadowed
+            .keys()
+            .filter(|name| !now.contains_key(*name))
+            .cloned()
+            .collect();
+        self.shadowed = now;
         Ok(outcome)
     }
+}
+
+/// Attaches before every program already on the interface's TCX ingress hook (on kernels
+/// without TCX, through a tc filter, where order cannot be chosen).
+fn attach_first(
+    prog: &mut SchedClassifier,
+    interface: &str,
+) -> std::result::Result<SchedClassifierLinkId, aya::programs::ProgramError> {
+    let tcx = aya::util::KernelVersion::current()
+        .is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0));
+    if tcx {
+        prog.attach_with_options(
+            interface,
+            TcAttachType::Ingress,
+            TcAttachOptions::TcxOrder(LinkOrder::first()),
+        )
+    } else {
+        prog.attach(interface, TcAttachType::Ingress)
+    }
+}
+
+/// The programs that run before program `ours` on `interface`'s TCX ingress hook; `None` if
+/// the hook cannot be read (no TCX) or `ours` is not on it.
+fn ahead_of(ours: u32, interface: &str) -> Option<Vec<(u32, String)>> {
+    let (_, programs) = SchedClassifier::query_tcx(interface, TcAttachType::Ingress).ok()?;
+    let at = programs.iter().position(|p| p.id() == ours)?;
+    Some(
+        programs
+            .iter()
+            .take(at)
+            .map(|p| (p.id(), p.name_as_str().unwrap_or("?").to_string()))
+            .collect(),
+    )
 }
 
 /// The interfaces `mode` asks for among `present`, and the named ones that cannot be used.
@@ -166,6 +252,21 @@ pub(super) fn report(outcome: &SyncOutcome) {
     }
     for (name, why) in &outcome.failed {
         tracing::warn!(interface = %name, error = %why, "could not attach the early reset; connections through it are judged after accept");
+    }
+    for shadowed in &outcome.shadowed {
+        let by: Vec<String> = shadowed
+            .by
+            .iter()
+            .map(|(id, name)| format!("{name} (id {id})"))
+            .collect();
+        tracing::warn!(
+            interface = %shadowed.interface,
+            ahead = ?by,
+            "another TC program runs before the early reset; if it returns a verdict, the early reset never sees the packet and connections through this interface are judged after accept"
+        );
+    }
+    for name in &outcome.unshadowed {
+        tracing::info!(interface = %name, "the early reset runs first again");
     }
 }
 

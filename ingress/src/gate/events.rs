@@ -5,6 +5,10 @@
 //! No lost wakeups: `admit` registers its waiter first and only then reads the early table and
 //! VERDICTS, and the kernel writes VERDICTS before it emits the event.
 //!
+//! An admitted connection's event carries its first record (see `ingress_common::Delivery`):
+//! those bytes are kept here, by cookie, until `take_first_record` takes them (or they expire
+//! with the early verdicts).
+//!
 //! Early verdicts are the cheap path. The HTTPS listener defers accept until the client's first
 //! bytes arrive, and the kernel decides as those bytes land, before accept() returns; so the
 //! accept loop usually finds the verdict here, having read only the socket's cookie, and resets
@@ -33,6 +37,8 @@ pub(super) struct Waiters(Mutex<Table>);
 struct Table {
     waiting: HashMap<u64, oneshot::Sender<VerdictRecord>>,
     early: HashMap<u64, (VerdictRecord, Instant)>,
+    /// First records delivered in their event, until taken.
+    records: HashMap<u64, (Vec<u8>, Instant)>,
     pruned: Option<Instant>,
 }
 
@@ -64,8 +70,28 @@ impl Waiters {
             .map(|(record, _)| record)
     }
 
-    fn complete(&self, cookie: u64, record: VerdictRecord, now: Instant) {
+    /// The first record delivered for `cookie`, if it has been drained; taking it removes it.
+    pub(super) fn take_record(&self, cookie: u64) -> Option<Vec<u8>> {
+        lock(&self.0)
+            .records
+            .remove(&cookie)
+            .map(|(bytes, _)| bytes)
+    }
+
+    fn complete(&self, cookie: u64, record: VerdictRecord, payload: Option<Vec<u8>>, now: Instant) {
         let mut table = lock(&self.0);
+        if let Some(payload) = payload {
+            if table.records.len() >= EARLY_LIMIT {
+                table
+                    .records
+                    .retain(|_, (_, at)| now.duration_since(*at) < EARLY_TTL);
+            }
+            // Beyond the limit the bytes are lost; `take_first_record` then resets the
+            // connection rather than serve it without its ClientHello.
+            if table.records.len() < EARLY_LIMIT {
+                table.records.insert(cookie, (payload, now));
+            }
+        }
         if let Some(tx) = table.waiting.remove(&cookie) {
             // The receiver may have just timed out; the verdict stays in VERDICTS either way.
             let _ = tx.send(record);
@@ -78,6 +104,9 @@ impl Waiters {
             table
                 .early
                 .retain(|_, (_, at)| now.duration_since(*at) < EARLY_TTL);
+            table
+                .records
+                .retain(|_, (_, at)| now.duration_since(*at) < EARLY_TTL);
             table.pruned = Some(now);
         }
         if table.early.len() < EARLY_LIMIT {
@@ -88,7 +117,7 @@ impl Waiters {
     #[cfg(test)]
     fn len(&self) -> usize {
         let table = lock(&self.0);
-        table.waiting.len() + table.early.len()
+        table.waiting.len() + table.early.len() + table.records.len()
     }
 }
 
@@ -104,11 +133,11 @@ pub(super) fn drain(shared: &Shared) {
     let mut events = lock(&shared.events);
     let now = Instant::now();
     while let Some(item) = events.next() {
-        if let Some(event) = parse(&item) {
+        if let Some((event, payload)) = parse(&item) {
             trace(&event);
             shared
                 .waiters
-                .complete(event.cookie, record_of(&event), now);
+                .complete(event.cookie, record_of(&event), payload, now);
         }
     }
 }
@@ -194,14 +223,31 @@ async fn readable<T: std::os::fd::AsRawFd>(
     }
 }
 
-fn parse(bytes: &[u8]) -> Option<GateEvent> {
-    if bytes.len() < std::mem::size_of::<GateEvent>() {
+/// An event, and the first record behind it when the kernel delivered one.
+fn parse(bytes: &[u8]) -> Option<(GateEvent, Option<Vec<u8>>)> {
+    let header = std::mem::size_of::<GateEvent>();
+    if bytes.len() < header {
         tracing::warn!(len = bytes.len(), "short gate event");
         return None;
     }
     // SAFETY: GateEvent is plain integers (any bit pattern is valid) and the buffer holds at
     // least one; the ring buffer gives no alignment promise, hence the unaligned read.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<GateEvent>()) })
+    let event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<GateEvent>()) };
+    let payload = match usize::try_from(event.payload_len).unwrap_or(usize::MAX) {
+        0 => None,
+        len => match bytes.get(header..header.saturating_add(len)) {
+            Some(record) => Some(record.to_vec()),
+            None => {
+                tracing::warn!(
+                    len,
+                    have = bytes.len() - header,
+                    "gate event shorter than its record"
+                );
+                return None;
+            }
+        },
+    };
+    Some((event, payload))
 }
 
 fn trace(event: &GateEvent) {
@@ -220,6 +266,7 @@ fn trace(event: &GateEvent) {
         cookie = event.cookie,
         reason = reason::as_str(event.reason),
         action = event.action,
+        record_len = event.record_len,
         sni = %String::from_utf8_lossy(event.name()),
         remote = %std::net::SocketAddr::new(remote, u16::try_from(event.remote_port).unwrap_or(0)),
         local_port = event.local_port,
@@ -238,6 +285,7 @@ mod tests {
             route_id: 0,
             generation: 0,
             record_len: 5,
+            delivered: 0,
         }
     }
 
@@ -245,7 +293,7 @@ mod tests {
     async fn a_registered_waiter_gets_the_verdict_and_leaves_no_trace() {
         let waiters = Waiters::default();
         let mut reg = waiters.register(7);
-        waiters.complete(7, record(1), Instant::now());
+        waiters.complete(7, record(1), None, Instant::now());
         assert_eq!((&mut reg.verdict).await.ok(), Some(record(1)));
         drop(reg);
         assert_eq!(waiters.len(), 0);
@@ -258,8 +306,10 @@ mod tests {
         assert_eq!(waiters.len(), 0);
         // Nobody waits for either now: both are kept as early verdicts, each taken once.
         let now = Instant::now();
-        waiters.complete(7, record(1), now);
-        waiters.complete(8, record(2), now);
+        waiters.complete(7, record(1), None, now);
+        waiters.complete(8, record(2), Some(b"hello".to_vec()), now);
+        assert_eq!(waiters.take_record(8).as_deref(), Some(b"hello".as_slice()));
+        assert_eq!(waiters.take_record(8), None);
         assert_eq!(waiters.take_early(8), Some(record(2)));
         assert_eq!(waiters.take_early(8), None);
         assert_eq!(waiters.len(), 1);
@@ -269,10 +319,16 @@ mod tests {
     fn early_verdicts_expire() {
         let waiters = Waiters::default();
         let start = Instant::now();
-        waiters.complete(1, record(1), start);
+        waiters.complete(1, record(1), Some(vec![1]), start);
         // The next event after the time to live prunes what nobody took.
-        waiters.complete(2, record(1), start + EARLY_TTL + Duration::from_secs(1));
+        waiters.complete(
+            2,
+            record(1),
+            None,
+            start + EARLY_TTL + Duration::from_secs(1),
+        );
         assert_eq!(waiters.take_early(1), None);
+        assert_eq!(waiters.take_record(1), None);
         assert_eq!(waiters.take_early(2), Some(record(1)));
     }
 
@@ -281,6 +337,22 @@ mod tests {
         assert!(parse(&[0u8; 10]).is_none());
         let mut bytes = vec![0u8; std::mem::size_of::<GateEvent>()];
         bytes[..8].copy_from_slice(&42u64.to_ne_bytes());
-        assert_eq!(parse(&bytes).map(|e| e.cookie), Some(42));
+        assert_eq!(parse(&bytes).map(|(e, p)| (e.cookie, p)), Some((42, None)));
+    }
+
+    #[test]
+    fn a_delivered_record_follows_its_event_and_must_all_be_there() {
+        let header = std::mem::size_of::<GateEvent>();
+        let mut bytes = vec![0u8; header];
+        // payload_len sits right before the name.
+        let at = header - ingress_common::HOST_KEY_LEN - 4;
+        bytes[at..at + 4].copy_from_slice(&3u32.to_ne_bytes());
+        assert!(parse(&bytes).is_none(), "the record is missing");
+        bytes.extend_from_slice(&[22, 3, 1, 9]);
+        assert_eq!(
+            parse(&bytes).and_then(|(_, p)| p),
+            Some(vec![22, 3, 1]),
+            "exactly payload_len bytes"
+        );
     }
 }

@@ -1,7 +1,9 @@
-//! Loading and attaching: pins first (reuse the policy maps a previous run left if they still
-//! fit this object, replace the per-socket ones), then the policy, then the stream programs on
-//! SOCKS, and only then sock_ops — so no socket is gated before its parser and verdict exist
-//! and the config they read is written.
+//! Loading and attaching: the pin directory locked for this process, pins (reuse the policy
+//! maps a previous run left if they still fit this object, replace the per-socket ones), then
+//! the policy (or, with none given, the pinned one as it stands), then the stream programs on
+//! SOCKS, and only then sock_ops and the early reset — so no socket is gated before its parser
+//! and verdict exist and the config they read is written. Nothing is gated until userspace
+//! registers its listener.
 
 use std::collections::BTreeMap;
 use std::os::fd::AsFd;
@@ -9,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{
-    Array, HashMap as BpfHashMap, Map, MapData, MapInfo, PerCpuArray, RingBuf, SockHash,
+    Array, HashMap as BpfHashMap, Map, MapData, MapInfo, PerCpuArray, RingBuf, SkStorage, SockHash,
 };
 use aya::programs::{CgroupAttachMode, ProgramFd, SchedClassifier, SkSkb, SockOps, Xdp};
 use aya::{Ebpf, EbpfLoader};
@@ -17,11 +19,11 @@ use ingress_common::{GateEvent, MAX_PORTS};
 
 use super::{
     EMBEDDED_OBJECT, EarlyReset, Gate, GateError, GateOptions, HostsState, KernelLog, Result,
-    Shared, early, events, lock, pins, sys,
+    Shared, btf, early, events, lock, pins, sys,
 };
 
 /// Maps pinned by name: (map symbol, pin file, kept across restarts).
-const PINNED: [(&str, &str, bool); 8] = [
+const PINNED: [(&str, &str, bool); 11] = [
     ("HOSTS", pins::HOSTS, true),
     ("CONFIG", pins::CONFIG, true),
     ("COUNTERS", pins::COUNTERS, true),
@@ -30,6 +32,9 @@ const PINNED: [(&str, &str, bool); 8] = [
     ("SPLICE_SOCKS", pins::SPLICE_SOCKS, false),
     ("SPLICES", pins::SPLICES, false),
     ("SPLICE_STATE", pins::SPLICE_STATE, false),
+    ("PASSED_EARLY", pins::PASSED_EARLY, false),
+    ("WORKSPACES", pins::WORKSPACES, false),
+    ("BUSY", pins::WORKSPACE_BUSY, false),
 ];
 
 /// The largest buffer handed to the probe: a full first record with room to spare. XDP test
@@ -60,6 +65,22 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         source,
     })?;
     sys::ensure_bpffs(&options.pin_dir).map_err(GateError::PinDir)?;
+    // Before anything under it is touched: another process's pins are not ours to replace.
+    let pin_lock = match sys::lock_pin_dir(&options.pin_dir) {
+        Ok(Ok(lock)) => lock,
+        Ok(Err(holder)) => {
+            return Err(GateError::PinDirInUse {
+                dir: options.pin_dir.clone(),
+                holder,
+            });
+        }
+        Err(e) => {
+            return Err(GateError::PinDir(format!(
+                "locking {}: {e}",
+                options.pin_dir.display()
+            )));
+        }
+    };
     prepare_pins(&object, &options.pin_dir)?;
 
     let mut loader = EbpfLoader::new();
@@ -72,6 +93,9 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
     }
     let log_level = kernel_log_level(options.kernel_log);
     loader.override_global("AYA_LOG_LEVEL", &log_level, true);
+    let offsets = request_sock_offsets();
+    loader.override_global("TCP_REQ_RCV_ISN", &offsets[0], true);
+    loader.override_global("TCP_REQ_SNT_ISN", &offsets[1], true);
     let mut ebpf = loader
         .load(&object)
         .map_err(|e| GateError::Load(Box::new(e)))?;
@@ -114,7 +138,9 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         }),
         config: Mutex::new(take(&mut ebpf, "CONFIG")?),
         verdicts: Mutex::new(take(&mut ebpf, "VERDICTS")?),
+        next_message: Mutex::new(take(&mut ebpf, "NEXT_MESSAGE")?),
         socks: Mutex::new(socks),
+        listeners: Mutex::new(take::<SkStorage<MapData, u32>>(&mut ebpf, "LISTENERS")?),
         splice_socks: Mutex::new(splice_socks),
         splices: Mutex::new(take(&mut ebpf, "SPLICES")?),
         splice_state: Mutex::new(take(&mut ebpf, "SPLICE_STATE")?),
@@ -130,7 +156,12 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         timeout: options.verdict_timeout,
         pin_dir: options.pin_dir.clone(),
     });
-    shared.sync_hosts(&options.policy)?;
+    match &options.policy {
+        Some(policy) => {
+            shared.sync_hosts(policy)?;
+        }
+        None => shared.adopt_config()?,
+    }
 
     for name in ["gate_parser", "gate_verdict"] {
         let prog: &mut SkSkb = program(&mut ebpf, name)?;
@@ -215,7 +246,26 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         events_task,
         rescan_task,
         programs,
+        _pin_lock: pin_lock,
     })
+}
+
+/// Where `tcp_request_sock.rcv_isn` and `snt_isn` are on this kernel, for the early reset's
+/// first-segment check; `u32::MAX` (the early reset judges nothing) if its BTF does not say.
+fn request_sock_offsets() -> [u32; 2] {
+    let found = btf::Btf::from_file(Path::new(btf::VMLINUX)).and_then(|btf| {
+        Ok([
+            btf.member_offset("tcp_request_sock", "rcv_isn", 4)?,
+            btf.member_offset("tcp_request_sock", "snt_isn", 4)?,
+        ])
+    });
+    match found {
+        Ok(offsets) => offsets,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot find the request sock's sequence numbers in the kernel's BTF; the early reset judges nothing and every connection is judged after accept");
+            [u32::MAX; 2]
+        }
+    }
 }
 
 fn object_bytes(path: Option<&Path>) -> Result<Vec<u8>> {

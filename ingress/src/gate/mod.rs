@@ -1,30 +1,38 @@
 //! The kernel SNI gate: loading, map sync and per-connection verdicts (eBPF via aya).
 //!
 //! ```text
-//!   Gate::load ── object (embedded) ──► maps pinned under pin_dir ──► sk_skb on SOCKS,
-//!              │                         hosts config counters          sock_ops on the cgroup
-//!              │                         (kept across restarts)
-//!              │                         socks verdicts (replaced)
+//!   Gate::load ── lock pin_dir ── object (embedded) ──► maps pinned under pin_dir ──► sk_skb on
+//!              │  (one owner)     request-sock offsets   hosts config counters     SOCKS, sock_ops
+//!              │                  from the kernel's BTF  (kept across restarts)    on the cgroup,
+//!              │                                         socks verdicts … (replaced) gate_early first
+//!              │                                                                   on each TCX hook
+//!   register_listener(fd) ──► LISTENERS[fd]: the proxy's listener, cloned to its children
 //!              └► events task ──────┐
 //!                                   ├─ drain EVENTS ──► the waiter (by cookie), else the early table
 //!   accept() ──► screen(): SO_COOKIE ┘   then take the early verdict, if the kernel has decided
 //!                (it usually has: the HTTPS listener defers accept until the first bytes arrive)
 //!            ──► admit(): the early verdict, or register, peek kick, check VERDICTS, await
 //!                 ├ Drop        → reset: SO_LINGER 0 + close = RST, nothing read
-//!                 ├ Pass        → take_first_record(): read it, leave SOCKS, hand bytes to TLS
+//!                 ├ Pass        → take_first_record(): read it, leave SOCKS, delete the
+//!                 │               socket's records, hand bytes to TLS (passed before accept:
+//!                 │               nothing to take; the caller checks the name again)
 //!                 ├ Passthrough → same; then splice(): both sockets into SPLICE_SOCKS, and
 //!                 │               the kernel moves the bytes (see splice.rs)
-//!                 ├ Ungated     → sock_ops could not gate it: decide in userspace
+//!                 ├ Deferred    → the kernel could not decide: take the record, decide in
+//!                 │               userspace
+//!                 ├ Ungated     → sock_ops did not gate it: decide in userspace
 //!                 └ Timeout     → no whole first record in time
 //!   sync_hosts() ── plan() (pure) ──► upserts, config, removals: never a gap for a known name
 //! ```
 //!
-//! Verdict records are deleted by the kernel when a socket closes (sock_ops state callback);
-//! VERDICTS is also an LRU, so it cannot grow without bound. Waiters are removed when their
-//! `admit` returns, whatever the outcome; early verdicts when taken, or after a time to live.
+//! Verdict records are deleted by userspace once admission is over, and by the kernel when a
+//! socket closes before that (sock_ops state callback); VERDICTS is a plain hash sized like
+//! SOCKS, so a record in use is never evicted. Waiters are removed when their `admit`
+//! returns, whatever the outcome; early verdicts when taken, or after a time to live.
 //!
 //! Needs a tokio runtime (the events task) and, for the kernel, root or CAP_BPF + CAP_NET_ADMIN.
 
+pub mod btf;
 mod conn;
 mod early;
 mod events;
@@ -33,20 +41,71 @@ pub mod policy;
 mod splice;
 mod sys;
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, SockHash};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, SkStorage, SockHash};
 use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action, reason};
 
 pub use conn::Screened;
-pub use early::EarlyReset;
+pub use early::{EarlyReset, Shadowed};
 pub use ingress_common::counter;
 pub use policy::{CaseAction, HostAction, HostPolicy, HostRule, SyncPlan, plan};
 pub use splice::{
     PinnedSpliceEntries, Progress, Splice, SpliceEnd, SpliceStep, Unspliced, pinned_entries,
 };
+
+/// The decision workspaces of a gate, read from their pins (for tests and diagnostics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PinnedWorkspaces {
+    /// Slots (per CPU × level).
+    pub slots: usize,
+    /// Slots claimed now: 0 at rest.
+    pub claimed: usize,
+    /// Words of duplicate-extension bits left set: 0 at rest, always.
+    pub dirty_words: usize,
+}
+
+/// Reads the workspaces and their claim flags pinned under `pin_dir`.
+pub fn pinned_workspaces(pin_dir: &std::path::Path) -> Result<PinnedWorkspaces> {
+    use aya::maps::Map;
+    let open = |name: &'static str| {
+        MapData::from_pin(pin_dir.join(name)).map_err(|source| GateError::Map { name, source })
+    };
+    let busy: PerCpuArray<MapData, u32> =
+        PerCpuArray::try_from(Map::PerCpuArray(open(pins::WORKSPACE_BUSY)?)).map_err(|source| {
+            GateError::Map {
+                name: "BUSY",
+                source,
+            }
+        })?;
+    let work: PerCpuArray<MapData, ingress_common::Workspace> =
+        PerCpuArray::try_from(Map::PerCpuArray(open(pins::WORKSPACES)?)).map_err(|source| {
+            GateError::Map {
+                name: "WORKSPACES",
+                source,
+            }
+        })?;
+    let mut seen = PinnedWorkspaces::default();
+    for level in 0..ingress_common::WORKSPACE_LEVELS {
+        let flags = busy.get(&level, 0).map_err(|source| GateError::Map {
+            name: "BUSY",
+            source,
+        })?;
+        let slots = work.get(&level, 0).map_err(|source| GateError::Map {
+            name: "WORKSPACES",
+            source,
+        })?;
+        for (flag, slot) in flags.iter().zip(slots.iter()) {
+            seen.slots += 1;
+            seen.claimed += usize::from(*flag != 0);
+            seen.dirty_words += slot.seen.iter().filter(|w| **w != 0).count();
+        }
+    }
+    Ok(seen)
+}
 
 /// The eBPF object built by `cargo xtask build-ebpf`, or `None` in a userspace-only build.
 #[cfg(ebpf_embedded)]
@@ -73,6 +132,12 @@ pub mod pins {
     pub const SPLICE_SOCKS: &str = "splice_socks";
     pub const SPLICES: &str = "splices";
     pub const SPLICE_STATE: &str = "splice_state";
+    /// Connections the TC program passed before their socket existed, until sock_ops takes
+    /// the verdict.
+    pub const PASSED_EARLY: &str = "passed_early";
+    /// Each CPU's decision workspaces and their claim flags (all free and clean at rest).
+    pub const WORKSPACES: &str = "workspaces";
+    pub const WORKSPACE_BUSY: &str = "workspace_busy";
 }
 
 pub type Result<T, E = GateError> = std::result::Result<T, E>;
@@ -93,6 +158,11 @@ pub enum GateError {
     Ports(usize),
     #[error("pin directory: {0}")]
     PinDir(String),
+    #[error(
+        "pin directory {dir} is in use by another ingress process{}; give each instance its own --bpf-pin-dir",
+        holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default()
+    )]
+    PinDirInUse { dir: PathBuf, holder: Option<u32> },
     #[error("pinned map {path}: {reason}")]
     Pin { path: PathBuf, reason: String },
     #[error("cgroup v2: {0}")]
@@ -135,6 +205,12 @@ pub enum GateError {
         read: u64,
         queued: u64,
     },
+    #[error("the kernel delivered the first record in an event that never arrived")]
+    RecordLost,
+    #[error(
+        "the socket's read position is {0} bytes past its data (a kernel accounting fault); the connection cannot be served"
+    )]
+    ReadPastData(u64),
     #[error("probe input of {0} bytes is larger than a test run takes")]
     ProbeTooLarge(usize),
     #[error("probe: {0}")]
@@ -152,7 +228,9 @@ pub struct GateOptions {
     /// The cgroup v2 directory to attach sock_ops to; `None`: the one this process runs in.
     pub cgroup: Option<PathBuf>,
     pub https_ports: Vec<u16>,
-    pub policy: HostPolicy,
+    /// The policy to write at load; `None` leaves the pinned HOSTS (and CONFIG's policy) as a
+    /// previous run left them until the first `sync_hosts`.
+    pub policy: Option<HostPolicy>,
     /// Gate only sockets in this network namespace; `None`: the calling thread's.
     pub netns_cookie: Option<u64>,
     /// How long `admit` waits for a verdict and `take_first_record` for the record's bytes.
@@ -180,7 +258,7 @@ impl Default for GateOptions {
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             cgroup: None,
             https_ports: Vec::new(),
-            policy: HostPolicy::default(),
+            policy: None,
             netns_cookie: None,
             verdict_timeout: Duration::from_secs(10),
             kernel_log: KernelLog::default(),
@@ -237,6 +315,8 @@ pub struct Verdict {
     pub generation: u32,
     /// Bytes of the first record (or of what arrived, for bytes that were not TLS).
     pub record_len: u32,
+    /// The record came in the verdict's event (`take_first_record` takes it from there).
+    pub delivered: bool,
 }
 
 /// What to do with an accepted connection.
@@ -248,8 +328,11 @@ pub enum Admission {
     Passthrough(Verdict),
     /// Reset it with `reject` without reading.
     Drop(Verdict),
-    /// sock_ops did not gate this socket (SOCKS was full, or its pending record was evicted
-    /// from the VERDICTS LRU): decide in userspace.
+    /// The kernel could not decide (no free workspace): `take_first_record`, then decide in
+    /// userspace.
+    Deferred(Verdict),
+    /// sock_ops did not gate this socket (SOCKS or VERDICTS was full, or the connection was
+    /// accepted by the listener before it was registered): decide in userspace.
     Ungated,
     /// No whole first record within the timeout.
     Timeout,
@@ -303,6 +386,9 @@ pub struct Gate {
     /// Programs and their links: dropping this detaches everything (the rescan task only holds
     /// a weak reference).
     programs: Arc<Mutex<early::Programs>>,
+    /// Held for the gate's life: one owner per pin directory. Field order is drop order, so it
+    /// is released only after the pins are gone (see `Drop`).
+    _pin_lock: sys::PinLock,
 }
 
 /// What the connection paths and the events task share.
@@ -310,7 +396,9 @@ struct Shared {
     hosts: Mutex<HostsState>,
     config: Mutex<Array<MapData, ingress_common::GateConfig>>,
     verdicts: Mutex<BpfHashMap<MapData, u64, VerdictRecord>>,
+    next_message: Mutex<BpfHashMap<MapData, u64, u32>>,
     socks: Mutex<SockHash<MapData, u64>>,
+    listeners: Mutex<SkStorage<MapData, u32>>,
     splice_socks: Mutex<SockHash<MapData, u64>>,
     splices: Mutex<BpfHashMap<MapData, u64, ingress_common::SpliceEntry>>,
     splice_state: Mutex<BpfHashMap<MapData, u64, ingress_common::SpliceState>>,
@@ -378,6 +466,24 @@ impl Gate {
     pub fn early_reset_interfaces(&self) -> Vec<String> {
         lock(&self.programs).interfaces()
     }
+
+    /// The interfaces where another TC program runs before the early reset (which may then
+    /// never see a packet), as of the last rescan.
+    pub fn early_reset_shadowed(&self) -> Vec<Shadowed> {
+        lock(&self.programs).shadowed()
+    }
+
+    /// Marks `listener` (a socket that will listen, or listens, on a gated port) as the
+    /// proxy's own: only its connections are gated. Best before `listen()`; a connection
+    /// already queued is decided in userspace.
+    pub fn register_listener(&self, listener: BorrowedFd<'_>) -> Result<()> {
+        lock(&self.shared.listeners)
+            .insert(&listener.as_raw_fd(), 1, 0)
+            .map_err(|source| GateError::Map {
+                name: "LISTENERS",
+                source,
+            })
+    }
 }
 
 impl Drop for Gate {
@@ -392,6 +498,9 @@ impl Drop for Gate {
             pins::SPLICE_SOCKS,
             pins::SPLICES,
             pins::SPLICE_STATE,
+            pins::PASSED_EARLY,
+            pins::WORKSPACES,
+            pins::WORKSPACE_BUSY,
         ] {
             let path = self.shared.pin_dir.join(name);
             if let Err(e) = std::fs::remove_file(&path)
@@ -413,8 +522,18 @@ impl Shared {
             );
         }
         let config = desired.config(self.netns_cookie, &self.ports);
+        self.write_hosts(desired, &entries, config, &rejected)
+    }
+
+    fn write_hosts(
+        &self,
+        desired: &HostPolicy,
+        entries: &std::collections::BTreeMap<HostKey, HostValue>,
+        config: ingress_common::GateConfig,
+        rejected: &[String],
+    ) -> Result<SyncReport> {
         let mut hosts = lock(&self.hosts);
-        let steps = plan(&hosts.current, &entries);
+        let steps = plan(&hosts.current, entries);
         let map_err = |source| GateError::Map {
             name: "HOSTS",
             source,
@@ -450,8 +569,29 @@ impl Shared {
         Ok(SyncReport {
             upserted: steps.upserts.len(),
             removed: steps.removals.len(),
-            rejected,
+            rejected: rejected.to_vec(),
         })
+    }
+
+    /// At load without a policy: the pinned HOSTS stay as they are, and CONFIG keeps its policy
+    /// but gates this process's namespace and ports.
+    fn adopt_config(&self) -> Result<()> {
+        let mut hosts = lock(&self.hosts);
+        let mut config = lock(&self.config);
+        let mut current = match config.get(&0, 0) {
+            Ok(pinned) if pinned.port_count != 0 => pinned,
+            _ => HostPolicy::default().config(self.netns_cookie, &self.ports),
+        };
+        let fresh = HostPolicy::default().config(self.netns_cookie, &self.ports);
+        current.netns_cookie = fresh.netns_cookie;
+        current.ports = fresh.ports;
+        current.port_count = fresh.port_count;
+        config.set(0, current, 0).map_err(|source| GateError::Map {
+            name: "CONFIG",
+            source,
+        })?;
+        hosts.config = Some(current);
+        Ok(())
     }
 
     fn admission(&self, cookie: u64, record: &VerdictRecord) -> Option<Admission> {
@@ -459,6 +599,7 @@ impl Shared {
         Some(match action {
             action::DROP => Admission::Drop(verdict),
             action::PASSTHROUGH => Admission::Passthrough(verdict),
+            action::DEFER => Admission::Deferred(verdict),
             _ => Admission::Pass(verdict),
         })
     }
@@ -490,6 +631,7 @@ fn verdict_of(cookie: u64, record: &VerdictRecord) -> Option<(u32, Verdict)> {
             route_id: record.route_id,
             generation: record.generation,
             record_len: record.record_len,
+            delivered: record.delivered != 0,
         },
     ))
 }
@@ -501,6 +643,7 @@ fn record_of(event: &GateEvent) -> VerdictRecord {
         route_id: event.route_id,
         generation: event.generation,
         record_len: event.record_len,
+        delivered: u32::from(event.payload_len != 0),
     }
 }
 

@@ -17,7 +17,8 @@
 //!     error / reset      → RST the peer
 //!     nothing received on either side for the idle timeout → close both
 //!     the kernel marked a side broken (a retransmission it could not trim) → RST both
-//!   drop: SPLICES, SPLICE_STATE and SPLICE_SOCKS entries removed, then the sockets closed
+//!   drop: SPLICE_SOCKS entries removed (the kernel stops running the verdict for them), then
+//!         SPLICES and SPLICE_STATE, then the sockets closed
 //! ```
 //!
 //! Ordering: userspace writes to a socket only while nothing is redirected to it (the prefix
@@ -804,8 +805,25 @@ impl Meter {
 }
 
 impl Drop for Entries {
+    /// The sockets leave SPLICE_SOCKS first: once they are out, the splice verdict no longer
+    /// runs for them, so nothing can touch the entries deleted after.
     fn drop(&mut self) {
         let shared = &self.shared;
+        {
+            let mut socks = lock(&shared.splice_socks);
+            for (cookie, inserted) in self.cookies.iter().zip(self.in_socks) {
+                if !inserted {
+                    continue;
+                }
+                match socks.remove(cookie) {
+                    // Gone already if the socket closed first: the kernel removes closed sockets.
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => {
+                        tracing::warn!(cookie, error = %e, "could not remove a spliced socket")
+                    }
+                }
+            }
+        }
         if self.in_splices {
             let mut state = lock(&shared.splice_state);
             let mut splices = lock(&shared.splices);
@@ -818,17 +836,6 @@ impl Drop for Entries {
                     Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
                     Err(e) => tracing::warn!(cookie, error = %e, "could not delete a splice state"),
                 }
-            }
-        }
-        let mut socks = lock(&shared.splice_socks);
-        for (cookie, inserted) in self.cookies.iter().zip(self.in_socks) {
-            if !inserted {
-                continue;
-            }
-            match socks.remove(cookie) {
-                // Gone already if the socket closed first: the kernel removes closed sockets.
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(e) => tracing::warn!(cookie, error = %e, "could not remove a spliced socket"),
             }
         }
     }

@@ -45,6 +45,46 @@ pub fn ensure_bpffs(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
 }
 
+/// An exclusive `flock` on the pin directory, held while the gate is loaded. The kernel drops
+/// it when the process exits, however it exits, so a crashed owner never blocks the next one.
+pub struct PinLock {
+    _dir: std::fs::File,
+}
+
+/// Takes the pin directory for this process: `Err(Some(pid))` or `Err(None)` if another
+/// process holds it (its pid, when /proc/locks names it).
+pub fn lock_pin_dir(dir: &Path) -> io::Result<Result<PinLock, Option<u32>>> {
+    let file = std::fs::File::open(dir)?;
+    // SAFETY: a valid descriptor; LOCK_NB never blocks.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Ok(PinLock { _dir: file }));
+    }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(error);
+    }
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    let holder = std::fs::read_to_string("/proc/locks")
+        .ok()
+        .and_then(|locks| lock_holder(&locks, meta.dev(), meta.ino()));
+    Ok(Err(holder))
+}
+
+/// The pid holding a FLOCK on the inode `(dev, ino)` in a /proc/locks table.
+fn lock_holder(locks: &str, dev: u64, ino: u64) -> Option<u32> {
+    // "1: FLOCK  ADVISORY  WRITE 4242 00:27:37708 0 EOF": device as major:minor in hex.
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let wanted = format!("{major:02x}:{minor:02x}:{ino}");
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flock = fields.get(1) == Some(&"FLOCK");
+        (flock && fields.get(5) == Some(&wanted.as_str()))
+            .then(|| fields.get(4)?.parse().ok())
+            .flatten()
+    })
+}
+
 fn is_bpffs(path: &Path) -> Result<bool, String> {
     let c = c_path(path)?;
     // SAFETY: an all-zero statfs is a valid out-parameter for statfs(2).
@@ -194,14 +234,16 @@ pub fn recv_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     usize::try_from(n).map_err(|_| io::Error::last_os_error())
 }
 
-/// Bytes in the socket's receive queue that no read has taken yet (`FIONREAD`).
-pub fn unread(fd: BorrowedFd<'_>) -> io::Result<u64> {
+/// Bytes in the socket's receive queue that no read has taken yet (`FIONREAD`: the next byte
+/// TCP expects minus the read position). Negative when the read position is past the data,
+/// which only a kernel accounting fault produces.
+pub fn unread(fd: BorrowedFd<'_>) -> io::Result<i64> {
     let mut queued: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
     if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &raw mut queued) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(u64::try_from(queued).unwrap_or(0))
+    Ok(i64::from(queued))
 }
 
 /// A TCP socket's byte counts, in sequence space: what the splice lifecycle compares to know
@@ -392,6 +434,32 @@ mod tests {
         for (table, want) in cases {
             assert_eq!(cgroup2_mount(table), want.map(PathBuf::from), "{table}");
         }
+    }
+
+    #[test]
+    fn finds_who_holds_a_lock() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 4242 00:27:37708 0 EOF\n\
+                     2: POSIX  ADVISORY  WRITE 99 00:27:37708 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 7 fe:00:37708 0 EOF\n";
+        let dev = libc::makedev(0, 0x27);
+        assert_eq!(lock_holder(locks, dev, 37708), Some(4242));
+        assert_eq!(lock_holder(locks, libc::makedev(0xfe, 0), 37708), Some(7));
+        assert_eq!(lock_holder(locks, dev, 1), None);
+    }
+
+    #[test]
+    fn a_second_lock_on_a_pin_dir_is_refused_and_freed_with_the_first() {
+        let dir = std::env::temp_dir().join(format!("ingress-lock-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = lock_pin_dir(&dir).unwrap().ok().unwrap();
+        // flock locks belong to the open file: a second open in the same process conflicts.
+        assert_eq!(
+            lock_pin_dir(&dir).unwrap().err(),
+            Some(Some(std::process::id()))
+        );
+        drop(first);
+        assert!(lock_pin_dir(&dir).unwrap().is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

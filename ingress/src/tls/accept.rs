@@ -5,6 +5,9 @@
 //!                          → parse the ClientHello → SNI gate decision
 //!   eBPF mode:      accept → the kernel parsed it already → await its verdict by socket cookie
 //!                          (dropped: nothing was read) → read exactly the first record
+//!                   passed before accept (by the TC hook, which saw the segment before TCP
+//!                          checked it) or deferred by the kernel → read the first record and
+//!                          decide as userspace mode does, on the bytes TCP delivered
 //!   then:  drop: RST at once, nothing answered
 //!          pass: rustls handshake over (recorded bytes + socket) → HTTP
 //!          passthrough: the recorded bytes and the socket go to the backend untouched
@@ -188,16 +191,31 @@ impl TlsHandshake {
         };
         let (verdict, kernel) = match admission {
             Ok(Admission::Drop(v)) => (Verdict::Drop, v),
+            // Passed before accept: the TC hook judged a segment before TCP's checksum and
+            // sequence checks, so it may not be the one TCP delivered. The name is read again
+            // from the bytes that did arrive, with the snapshot's policy; a parse is cheap.
+            Ok(Admission::Pass(v)) if v.record_len == 0 => {
+                if let Err(err) = gate.take_first_record(stream, &v).await {
+                    tracing::debug!(%err, "releasing an early-passed connection's record");
+                }
+                return self.userspace_first_record(stream, Vec::new()).await;
+            }
             Ok(Admission::Pass(v)) => (Verdict::Pass, v),
             Ok(Admission::Passthrough(v)) => (Verdict::Passthrough, v),
-            // The kernel could not take this socket (its map was full): decide here instead.
+            // The kernel could not decide: it holds the record like a pass; decide here.
+            Ok(Admission::Deferred(v)) => {
+                return match gate.take_first_record(stream, &v).await {
+                    Ok(bytes) => self.userspace_first_record(stream, bytes).await,
+                    Err(err) => {
+                        tracing::debug!(%err, "reading a deferred first record failed");
+                        FirstRecord::Closed
+                    }
+                };
+            }
+            // The kernel did not take this socket (a map was full, or it arrived before the
+            // listener was registered): decide here instead.
             Ok(Admission::Ungated) => {
-                return tokio::time::timeout(
-                    self.handshake_timeout,
-                    self.read_first_record(stream),
-                )
-                .await
-                .unwrap_or(FirstRecord::Closed);
+                return self.userspace_first_record(stream, Vec::new()).await;
             }
             Ok(Admission::Timeout) => return FirstRecord::Closed,
             Err(err) => {
@@ -234,10 +252,29 @@ impl TlsHandshake {
         }
     }
 
+    /// `read_first_record` within the handshake timeout.
+    async fn userspace_first_record(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> FirstRecord {
+        tokio::time::timeout(
+            self.handshake_timeout,
+            self.read_first_record_from(stream, bytes),
+        )
+        .await
+        .unwrap_or(FirstRecord::Closed)
+    }
+
     /// Userspace mode: reads until the first record is whole (or decidable from its header),
     /// then decides with the same policy the kernel applies.
     async fn read_first_record(&self, stream: &mut TcpStream) -> FirstRecord {
-        let mut bytes = Vec::with_capacity(2048);
+        self.read_first_record_from(stream, Vec::with_capacity(2048))
+            .await
+    }
+
+    /// `read_first_record`, starting with `bytes` already read.
+    async fn read_first_record_from(
+        &self,
+        stream: &mut TcpStream,
+        mut bytes: Vec<u8>,
+    ) -> FirstRecord {
         loop {
             let decision = match client_hello::peek(&bytes) {
                 Peek::NeedMore(_) => None,

@@ -122,7 +122,7 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
 }
 
 /// Why this machine cannot run the section, if it cannot.
-fn unavailable(bench: &Bench) -> Option<String> {
+pub(super) fn unavailable(bench: &Bench) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root: network namespaces, cgroups and eBPF".into());
@@ -320,7 +320,7 @@ impl Site {
             "/sys/fs/bpf/ingress-bench-gate-{}",
             std::process::id()
         )));
-        let manifests = site_files(&dir)?;
+        let manifests = site_files(&dir, HOST, UPSTREAM_PORT)?;
 
         write(
             &dir.join("upstream.conf"),
@@ -589,9 +589,9 @@ impl Drop for Flood {
     }
 }
 
-/// A certificate for `localhost` and manifests routing it to the upstream; returns the
-/// manifests directory.
-fn site_files(dir: &Path) -> Result<PathBuf> {
+/// A certificate for `host` and manifests routing it to the upstream on `upstream_port`; returns
+/// the manifests directory.
+pub(super) fn site_files(dir: &Path, host: &str, upstream_port: u16) -> Result<PathBuf> {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let out = Command::new("openssl")
         .args([
@@ -607,9 +607,9 @@ fn site_files(dir: &Path) -> Result<PathBuf> {
         ])
         .args([
             "-subj",
-            &format!("/CN={HOST}"),
+            &format!("/CN={host}"),
             "-addext",
-            &format!("subjectAltName=DNS:{HOST}"),
+            &format!("subjectAltName=DNS:{host}"),
         ])
         .arg("-keyout")
         .arg(&key)
@@ -630,10 +630,10 @@ fn site_files(dir: &Path) -> Result<PathBuf> {
         &format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream}}}}\n\
-             addressType: IPv4\nports: [{{name: http, port: {UPSTREAM_PORT}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
+             addressType: IPv4\nports: [{{name: http, port: {upstream_port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
              apiVersion: v1\nkind: Secret\nmetadata: {{name: gate-tls, namespace: bench}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{crt}  tls.key: |\n{key}---\n\
              apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: gate, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/ssl-redirect: \"false\"}}}}\n\
-             spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{HOST}], secretName: gate-tls}}]\n  rules:\n  - host: {HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
+             spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{host}], secretName: gate-tls}}]\n  rules:\n  - host: {host}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
             crt = indent(&cert)?,
             key = indent(&key)?
         ),
@@ -645,12 +645,12 @@ fn site_files(dir: &Path) -> Result<PathBuf> {
 // Namespace, cgroup and pin directory, each removed on drop
 
 /// A network namespace with only loopback, deleted on drop.
-struct NetNs {
-    name: String,
+pub(super) struct NetNs {
+    pub(super) name: String,
 }
 
 impl NetNs {
-    fn create(name: &str) -> Result<NetNs> {
+    pub(super) fn create(name: &str) -> Result<NetNs> {
         ip(&["netns", "add", name])?;
         let ns = NetNs { name: name.into() };
         ip(&["-n", name, "link", "set", "lo", "up"])?;
@@ -659,7 +659,7 @@ impl NetNs {
 
     /// `program` inside the namespace (entered with nsenter, which unlike `ip netns exec` keeps
     /// the host's /sys and so the cgroup2 mount), pinned to `cpu` when given.
-    fn command(&self, cpu: Option<usize>, program: &str) -> Command {
+    pub(super) fn command(&self, cpu: Option<usize>, program: &str) -> Command {
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{}", self.name));
         if let Some(cpu) = cpu.filter(|_| procs::cpus() > 1) {
@@ -678,7 +678,7 @@ impl Drop for NetNs {
     }
 }
 
-fn ip(args: &[&str]) -> Result<()> {
+pub(super) fn ip(args: &[&str]) -> Result<()> {
     let out = Command::new("ip").args(args).output()?;
     ensure!(
         out.status.success(),
@@ -690,12 +690,12 @@ fn ip(args: &[&str]) -> Result<()> {
 }
 
 /// A child of the cgroup v2 root, removed on drop (after its processes are gone).
-struct Cgroup {
-    path: PathBuf,
+pub(super) struct Cgroup {
+    pub(super) path: PathBuf,
 }
 
 impl Cgroup {
-    fn create(name: &str) -> Result<Cgroup> {
+    pub(super) fn create(name: &str) -> Result<Cgroup> {
         let root = cgroup2_mount().context("no cgroup v2 mount")?;
         let path = root.join(name);
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
@@ -729,7 +729,7 @@ fn cgroup2_mount() -> Option<PathBuf> {
 }
 
 /// The gate's private pin directory, removed on drop.
-struct PinDir(PathBuf);
+pub(super) struct PinDir(pub(super) PathBuf);
 
 impl Drop for PinDir {
     fn drop(&mut self) {
@@ -738,11 +738,12 @@ impl Drop for PinDir {
 }
 
 /// Removes what an interrupted earlier run left: namespaces, cgroups and pin directories named
-/// for a process that no longer exists.
-fn sweep_leftovers() {
+/// for a process that no longer exists (`ingress-bench-gate-<pid>`, with or without a suffix).
+pub(super) fn sweep_leftovers() {
     const PREFIX: &str = "ingress-bench-gate-";
     let stale = |name: &str| {
         name.strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('-').next())
             .and_then(|pid| pid.parse::<u32>().ok())
             .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
     };
@@ -797,7 +798,7 @@ fn cpu_time(pid: u32) -> Result<Duration> {
 }
 
 /// The value of one exact series (`name{labels}`), 0 when absent.
-fn sample(text: &str, series: &str) -> f64 {
+pub(super) fn sample(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| {
             l.strip_prefix(series)

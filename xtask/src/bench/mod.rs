@@ -10,6 +10,7 @@
 //! passes or fails on a number: it prints them, and writes them to `docs/benchmark-results.md`
 //! with the date, commit and machine (see `report`), so nobody copies them by hand.
 
+mod accuracy;
 mod gate;
 mod http;
 mod kube;
@@ -36,8 +37,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate, passthrough, slow); default
-    /// all.
+    /// Only these sections (http, https, memory, scale, kube, gate, accuracy, passthrough,
+    /// slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -112,6 +113,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("gate") {
         gate::run(&bench, args.quick)?;
         bench.report.finish("gate")?;
+    }
+    if wanted("gate") || wanted("accuracy") {
+        accuracy::run(&bench, args.quick)?;
+        bench.report.finish("accuracy")?;
     }
     if wanted("slow") {
         slow::run(&bench, args.quick)?;

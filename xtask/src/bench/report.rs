@@ -24,13 +24,14 @@ use crate::workspace::Workspace;
 pub const RESULTS: &str = "docs/benchmark-results.md";
 
 /// Sections in the order the bench runs them, which is the order of the file.
-const ORDER: [&str; 7] = [
+const ORDER: [&str; 8] = [
     "http",
     "https",
     "memory",
     "kube",
     "passthrough",
     "gate",
+    "accuracy",
     "slow",
 ];
 
