@@ -1084,7 +1084,10 @@ async fn a_gibibyte_each_way_keeps_its_checksum(mode: Mode) {
     // Copying a GiB through the proxy costs it well over 0.3 CPU-seconds (a recv and a send
     // of every byte, two copies each way); a spliced GiB costs it next to nothing, since the
     // kernel moves the bytes in softirq and workqueue context and never wakes the proxy.
-    let threshold = Duration::from_millis(600);
+    // Measured here: about 0.4 s spliced and 11 s copied on a quiet machine; a busy CI run with
+    // the other kernel tests beside it has pushed the spliced figure to 0.66 s (softirq work is
+    // charged to whichever process is on the CPU). 1.5 s still tells the two apart by far.
+    let threshold = Duration::from_millis(1500);
     match mode {
         Mode::Ebpf => {
             assert!(
