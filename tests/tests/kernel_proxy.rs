@@ -1735,7 +1735,12 @@ async fn a_flood_of_stalled_hellos_never_costs_a_known_name(mode: Mode) {
     let proxy = site
         .start(
             mode,
-            &["--max-connections", "0", "--max-connections-per-client", "0"],
+            &[
+                "--max-connections",
+                "0",
+                "--max-connections-per-client",
+                "0",
+            ],
         )
         .await;
     let before = proxy.scrape();
