@@ -446,10 +446,13 @@ pub struct LimitArgs {
     /// The longest a write to an upstream may stall (then 502).
     #[arg(long, env = "INGRESS_UPSTREAM_SEND_TIMEOUT", default_value = "60s", value_parser = duration)]
     pub upstream_send_timeout: Duration,
-    /// How often an HTTP/2 client connection is sent a PING; one not answered within 20 s
-    /// closes the connection.
+    /// How often an HTTP/2 client connection is sent a PING, to find peers that went away
+    /// without closing.
     #[arg(long, env = "INGRESS_HTTP2_PING_INTERVAL", default_value = "30s", value_parser = duration)]
     pub http2_ping_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed.
+    #[arg(long, env = "INGRESS_HTTP2_PING_TIMEOUT", default_value = "20s", value_parser = duration)]
+    pub http2_ping_timeout: Duration,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -154,6 +154,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             max_header_size: args.proxy.max_header_size,
             keepalive_timeout: args.limits.client_keepalive_timeout,
             http2_ping_interval: args.limits.http2_ping_interval,
+            http2_ping_timeout: args.limits.http2_ping_timeout,
         },
     ));
     let caps = ConnectionCaps::new(

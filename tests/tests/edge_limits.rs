@@ -306,6 +306,111 @@ async fn http2_connections_are_watched() {
     assert!(started.elapsed() >= Duration::from_millis(800));
 }
 
+/// One HTTP/2 frame: type, flags, stream and payload.
+struct Frame {
+    kind: u8,
+    flags: u8,
+    payload: Vec<u8>,
+}
+
+const PING: u8 = 0x6;
+const SETTINGS: u8 = 0x4;
+const ACK: u8 = 0x1;
+
+fn read_frame(stream: &mut TcpStream) -> std::io::Result<Frame> {
+    let mut head = [0u8; 9];
+    stream.read_exact(&mut head)?;
+    let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload)?;
+    Ok(Frame {
+        kind: head[3],
+        flags: head[4],
+        payload,
+    })
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut out = vec![len[1], len[2], len[3], kind, flags];
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A peer that stops answering PINGs (a client whose network went away without a FIN) is
+/// closed once a PING goes unanswered for the PING timeout, even with a request open; a peer
+/// that answers them keeps its connection as long as its request lasts.
+#[test]
+fn http2_peers_that_stop_answering_pings_are_closed() {
+    let (hole, _thread) = black_hole();
+    let rig = rig(
+        "limits-ping",
+        Some(hole),
+        &[
+            "--http2-ping-interval",
+            "1s",
+            "--http2-ping-timeout",
+            "1s",
+            "--upstream-response-timeout",
+            "20s",
+            "--client-keepalive-timeout",
+            "20s",
+        ],
+    );
+    for answers in [true, false] {
+        let mut stream = TcpStream::connect(rig.ingress.http).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        // Prior knowledge h2c: the preface, empty SETTINGS, and a GET to the black hole, whose
+        // header block is `:method GET`, `:scheme http`, `:path /` (static table) and a literal
+        // `:authority u.example`.
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend(frame(SETTINGS, 0, 0, &[]));
+        let mut block = vec![0x82, 0x86, 0x84, 0x01, 9];
+        block.extend_from_slice(b"u.example");
+        hello.extend(frame(0x1, 0x4 | 0x1, 1, &block));
+        stream.write_all(&hello).unwrap();
+        let started = Instant::now();
+        let mut pings = 0;
+        let closed = loop {
+            if started.elapsed() > Duration::from_secs(6) {
+                break None;
+            }
+            match read_frame(&mut stream) {
+                Ok(f) if f.kind == SETTINGS && f.flags & ACK == 0 => {
+                    stream.write_all(&frame(SETTINGS, ACK, 0, &[])).unwrap();
+                }
+                Ok(f) if f.kind == PING && f.flags & ACK == 0 => {
+                    pings += 1;
+                    if answers {
+                        stream.write_all(&frame(PING, ACK, 0, &f.payload)).unwrap();
+                    }
+                }
+                Ok(_) => {}
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break Some(started.elapsed()),
+            }
+        };
+        assert!(pings >= 1, "answers={answers}: no PING in {:?}", started.elapsed());
+        if answers {
+            assert_eq!(closed, None, "closed although every PING was answered");
+            assert!(pings >= 3, "one PING a second, got {pings}");
+        } else {
+            let closed = closed.expect("still open although no PING was answered");
+            assert!(
+                closed >= Duration::from_millis(1800) && closed < Duration::from_secs(2) + SLACK,
+                "closed after {closed:?}: one interval and one timeout were due"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tls_client_that_negotiates_http2_and_says_nothing_is_closed() {
     let web = Backend::start("web");

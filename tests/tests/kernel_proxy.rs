@@ -1644,8 +1644,11 @@ fn raise_nofile() -> u64 {
         unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
         0
     );
+    // As root the hard limit can be raised too (up to fs.nr_open); CI machines often cap it
+    // at 20,000, fewer than the flood below needs.
+    limit.rlim_max = limit.rlim_max.max(100_000);
     limit.rlim_cur = limit.rlim_max;
-    // SAFETY: a valid rlimit within the hard limit.
+    // SAFETY: a valid rlimit; raising the hard limit needs CAP_SYS_RESOURCE, which root has.
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     assert_eq!(rc, 0, "setrlimit: {}", io::Error::last_os_error());
     limit.rlim_cur
@@ -1721,6 +1724,11 @@ async fn a_flood_of_stalled_hellos_never_costs_a_known_name(mode: Mode) {
     let count = usize::try_from(raise_nofile().saturating_sub(2000))
         .unwrap_or(usize::MAX)
         .min(40_000);
+    // More than the 32,768 records the old LRU held, or the flood proves nothing about it.
+    assert!(
+        count > 32_768,
+        "only {count} descriptors for the flood; it must exceed the old LRU's 32,768"
+    );
     eprintln!("{count} stalled connections");
     site.pair
         .client
@@ -1816,6 +1824,77 @@ async fn a_flood_of_stalled_hellos_never_costs_a_known_name(mode: Mode) {
             before.kernel("record_failed")
         );
     }
+}
+
+/// Admission is over once the first record is handed to TLS: a connection the gate admitted keeps
+/// no per-connection record in the kernel while it stays open, whichever path admitted it
+/// (single-segment hellos before accept, split ones on the socket). Records that lived until
+/// the connection closed were what the LRU evicted under a flood.
+#[tokio::test]
+async fn admitted_connections_hold_no_kernel_records_while_open() {
+    let Some(site) = Site::new("admitted", &[KNOWN]) else {
+        return;
+    };
+    let proxy = site.start(Mode::Ebpf, &[]).await;
+    let before = proxy.scrape();
+    let mut open = Vec::new();
+    for i in 0..20 {
+        let cuts = if i % 2 == 0 {
+            VecDeque::new()
+        } else {
+            VecDeque::from([5, 150])
+        };
+        let pieces = Pieces {
+            inner: site.connect(MAIN.https).await,
+            cuts,
+            written: 0,
+            pause: Duration::from_millis(20),
+            sleep: None,
+        };
+        let name = ServerName::try_from(KNOWN.to_string()).expect("a DNS name");
+        let mut tls = tokio::time::timeout(
+            STEP * 2,
+            TlsConnector::from(site.clients.verified.clone()).connect(name, pieces),
+        )
+        .await
+        .expect("handshake in time")
+        .unwrap_or_else(|e| panic!("#{i}: handshake: {e}; logs:\n{}", proxy.logs()));
+        let request = format!("GET / HTTP/1.1\r\nHost: {KNOWN}\r\n\r\n");
+        tls.write_all(request.as_bytes()).await.expect("request");
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(STEP * 2, tls.read(&mut buf))
+            .await
+            .expect("response in time")
+            .expect("response");
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200"),
+            "#{i}: {}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        open.push(tls);
+    }
+    let after = scrape_until(&proxy, "20 passes", |s| {
+        s.kernel("pass") >= before.kernel("pass") + 20.0
+    })
+    .await;
+    // Both paths were taken: some before accept, some on the socket.
+    assert!(
+        after.kernel("passed_before_accept") > before.kernel("passed_before_accept"),
+        "no hello was decided before accept"
+    );
+    assert!(
+        after.kernel("sock_added") > before.kernel("sock_added"),
+        "no hello was decided on the socket"
+    );
+    for map in ["verdicts", "passed_early", "next_message"] {
+        assert_eq!(
+            map_entries(&site.pins.0.join(map)),
+            0,
+            "{map} holds records of {} connections that are open and past admission",
+            open.len()
+        );
+    }
+    drop(open);
 }
 
 #[tokio::test]

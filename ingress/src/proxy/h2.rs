@@ -6,7 +6,8 @@
 //!     preface and SETTINGS then silence)                            → closed
 //!   no stream open for --client-keepalive-timeout                  → GOAWAY, closed
 //!   a write to the client blocked for --client-send-timeout        → closed
-//!   a dead peer: PING every --http2-ping-interval, no ACK in 20 s  → closed (hyper)
+//!   a dead peer: PING every --http2-ping-interval, no ACK within
+//!     --http2-ping-timeout                                         → closed (hyper)
 //!   a stream's request body paused for --client-body-timeout       → that stream fails (idle.rs)
 //! ```
 //!
@@ -38,8 +39,6 @@ pub const MAX_SEND_BUF: usize = 64 * 1024;
 const STREAM_WINDOW: u32 = 256 * 1024;
 /// And on the whole connection.
 const CONNECTION_WINDOW: u32 = 1024 * 1024;
-/// How long a PING may go unanswered.
-const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 pub fn builder(settings: &HttpSettings) -> hyper::server::conn::http2::Builder<TokioExecutor> {
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -51,7 +50,7 @@ pub fn builder(settings: &HttpSettings) -> hyper::server::conn::http2::Builder<T
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .keep_alive_interval(Some(settings.http2_ping_interval))
-        .keep_alive_timeout(PING_TIMEOUT);
+        .keep_alive_timeout(settings.http2_ping_timeout);
     builder
 }
 

@@ -37,6 +37,8 @@ pub struct HttpSettings {
     pub keepalive_timeout: Duration,
     /// How often an HTTP/2 connection is PINGed to find dead peers.
     pub http2_ping_interval: Duration,
+    /// How long a PING may go unanswered.
+    pub http2_ping_timeout: Duration,
 }
 
 /// What every connection is served with.

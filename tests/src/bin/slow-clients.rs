@@ -14,7 +14,8 @@
 //! and an empty SETTINGS frame), `tls-h2` (a TLS handshake with ALPN `h2`, then nothing),
 //! `partial-head` (`GET / HTTP/1.1\r\nHo`), `partial-body` (a head announcing 16 KiB and 15 KiB
 //! of it: the largest body the proxy reads whole before it asks the upstream, so the most a
-//! slow uploader can make it hold).
+//! slow uploader can make it hold), `streamed-body` (64 KiB announced and 60 KiB sent to
+//! `/upload`, which the proxy streams to an upstream that waits for all of it).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -33,6 +34,7 @@ enum Kind {
     TlsH2,
     PartialHead,
     PartialBody,
+    StreamedBody,
 }
 
 #[derive(Parser, Debug)]
@@ -184,14 +186,18 @@ fn payload(kind: Kind, host: &str) -> Vec<u8> {
         }
         Kind::TlsH2 => Vec::new(),
         Kind::PartialHead => b"GET / HTTP/1.1\r\nHo".to_vec(),
-        Kind::PartialBody => {
-            let mut bytes =
-                format!("POST / HTTP/1.1\r\nHost: {host}\r\nContent-Length: 65536\r\n\r\n")
-                    .into_bytes();
-            bytes.resize(bytes.len() + 60 * 1024, b'x');
-            bytes
-        }
+        Kind::PartialBody => partial_body("/", host, 16 * 1024, 15 * 1024),
+        Kind::StreamedBody => partial_body("/upload", host, 64 * 1024, 60 * 1024),
     }
+}
+
+/// A POST head announcing `announced` bytes of body, and `sent` of them.
+fn partial_body(path: &str, host: &str, announced: usize, sent: usize) -> Vec<u8> {
+    let mut bytes =
+        format!("POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {announced}\r\n\r\n")
+            .into_bytes();
+    bytes.resize(bytes.len() + sent, b'x');
+    bytes
 }
 
 /// Any certificate will do: the point is the silence after the handshake.

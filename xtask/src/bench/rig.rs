@@ -69,7 +69,8 @@ impl Rig {
                 "worker_processes 1; daemon off; pid {d}/upstream.pid; error_log {d}/upstream-error.log;\n\
              events {{ worker_connections 8192; }}\n\
              http {{ access_log off; server {{ listen 127.0.0.1:{UPSTREAM_PORT} backlog=4096; keepalive_requests 100000000;\n\
-             location / {{ return 200 \"hello from the upstream\\n\"; }} }} }}\n",
+             location / {{ return 200 \"hello from the upstream\\n\"; }}\n\
+             location /upload {{ client_max_body_size 1m; proxy_pass http://127.0.0.1:{UPSTREAM_PORT}/; }} }} }}\n",
                 d = dir.display()
             ),
         )?;

@@ -8,9 +8,11 @@
 //! ```
 //!
 //! Kinds: a cut-short HTTP/2 preface, a preface and SETTINGS then silence, TLS with ALPN h2 then
-//! silence, a partial request head (HTTP port and admin port), and 15 KiB of a 16 KiB body (the
-//! largest the proxy buffers; a larger one streams to the upstream, which may answer first). A
-//! quick run uses 5-second timeouts so each kind takes seconds, not the defaults' minute.
+//! silence, a partial request head (HTTP port and admin port), 15 KiB of a 16 KiB body (the
+//! largest the proxy buffers), and 60 KiB of a 64 KiB body (streamed to `/upload`, where the
+//! upstream waits for the whole body before it answers, as an application reading a form
+//! would). A quick run uses 5-second timeouts so each kind takes seconds, not the defaults'
+//! minute.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -61,6 +63,11 @@ const KINDS: &[Kind] = &[
     Kind {
         name: "15 KiB of a 16 KiB body",
         flag: "partial-body",
+        port: rig::INGRESS_HTTP,
+    },
+    Kind {
+        name: "60 KiB of a 64 KiB body, streamed",
+        flag: "streamed-body",
         port: rig::INGRESS_HTTP,
     },
 ];
