@@ -1,22 +1,51 @@
-//! Helpers shared by the integration tests in `tests/tests/`.
+//! Helpers shared by the integration tests in `tests/tests/`: everything a test needs besides
+//! its own scenario is written once here.
+//!
+//! ```text
+//!   process      the real binary: one builder for every way a test starts it
+//!   preflight    root / BTF / embedded eBPF object, or skip (fail under CI=true)
+//!   modes        Mode and both_modes!: one scenario, an _ebpf and a _userspace test
+//!   netns, pins  network namespaces (NetPair, NetChain) and a bpffs directory per test
+//!   gate_site    the kernel-gate site: namespaces, backend, certificate, manifests, proxies
+//!   gate_server  the gate loaded from the library behind a TLS-less test server
+//!   passthrough  the passthrough site: client, proxy and backend namespaces and backends
+//!   tls_client, scrape, corpus, bpftool, sockopt, rawtcp, tcx: what those sites are driven
+//!                and checked with
+//! ```
 
 // Test support: a failed setup step should stop the test at once with its message, and blocking
 // waits are fine outside the proxy.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 pub mod apiserver;
+pub mod bpftool;
 pub mod client;
+pub mod corpus;
+pub mod gate_server;
+pub mod gate_site;
 pub mod manifests;
+pub mod modes;
 pub mod netns;
+pub mod passthrough;
+pub mod pins;
 pub mod pki;
 pub mod ports;
+pub mod preflight;
 pub mod process;
 pub mod raw;
 pub mod rawtcp;
+pub mod scrape;
 pub mod scratch;
 pub mod scripted;
+pub mod sockopt;
 pub mod tcx;
+pub mod tls_client;
 pub mod upstream;
+
+pub use modes::Mode;
+// For `both_modes!`, so a test file needs no dependency of its own to paste test names.
+#[doc(hidden)]
+pub use pastey;
 
 /// Whether this is a CI run (`CI=true`, or `CI=1` as some CI systems set it): there, a test that
 /// cannot load its kernel program fails instead of skipping.

@@ -1,6 +1,11 @@
-//! A pair of network namespaces joined by a veth link, removed on drop: a server side and a
-//! client side, so traffic between them crosses a real link (MTU 1500, so a 2 KB ClientHello
-//! arrives in two segments) and touches nothing outside the test.
+//! Network namespaces joined by veth links, removed on drop, so a test's traffic crosses a real
+//! link (MTU 1500, so a 2 KB ClientHello arrives in two segments) and touches nothing outside
+//! the test:
+//!
+//! ```text
+//!   NetPair:   client 10.231.0.2 ── veth0 ── veth0 10.231.0.1 server
+//!   NetChain:  client 10.241.0.2 ── c0 ── p0 10.241.0.1 proxy 10.241.1.1 p1 ── b0 ── 10.241.1.2 backend
+//! ```
 //!
 //! Namespaces are entered with `setns` from code, one thread at a time, or with
 //! `nsenter --net=` for child processes — never `ip netns exec`, which remounts /sys and hides
@@ -109,6 +114,47 @@ impl NetNs {
         Ok(mac)
     }
 
+    /// `n` TCP sockets made here (a socket stays in the namespace it was made in).
+    pub fn tcp_sockets(&self, n: usize) -> Vec<tokio::net::TcpSocket> {
+        self.run(move || {
+            (0..n)
+                .map(|_| tokio::net::TcpSocket::new_v4().expect("a TCP socket"))
+                .collect()
+        })
+        .expect("a thread in the namespace")
+    }
+
+    /// A TCP connection from this namespace to `addr`, with Nagle off, within `timeout`.
+    pub async fn connect(
+        &self,
+        addr: std::net::SocketAddr,
+        timeout: std::time::Duration,
+    ) -> tokio::net::TcpStream {
+        let socket = self.tcp_sockets(1).pop().expect("a socket");
+        let stream = tokio::time::timeout(timeout, socket.connect(addr))
+            .await
+            .unwrap_or_else(|_| panic!("connect to {addr} in time"))
+            .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+        stream.set_nodelay(true).expect("nodelay");
+        stream
+    }
+
+    /// Runs `f` on a long-lived thread of its own inside this namespace (a server, say).
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let path = self.path();
+        std::thread::spawn(move || {
+            let file =
+                std::fs::File::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // SAFETY: as in `enter`.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
+            f()
+        })
+    }
+
     /// `nsenter --net=<path> <program>`, for clients such as openssl and curl.
     pub fn command(&self, program: &str) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new("nsenter");
@@ -197,6 +243,78 @@ impl NetPair {
         ])?;
         let server_mac = self.server.mac("veth0")?;
         crate::rawtcp::RawLink::open(&self.client, "veth0", crate::rawtcp::RAW_MAC, server_mac)
+    }
+}
+
+/// Client, proxy and backend namespaces in a line, for a proxy between a client and a backend
+/// that are each in a namespace of their own. The client link carries one MSS per packet, as a
+/// wire does, so a ClientHello arrives in pieces; the backend link keeps its offloads, as a
+/// node's pod network does.
+pub struct NetChain {
+    pub client: NetNs,
+    pub proxy: NetNs,
+    pub backend: NetNs,
+}
+
+impl NetChain {
+    pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 241, 0, 2);
+    /// The proxy's address on the client side.
+    pub const PROXY_IP: Ipv4Addr = Ipv4Addr::new(10, 241, 0, 1);
+    /// The proxy's address on the backend side.
+    pub const PROXY_BACKEND_SIDE: Ipv4Addr = Ipv4Addr::new(10, 241, 1, 1);
+    pub const BACKEND_IP: Ipv4Addr = Ipv4Addr::new(10, 241, 1, 2);
+
+    pub fn create(tag: &str) -> io::Result<NetChain> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = format!("pt-{tag}-{}-{n}", std::process::id());
+        let chain = NetChain {
+            client: NetNs::create(format!("{base}-c"))?,
+            proxy: NetNs::create(format!("{base}-p"))?,
+            backend: NetNs::create(format!("{base}-b"))?,
+        };
+        let links = [
+            (
+                &chain.client,
+                "c0",
+                Self::CLIENT_IP,
+                &chain.proxy,
+                "p0",
+                Self::PROXY_IP,
+            ),
+            (
+                &chain.proxy,
+                "p1",
+                Self::PROXY_BACKEND_SIDE,
+                &chain.backend,
+                "b0",
+                Self::BACKEND_IP,
+            ),
+        ];
+        for (a, a_dev, a_ip, b, b_dev, b_ip) in links {
+            ip(&[
+                "link",
+                "add",
+                a_dev,
+                "netns",
+                a.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                b_dev,
+                "netns",
+                b.name(),
+            ])?;
+            for (ns, dev, addr) in [(a, a_dev, a_ip), (b, b_dev, b_ip)] {
+                ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", dev])?;
+                ns.ip(&["link", "set", dev, "up"])?;
+            }
+        }
+        for (ns, dev) in [(&chain.client, "c0"), (&chain.proxy, "p0")] {
+            ns.ip(&["link", "set", dev, "gso_max_segs", "1"])?;
+        }
+        Ok(chain)
     }
 }
 

@@ -104,7 +104,24 @@ impl Ca {
 /// A rustls client config that accepts any server certificate: for connections whose point
 /// is what happens after the handshake (no SNI, say, where the default certificate is served).
 pub fn any_server_config(alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    any_server_config_with(rustls::crypto::aws_lc_rs::default_provider(), alpn)
+}
+
+/// The same, offering X25519 alone: rustls's default post-quantum key share makes its hello
+/// about 1.5 KB, more than one segment across a veth; this one fits in one.
+pub fn one_segment_hello_config(alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    let provider = rustls::crypto::CryptoProvider {
+        kx_groups: vec![rustls::crypto::aws_lc_rs::kx_group::X25519],
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    };
+    any_server_config_with(provider, alpn)
+}
+
+fn any_server_config_with(
+    provider: rustls::crypto::CryptoProvider,
+    alpn: &[&[u8]],
+) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(provider);
     let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .expect("protocol versions")

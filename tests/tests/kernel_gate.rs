@@ -3,329 +3,36 @@
 //! TLS-less server that calls the gate API for every accepted connection, and drives it with
 //! openssl, curl and raw byte writers.
 //!
-//! Without root or kernel BTF, or in a build without the eBPF object, the tests print a loud
-//! skip notice and pass — unless CI=true, where that is a failure.
+//! The harness (namespaces, the gate, the test server) is `ingress_tests::gate_server`. Without
+//! root or kernel BTF, or in a build without the eBPF object, the tests print a loud skip notice
+//! and pass — unless CI=true, where that is a failure.
 
 // Setup helpers fail the test with a message, as the test bodies do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ingress::client_hello;
-use ingress::gate::{
-    Admission, CaseAction, Gate, GateError, GateOptions, HostAction, HostPolicy, KernelLog, Reason,
-    Verdict, counter,
+use ingress::gate::{Admission, CaseAction, HostAction, HostPolicy, KernelLog, Reason, counter};
+use ingress_tests::bpftool;
+use ingress_tests::corpus::{self, Xorshift, corpus};
+use ingress_tests::gate_server::{
+    AbortOnDrop, Ending, GateServer, PORT, STEP, Server, dropped, load, passed, policy, register,
+    serve, sni_of, wait_for_sole_owner,
 };
-use ingress_tests::netns::{NetPair, SERVER_IP};
+use ingress_tests::netns::SERVER_IP;
+use ingress_tests::pins::PinDir;
+use ingress_tests::sockopt::linger_zero;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-const PORT: u16 = 443;
-const STEP: Duration = Duration::from_secs(5);
-
-/// What the test server saw for one connection.
-#[derive(Debug)]
-struct Served {
-    admission: Admission,
-    /// The bytes `take_first_record` returned, for passes.
-    record: Option<Vec<u8>>,
-}
-
-/// What a raw client saw after sending its bytes.
-#[derive(Debug)]
-enum Ending {
-    Reset(Duration),
-    Closed,
-    Silent,
-}
-
-struct Harness {
-    // Field order is drop order: the gate detaches before its namespaces go.
-    gate: Arc<Gate>,
-    served: mpsc::UnboundedReceiver<Served>,
-    server: AbortOnDrop,
-    pins: PinDir,
-    pair: NetPair,
-}
-
-/// A per-test pin directory, removed on drop.
-struct PinDir(PathBuf);
-
-impl Drop for PinDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Skips (or, under CI=true, fails) when this machine cannot run kernel tests.
-fn skip_or_fail(why: &str) {
-    if ingress_tests::in_ci() {
-        panic!("kernel gate test cannot run under CI=true: {why}");
-    }
-    eprintln!("\n**************** SKIPPED kernel gate test: {why} ****************\n");
-}
-
-fn preflight() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        skip_or_fail("not root");
-        return false;
-    }
-    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-        skip_or_fail("the kernel has no BTF");
-        return false;
-    }
-    true
-}
-
-fn corpus(file: &str) -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("data/clienthello")
-        .join(file);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn pin_dir(tag: &str) -> PathBuf {
-    PathBuf::from(format!(
-        "/sys/fs/bpf/ingress-test-{tag}-{}",
-        std::process::id()
-    ))
-}
-
-impl Harness {
-    /// Namespaces, a gate with `policy`, and the test server. `None` when skipping.
-    async fn start(tag: &str, policy: HostPolicy) -> Option<Harness> {
-        Self::start_in(tag, policy, pin_dir(tag), KernelLog::Off).await
-    }
-
-    async fn start_in(
-        tag: &str,
-        policy: HostPolicy,
-        pins: PathBuf,
-        kernel_log: KernelLog,
-    ) -> Option<Harness> {
-        Self::start_serving(tag, policy, pins, kernel_log, Server::Report).await
-    }
-
-    async fn start_serving(
-        tag: &str,
-        policy: HostPolicy,
-        pins: PathBuf,
-        kernel_log: KernelLog,
-        kind: Server,
-    ) -> Option<Harness> {
-        if !preflight() {
-            return None;
-        }
-        // Guards first, so a failing load still removes the pins and the namespaces.
-        let pins = PinDir(pins);
-        let pair = NetPair::create(tag).expect("create network namespaces");
-        // This test's thread (and its current-thread runtime) now lives in the server namespace:
-        // the listener is created here, and the gate gates this namespace only.
-        pair.server.enter().expect("enter the server namespace");
-        let gate = match load(&pins.0, policy, kernel_log) {
-            Ok(gate) => gate,
-            Err(GateError::NotEmbedded) => {
-                skip_or_fail(
-                    "this build carries no eBPF object (run `cargo xtask build-ebpf` first)",
-                );
-                return None;
-            }
-            Err(e) => panic!("the gate should load as root with BTF: {e}"),
-        };
-        let gate = Arc::new(gate);
-        let listener = TcpListener::bind((SERVER_IP, PORT))
-            .await
-            .expect("bind the HTTPS port");
-        register(&gate, &listener);
-        let (tx, served) = mpsc::unbounded_channel();
-        let server = AbortOnDrop(match kind {
-            Server::Report => tokio::spawn(serve(listener, gate.clone(), tx)),
-            Server::Converse => tokio::spawn(converse(listener, gate.clone(), tx)),
-        });
-        Some(Harness {
-            gate,
-            served,
-            server,
-            pins,
-            pair,
-        })
-    }
-
-    /// Connects from the client namespace, writes `chunks` with `pause` between them, and
-    /// reports how the connection ended after the last write.
-    async fn send(&self, chunks: &[&[u8]], pause: Duration) -> Ending {
-        let socket = self
-            .pair
-            .client
-            .run(tokio::net::TcpSocket::new_v4)
-            .expect("client namespace thread")
-            .expect("client socket");
-        let mut stream = socket
-            .connect(SocketAddr::from((SERVER_IP, PORT)))
-            .await
-            .expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
-        for (i, chunk) in chunks.iter().enumerate() {
-            if i > 0 {
-                tokio::time::sleep(pause).await;
-            }
-            stream.write_all(chunk).await.expect("write");
-        }
-        let sent = Instant::now();
-        let mut buf = [0u8; 1024];
-        loop {
-            match tokio::time::timeout(STEP, stream.read(&mut buf)).await {
-                Err(_) => return Ending::Silent,
-                Ok(Ok(0)) => return Ending::Closed,
-                Ok(Ok(_)) => continue,
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    return Ending::Reset(sent.elapsed());
-                }
-                Ok(Err(e)) => panic!("client read: {e}"),
-            }
-        }
-    }
-
-    async fn next(&mut self) -> Served {
-        tokio::time::timeout(STEP, self.served.recv())
-            .await
-            .expect("the server saw no connection in time")
-            .expect("the server stopped")
-    }
-
-    /// Runs a client in the client namespace and returns what the server saw.
-    async fn run_client(&mut self, program: &str, args: &[&str]) -> Served {
-        let mut child = self
-            .pair
-            .client
-            .command(program)
-            .args(args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{program}: {e}"));
-        let served = self.next().await;
-        let _ = tokio::time::timeout(STEP, child.wait()).await;
-        served
-    }
-}
-
-/// Tells the gate this listener is the one it judges for.
-fn register(gate: &Gate, listener: &TcpListener) {
-    use std::os::fd::AsFd;
-    gate.register_listener(listener.as_fd())
-        .expect("register the listener");
-}
-
-fn load(pins: &Path, policy: HostPolicy, kernel_log: KernelLog) -> Result<Gate, GateError> {
-    Gate::load(GateOptions {
-        pin_dir: pins.to_path_buf(),
-        https_ports: vec![PORT],
-        policy: Some(policy),
-        verdict_timeout: Duration::from_secs(3),
-        // Explicit, not from tracing: tests run on parallel threads, and tracing caches
-        // per-callsite interest across them.
-        kernel_log,
-        ..GateOptions::default()
-    })
-}
-
-/// What the harness's server does with each connection.
-#[derive(Clone, Copy)]
-enum Server {
-    /// Admits it, takes the first record, and reports both (`serve`).
-    Report,
-    /// Admits it, takes the first record, then talks as a TLS server would (`converse`).
-    Converse,
-}
-
-/// The test server: the accept loop a proxy runs in eBPF mode, minus TLS.
-async fn serve(listener: TcpListener, gate: Arc<Gate>, tx: mpsc::UnboundedSender<Served>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            return;
-        };
-        let gate = gate.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let admission = gate.admit(&stream).await.expect("admit");
-            let record = match admission {
-                Admission::Drop(_) => {
-                    gate.reject(stream).expect("reject");
-                    None
-                }
-                Admission::Pass(verdict)
-                | Admission::Passthrough(verdict)
-                | Admission::Deferred(verdict) => Some(
-                    gate.take_first_record(&mut stream, &verdict)
-                        .await
-                        .expect("take the first record"),
-                ),
-                Admission::Ungated | Admission::Timeout => None,
-            };
-            let _ = tx.send(Served { admission, record });
-        });
-    }
-}
-
-async fn wait_for_sole_owner(mut gate: Arc<Gate>) -> Gate {
-    for _ in 0..100 {
-        match Arc::try_unwrap(gate) {
-            Ok(gate) => return gate,
-            Err(shared) => gate = shared,
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the gate is still shared after a second");
-}
-
-fn passed(served: &Served) -> Verdict {
-    match served.admission {
-        Admission::Pass(v) => v,
-        ref other => panic!("expected a pass, got {other:?}"),
-    }
-}
-
-fn dropped(served: &Served) -> Verdict {
-    match served.admission {
-        Admission::Drop(v) => v,
-        ref other => panic!("expected a drop, got {other:?}"),
-    }
-}
-
-/// The name the userspace parser reads from a record the gate handed over.
-fn sni_of(record: &[u8]) -> Option<String> {
-    let parsed = client_hello::parse(record);
-    client_hello::gate(&parsed)
-        .ok()
-        .map(|name| name.to_string())
-}
-
-fn policy(names: &[&str]) -> HostPolicy {
-    names.iter().fold(HostPolicy::default(), |p, n| {
-        p.with_host(n, HostAction::Pass)
-    })
-}
-
 #[tokio::test]
 async fn openssl_and_curl_with_a_known_name_pass() {
     let policy = policy(&["openssl.example.test", "curl.example.test"]);
-    let Some(mut h) = Harness::start("known", policy).await else {
+    let Some(mut h) = GateServer::start("known", policy).await else {
         return;
     };
     let target = format!("{SERVER_IP}:{PORT}");
@@ -376,7 +83,7 @@ async fn openssl_and_curl_with_a_known_name_pass() {
 
 #[tokio::test]
 async fn an_unknown_name_is_reset_within_50_ms_and_nothing_is_read() {
-    let Some(mut h) = Harness::start("unknown", policy(&["other.example.test"])).await else {
+    let Some(mut h) = GateServer::start("unknown", policy(&["other.example.test"])).await else {
         return;
     };
     let hello = corpus("curl-tls13.bin");
@@ -415,7 +122,7 @@ async fn an_unknown_name_is_reset_within_50_ms_and_nothing_is_read() {
 
 #[tokio::test]
 async fn a_wildcard_admits_one_label_and_no_more() {
-    let Some(mut h) = Harness::start("wild", policy(&["*.wild.test"])).await else {
+    let Some(mut h) = GateServer::start("wild", policy(&["*.wild.test"])).await else {
         return;
     };
     let target = format!("{SERVER_IP}:{PORT}");
@@ -442,7 +149,7 @@ async fn a_wildcard_admits_one_label_and_no_more() {
 
 #[tokio::test]
 async fn a_client_hello_split_over_three_writes_is_still_classified() {
-    let Some(mut h) = Harness::start("split", policy(&["curl.example.test"])).await else {
+    let Some(mut h) = GateServer::start("split", policy(&["curl.example.test"])).await else {
         return;
     };
     let hello = corpus("curl-tls13.bin");
@@ -476,7 +183,7 @@ async fn a_two_segment_client_hello_with_the_name_in_the_second_segment() {
     // segment's payload, so the verdict needs both segments.
     let hello = corpus("chromium-2.bin");
     assert!(hello.len() > 1500);
-    let Some(mut h) = Harness::start("twoseg", policy(&["chromium.example.test"])).await else {
+    let Some(mut h) = GateServer::start("twoseg", policy(&["chromium.example.test"])).await else {
         return;
     };
     let ending = h.send(&[&hello], Duration::ZERO).await;
@@ -511,7 +218,7 @@ async fn no_sni_garbage_and_plain_http_follow_the_configured_policy() {
         not_tls: CaseAction::Drop,
         ..policy(&["curl.example.test"])
     };
-    let Some(mut h) = Harness::start("cases", strict.clone()).await else {
+    let Some(mut h) = GateServer::start("cases", strict.clone()).await else {
         return;
     };
     let cases = [
@@ -545,10 +252,11 @@ async fn no_sni_garbage_and_plain_http_follow_the_configured_policy() {
 
 #[tokio::test]
 async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
-    let pins = pin_dir("restart");
+    let pin_guard = PinDir::new("restart");
+    let pins = pin_guard.path().to_path_buf();
     let first = policy(&["curl.example.test", "keep.example.test"]);
     let Some(mut h) =
-        Harness::start_in("restart", first.clone(), pins.clone(), KernelLog::Off).await
+        GateServer::start_in("restart", first.clone(), pin_guard, KernelLog::Off).await
     else {
         return;
     };
@@ -557,7 +265,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
     let passes_before = h.gate.counters().expect("counters").get(counter::PASS);
 
     // Stop: the per-socket pins go, the policy stays pinned.
-    let Harness {
+    let GateServer {
         gate,
         pins: pin_guard,
         pair,
@@ -591,7 +299,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
     register(&gate, &listener);
     let (tx, served) = mpsc::unbounded_channel();
     let server = AbortOnDrop(tokio::spawn(serve(listener, gate.clone(), tx)));
-    let mut h = Harness {
+    let mut h = GateServer {
         gate,
         served,
         server,
@@ -620,10 +328,10 @@ async fn bpftool_map_dump_shows_host_names() {
         ..HostPolicy::default()
     }
     .with_host("tls.example.test", HostAction::Passthrough);
-    let Some(h) = Harness::start("bpftool", names).await else {
+    let Some(h) = GateServer::start("bpftool", names).await else {
         return;
     };
-    let hosts = bpftool_dump(&h.pins.0.join("hosts"));
+    let hosts = bpftool::dump_text(&h.pins.join("hosts"));
     for name in [
         "shop.example.test",
         "*.apps.example.test",
@@ -640,7 +348,7 @@ async fn bpftool_map_dump_shows_host_names() {
         "the passthrough action shows:\n{hosts}"
     );
 
-    let config = bpftool_dump(&h.pins.0.join("config"));
+    let config = bpftool::dump_text(&h.pins.join("config"));
     for field in [
         "\"netns_cookie\"",
         "\"catch_all\": 0",
@@ -649,44 +357,17 @@ async fn bpftool_map_dump_shows_host_names() {
     ] {
         assert!(config.contains(field), "{field} is not in:\n{config}");
     }
-    let counters = bpftool_dump(&h.pins.0.join("counters"));
+    let counters = bpftool::dump_text(&h.pins.join("counters"));
     assert!(
         counters.contains("\"cpu\""),
         "per-CPU values are not shown:\n{counters}"
     );
 }
 
-fn bpftool_dump(pin: &Path) -> String {
-    let out = std::process::Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
-        .arg(pin)
-        .output()
-        .expect("run bpftool");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    eprintln!("bpftool map dump pinned {}:\n{text}", pin.display());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 #[tokio::test]
 async fn corpus_verdicts_match_the_userspace_parser() {
     // Every corpus name but one is known, so both pass and unknown are exercised.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/clienthello");
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .expect("corpus dir")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".bin"))
-        .map(|n| {
-            let bytes = corpus(&n);
-            (n, bytes)
-        })
-        .collect();
-    files.sort();
+    let files = corpus::all();
     let mut known: Vec<String> = files
         .iter()
         .filter_map(|(_, b)| sni_of(b))
@@ -695,7 +376,7 @@ async fn corpus_verdicts_match_the_userspace_parser() {
     known.sort();
     known.dedup();
     let known_refs: Vec<&str> = known.iter().map(String::as_str).collect();
-    let Some(h) = Harness::start("corpus", policy(&known_refs)).await else {
+    let Some(h) = GateServer::start("corpus", policy(&known_refs)).await else {
         return;
     };
 
@@ -732,27 +413,6 @@ async fn corpus_verdicts_match_the_userspace_parser() {
         mismatches.join("\n")
     );
     assert!(files.len() >= 20, "the corpus went missing");
-}
-
-/// SO_LINGER {on, 0}: closing the socket sends an RST.
-fn reset_on_close(stream: &tokio::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    let len = libc::socklen_t::try_from(std::mem::size_of::<libc::linger>()).unwrap();
-    // SAFETY: a valid socket and a linger struct of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const linger).cast(),
-            len,
-        )
-    };
-    assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
 }
 
 /// A `tracing` writer into a shared buffer.
@@ -792,7 +452,8 @@ async fn kernel_debug_logs_reach_tracing() {
     let _guard = tracing::subscriber::set_default(subscriber);
 
     let policy = policy(&["curl.example.test"]);
-    let Some(mut h) = Harness::start_in("logs", policy, pin_dir("logs"), KernelLog::Debug).await
+    let Some(mut h) =
+        GateServer::start_in("logs", policy, PinDir::new("logs"), KernelLog::Debug).await
     else {
         return;
     };
@@ -816,7 +477,7 @@ async fn kernel_debug_logs_reach_tracing() {
 
 #[tokio::test]
 async fn verdict_records_never_outlive_their_sockets() {
-    let Some(mut h) = Harness::start("reap", policy(&["curl.example.test"])).await else {
+    let Some(mut h) = GateServer::start("reap", policy(&["curl.example.test"])).await else {
         return;
     };
     // Served connections: the kernel deletes each record as its socket closes.
@@ -854,13 +515,13 @@ async fn verdict_records_never_outlive_their_sockets() {
         .await
         .expect("write");
     tokio::time::sleep(Duration::from_millis(50)).await;
-    reset_on_close(&stream);
+    linger_zero(&stream);
     drop(stream);
 
     let mut records = usize::MAX;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let dump = bpftool_dump(&h.pins.0.join("verdicts"));
+        let dump = bpftool::dump_text(&h.pins.join("verdicts"));
         let parsed: serde_json::Value = serde_json::from_str(&dump).expect("bpftool json");
         records = parsed.as_array().map_or(usize::MAX, Vec::len);
         if records == 0 {
@@ -878,7 +539,7 @@ async fn verdict_records_never_outlive_their_sockets() {
 
 #[tokio::test]
 async fn mutated_hellos_get_the_same_verdict_from_kernel_and_userspace() {
-    let Some(h) = Harness::start(
+    let Some(h) = GateServer::start(
         "mutants",
         policy(&["curl.example.test", "chromium.example.test"]),
     )
@@ -887,13 +548,7 @@ async fn mutated_hellos_get_the_same_verdict_from_kernel_and_userspace() {
         return;
     };
     // A fixed xorshift, so a failure names a reproducible case.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut random = Xorshift::new(0x9e37_79b9_7f4a_7c15);
     let mut mismatches = Vec::new();
     let mut checked = 0;
     for file in [
@@ -905,12 +560,12 @@ async fn mutated_hellos_get_the_same_verdict_from_kernel_and_userspace() {
         let original = corpus(file);
         for case in 0..400 {
             let mut bytes = original.clone();
-            for _ in 0..1 + next() % 3 {
-                let at = usize::try_from(next()).unwrap() % bytes.len();
-                bytes[at] = next().to_le_bytes()[0];
+            for _ in 0..1 + random.next_u64() % 3 {
+                let at = random.below(bytes.len());
+                bytes[at] = random.byte();
             }
-            if next() % 8 == 0 {
-                bytes.truncate(usize::try_from(next()).unwrap() % bytes.len());
+            if random.next_u64().is_multiple_of(8) {
+                bytes.truncate(random.below(bytes.len()));
             }
             let parsed = client_hello::parse(&bytes);
             let want = match client_hello::gate(&parsed) {
@@ -1060,7 +715,7 @@ async fn edge_cases_get_the_same_verdict_from_kernel_and_userspace() {
         ("no extensions", build_hello(&[])),
     ];
     let known = ["ok.test", "*.wild.test", "_dmarc.ok.test"];
-    let Some(h) = Harness::start("edges", policy(&known)).await else {
+    let Some(h) = GateServer::start("edges", policy(&known)).await else {
         return;
     };
     let mut mismatches = Vec::new();
@@ -1101,36 +756,6 @@ async fn edge_cases_get_the_same_verdict_from_kernel_and_userspace() {
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
 }
 
-/// After taking the first record, answers at once and waits for the client's next bytes, as a
-/// TLS server sends its ServerHello and waits for the client's Finished; reports whether they
-/// came (a `Served` with the admission and `Some(b"ping")`, or `None` after 3 s).
-async fn converse(listener: TcpListener, gate: Arc<Gate>, tx: mpsc::UnboundedSender<Served>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            return;
-        };
-        let gate = gate.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let admission = gate.admit(&stream).await.expect("admit");
-            let mut record = None;
-            if let Admission::Pass(verdict) = admission
-                && gate.take_first_record(&mut stream, &verdict).await.is_ok()
-                && stream.write_all(b"hello").await.is_ok()
-            {
-                let mut ping = [0u8; 4];
-                let read =
-                    tokio::time::timeout(Duration::from_secs(3), stream.read_exact(&mut ping));
-                if let Ok(Ok(_)) = read.await {
-                    let _ = stream.write_all(b"pong").await;
-                    record = Some(ping.to_vec());
-                }
-            }
-            let _ = tx.send(Served { admission, record });
-        });
-    }
-}
-
 /// A two-segment ClientHello goes through SOCKS; the server answers as soon as it has the
 /// record and the socket left SOCKS, and the client replies at once. The reply must reach the
 /// server: a TLS client's Finished lost there leaves the handshake to time out.
@@ -1139,10 +764,10 @@ async fn bytes_sent_right_after_the_first_record_reach_the_server() {
     const N: usize = 1200;
     const AT_ONCE: usize = 6;
     let hello = Arc::new(corpus("chromium-2.bin"));
-    let Some(mut h) = Harness::start_serving(
+    let Some(mut h) = GateServer::start_serving(
         "after",
         policy(&["chromium.example.test"]),
-        pin_dir("after"),
+        PinDir::new("after"),
         KernelLog::Off,
         Server::Converse,
     )
@@ -1204,6 +829,6 @@ async fn bytes_sent_right_after_the_first_record_reach_the_server() {
     }
     while clients.join_next().await.is_some() {}
     assert_eq!(lost, 0, "{lost} of {N} replies never reached the server");
-    let seen = ingress::gate::pinned_workspaces(&h.pins.0).expect("workspaces");
+    let seen = ingress::gate::pinned_workspaces(h.pins.path()).expect("workspaces");
     assert_eq!((seen.claimed, seen.dirty_words), (0, 0), "{seen:?}");
 }
