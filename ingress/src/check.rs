@@ -183,7 +183,7 @@ mod tests {
             },
             tls: crate::snapshot::tls::TlsSettings {
                 default_certificate: None,
-                self_signed: Arc::new(crate::tls::certs::self_signed().expect("self-signed")),
+                self_signed: Arc::new(crate::snapshot::certs::self_signed().expect("self-signed")),
                 now: 1_900_000_000,
             },
             backends: Default::default(),

@@ -19,26 +19,37 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
-use crate::gate::{CaseAction, Gate, HostAction as KernelAction, HostPolicy, HostRule, counter};
-use crate::metrics::ReasonLabels;
+use crate::gate::{CaseAction, Gate, HostAction as KernelAction, HostPolicy, HostRule};
 use crate::publish::PublishHook;
 use crate::snapshot::Snapshot;
-use crate::snapshot::sni::{Admit, GateReason, HostAction, UnnamedPolicy};
+use crate::snapshot::sni::{Admit, HostAction, UnnamedPolicy};
 
 pub struct MapSync {
     gate: Arc<Gate>,
     unnamed: UnnamedPolicy,
-    errors: prometheus_client::metrics::counter::Counter,
+    errors: Counter,
+}
+
+/// Registers the sync's error counter (in either mode, so the series always exists) and, with a
+/// gate, the kernel's own counters, read at scrape time (the gate held weakly, so shutdown can
+/// drop it and detach). Returns the error counter, for [`MapSync::new`].
+pub fn register_metrics(registry: &mut Registry, gate: Option<&Arc<Gate>>) -> Counter {
+    let errors = Counter::default();
+    registry.register(
+        "gate_sync_errors",
+        "Failed writes of the kernel host map",
+        errors.clone(),
+    );
+    if let Some(gate) = gate {
+        registry.register_collector(Box::new(KernelCounters(Arc::downgrade(gate))));
+    }
+    errors
 }
 
 impl MapSync {
-    pub fn new(
-        gate: Arc<Gate>,
-        unnamed: UnnamedPolicy,
-        errors: prometheus_client::metrics::counter::Counter,
-    ) -> Self {
+    pub fn new(gate: Arc<Gate>, unnamed: UnnamedPolicy, errors: Counter) -> Self {
         Self {
             gate,
             unnamed,
@@ -172,80 +183,6 @@ impl Collector for KernelCounters {
         )?;
         for (counter, value) in counters.iter() {
             let labels = CounterLabels { counter };
-            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-}
-
-/// `ingress_sni_gate_total{reason}`: every HTTPS connection the gate decided, in either mode and
-/// at either stage — the proxy's own count after accept, plus, in eBPF mode, the connections the
-/// kernel reset before accept (counted since this process loaded the gate, as the proxy's are).
-pub struct SniGateTotals {
-    pub after_accept: Family<ReasonLabels, Counter>,
-    pub gate: Option<(std::sync::Weak<Gate>, [u64; 4])>,
-}
-
-/// The reasons a connection can be reset before accept, with their kernel counters.
-const BEFORE_ACCEPT: [(GateReason, u32); 4] = [
-    (GateReason::Unknown, counter::RESET_BEFORE_ACCEPT_UNKNOWN),
-    (GateReason::NoSni, counter::RESET_BEFORE_ACCEPT_NO_SNI),
-    (
-        GateReason::Malformed,
-        counter::RESET_BEFORE_ACCEPT_MALFORMED,
-    ),
-    (GateReason::NotTls, counter::RESET_BEFORE_ACCEPT_NOT_TLS),
-];
-
-impl SniGateTotals {
-    pub fn new(after_accept: Family<ReasonLabels, Counter>, gate: Option<&Arc<Gate>>) -> Self {
-        let gate = gate.map(|gate| {
-            let baseline = before_accept(gate);
-            (Arc::downgrade(gate), baseline)
-        });
-        SniGateTotals { after_accept, gate }
-    }
-}
-
-/// The kernel's before-accept counts, in `BEFORE_ACCEPT` order (zeros if unreadable).
-fn before_accept(gate: &Gate) -> [u64; 4] {
-    let counters = gate.counters().ok();
-    BEFORE_ACCEPT.map(|(_, index)| counters.as_ref().map_or(0, |c| c.get(index)))
-}
-
-impl std::fmt::Debug for SniGateTotals {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SniGateTotals")
-    }
-}
-
-impl Collector for SniGateTotals {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let kernel = self
-            .gate
-            .as_ref()
-            .and_then(|(gate, baseline)| Some((gate.upgrade()?, baseline)))
-            .map(|(gate, baseline)| {
-                let now = before_accept(&gate);
-                std::array::from_fn::<u64, 4, _>(|i| now[i].saturating_sub(baseline[i]))
-            })
-            .unwrap_or_default();
-        let mut family = encoder.encode_descriptor(
-            "sni_gate",
-            "HTTPS connections decided by the SNI gate, by reason (pass, unknown, no_sni, malformed, not_tls, passthrough); in eBPF mode this includes connections the kernel reset before accept",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for reason in GateReason::ALL {
-            let labels = ReasonLabels {
-                reason: reason.as_str(),
-            };
-            let before = BEFORE_ACCEPT
-                .iter()
-                .zip(kernel)
-                .find(|((r, _), _)| *r == reason)
-                .map_or(0, |(_, n)| n);
-            let value = self.after_accept.get_or_create(&labels).get() + before;
             ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
         }
         Ok(())

@@ -18,12 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 use crate::diagnostics::{Diagnostic, Severity};
-use crate::metrics::Metrics;
 use crate::snapshot::{BuildSettings, Snapshot};
-use crate::store::{Kind, Object, ObjectKey, Store};
+use crate::store::{SourceEvent, Store};
 
 /// Something that must see each snapshot change in step with the swap.
 pub trait PublishHook: Send + Sync {
@@ -111,23 +112,29 @@ impl Published {
     }
 }
 
-/// What a source tells the pipeline.
-#[derive(Debug)]
-pub enum SourceEvent {
-    /// The whole store, as a manifests directory reads.
-    Replace(Store),
-    /// Every object of one kind, after a (re)list: replaces that kind wholesale.
-    ReplaceKind(Kind, Vec<Object>),
-    Apply(Object),
-    Delete(Kind, ObjectKey),
-    /// Every cache has its initial list; snapshots may be built from now on.
-    Synced,
+/// How long builds take; everything else about a snapshot is read from it at scrape time.
+#[derive(Clone)]
+pub struct PipelineMetrics {
+    pub build_seconds: Histogram,
+}
+
+impl PipelineMetrics {
+    pub fn register(registry: &mut Registry) -> PipelineMetrics {
+        let build_seconds =
+            Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]);
+        registry.register(
+            "snapshot_build_seconds",
+            "Time to build a routing snapshot from the store",
+            build_seconds.clone(),
+        );
+        PipelineMetrics { build_seconds }
+    }
 }
 
 pub struct Pipeline {
     pub settings: BuildSettings,
     pub published: Arc<Published>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: PipelineMetrics,
     /// How long the stream must be quiet before a build.
     pub debounce: Duration,
     /// A build happens at most this long after the first event of a burst, however busy.
@@ -172,14 +179,14 @@ impl Pipeline {
                 _ = refresh.tick() => None,
             };
             if let Some(first) = first {
-                synced |= apply(&mut store, first);
+                synced |= store.apply_event(first);
             }
             let deadline = tokio::time::Instant::now() + self.max_delay;
             loop {
                 let quiet = tokio::time::sleep(self.debounce);
                 tokio::select! {
                     event = events.recv() => match event {
-                        Some(event) => synced |= apply(&mut store, event),
+                        Some(event) => synced |= store.apply_event(event),
                         None => break,
                     },
                     () = quiet => break,
@@ -198,7 +205,7 @@ impl Pipeline {
             let build_time = started.elapsed();
             let old = self.published.load_full();
             log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);
-            self.metrics.observe_snapshot(&snapshot, build_time);
+            self.metrics.build_seconds.observe(build_time.as_secs_f64());
             tracing::info!(
                 generation,
                 hosts = snapshot.hosts.len(),
@@ -210,22 +217,6 @@ impl Pipeline {
             self.published.publish(Arc::new(snapshot));
         }
     }
-}
-
-/// Applies one event; returns whether it was the sync marker.
-fn apply(store: &mut Store, event: SourceEvent) -> bool {
-    match event {
-        SourceEvent::Replace(new) => *store = new,
-        SourceEvent::ReplaceKind(kind, objects) => store.replace_kind(kind, objects),
-        SourceEvent::Apply(object) => {
-            store.apply(object);
-        }
-        SourceEvent::Delete(kind, key) => {
-            store.delete(kind, &key);
-        }
-        SourceEvent::Synced => return true,
-    }
-    false
 }
 
 /// Logs each diagnostic once when it appears and once when it is resolved, instead of the whole

@@ -397,7 +397,11 @@ fn http2_peers_that_stop_answering_pings_are_closed() {
                 Err(_) => break Some(started.elapsed()),
             }
         };
-        assert!(pings >= 1, "answers={answers}: no PING in {:?}", started.elapsed());
+        assert!(
+            pings >= 1,
+            "answers={answers}: no PING in {:?}",
+            started.elapsed()
+        );
         if answers {
             assert_eq!(closed, None, "closed although every PING was answered");
             assert!(pings >= 3, "one PING a second, got {pings}");

@@ -662,7 +662,7 @@ impl Proxy {
             .args(["--admin-port", &ADMIN.to_string()])
             .args([
                 "--log-level",
-                "info,ingress::passthrough=debug,ingress::gate::splice=debug",
+                "info,ingress::proxy::passthrough=debug,ingress::gate::splice=debug",
             ])
             .args(["--access-log", "false"])
             .args(extra);

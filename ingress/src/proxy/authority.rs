@@ -8,7 +8,7 @@ use crate::snapshot::host::HostPattern;
 use crate::snapshot::tls::TlsTable;
 
 /// A TLS connection that sent no SNI.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NoSniRequests {
     /// Its requests may only name hosts served with the default certificate (others get 421).
     #[default]

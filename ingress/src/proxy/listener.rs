@@ -24,8 +24,8 @@ use tokio_util::task::TaskTracker;
 
 use super::caps::ConnectionCaps;
 use super::h1::{self, rewind::Rewind};
+use super::metrics::{ListenerLabels, ProxyMetrics, RefusedLabels};
 use super::{ConnInfo, Proxy, h2};
-use crate::metrics::{ListenerLabels, Metrics, RefusedLabels};
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -130,7 +130,7 @@ impl<H: Handshake> Listener<H> {
     pub async fn run(
         self,
         serving: Arc<Serving>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ProxyMetrics>,
         stop: CancellationToken,
         drain_timeout: Duration,
     ) {

@@ -22,9 +22,12 @@ pub mod h1;
 pub mod h2;
 pub mod idle;
 pub mod listener;
+pub mod metrics;
+pub mod passthrough;
 pub mod pool;
 pub mod respond;
 pub mod route;
+pub mod tls;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -44,7 +47,7 @@ use ingress_wire::target::{self, PathSettings};
 use pool::{Pool, PoolKey, PoolSettings, UpstreamBody};
 use route::Refusal;
 
-use crate::metrics::Metrics;
+use crate::proxy::metrics::ProxyMetrics;
 use crate::publish::Published;
 use crate::snapshot::Route;
 use crate::snapshot::backend::{InFlight, Target};
@@ -125,7 +128,7 @@ pub struct Proxy {
     pool: Arc<Pool>,
     /// The HTTP/1.x path's upstream connections.
     streams: h1::streams::StreamPool,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
 }
 
@@ -164,7 +167,7 @@ pub(crate) struct Forward {
 /// One finished request, for the metrics and the access log.
 pub(crate) struct Record<'a> {
     conn: &'a ConnInfo,
-    route: Option<&'a Route>,
+    route: Option<&'a Arc<Route>>,
     status: u16,
     elapsed: Duration,
     /// Method and target, when the access log is on.
@@ -190,7 +193,11 @@ impl Outcome {
 }
 
 impl Proxy {
-    pub fn new(published: Arc<Published>, metrics: Arc<Metrics>, settings: ProxySettings) -> Self {
+    pub fn new(
+        published: Arc<Published>,
+        metrics: Arc<ProxyMetrics>,
+        settings: ProxySettings,
+    ) -> Self {
         let pool_settings = PoolSettings {
             connect_timeout: settings.connect_timeout,
             idle_timeout: Duration::from_secs(55),
@@ -233,7 +240,7 @@ impl Proxy {
         *response.version_mut() = Version::HTTP_2;
         self.record(&Record {
             conn: &conn,
-            route: route.as_deref(),
+            route: route.as_ref(),
             status: response.status().as_u16(),
             elapsed: started.elapsed(),
             request: logged.as_ref().map(|(m, u)| (m.as_str(), u.as_str())),

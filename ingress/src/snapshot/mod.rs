@@ -14,6 +14,7 @@
 pub mod address;
 pub mod annotations;
 pub mod backend;
+pub mod certs;
 pub mod class;
 pub mod host;
 pub mod path;
@@ -112,9 +113,6 @@ pub struct Route {
     pub backend: Arc<Backend>,
     pub options: Arc<Options>,
     pub labels: RouteLabels,
-    /// Metric handles, filled by the proxy on the route's first request (the build leaves it
-    /// empty, so building stays pure).
-    pub stats: std::sync::OnceLock<crate::metrics::RouteStats>,
 }
 
 /// Metric labels, allocated once per snapshot rather than once per request.
@@ -141,6 +139,22 @@ impl Snapshot {
             }
         }
         self.default_backend.as_ref()
+    }
+
+    /// Every HTTP route, once per place it is reachable from (a route shared by two hosts
+    /// twice); passthrough routes are not HTTP routes and are not included.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.hosts
+            .iter()
+            .flat_map(|(_, vhost)| {
+                vhost
+                    .paths
+                    .rules()
+                    .iter()
+                    .map(|rule| &rule.target)
+                    .chain(vhost.default_backend.as_ref())
+            })
+            .chain(self.default_backend.as_ref())
     }
 
     pub fn has_errors(&self) -> bool {
@@ -581,7 +595,6 @@ impl Builder<'_> {
             backend,
             options: options.clone(),
             labels,
-            stats: std::sync::OnceLock::new(),
         })
     }
 }

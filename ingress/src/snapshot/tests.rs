@@ -8,9 +8,9 @@ use super::*;
 use crate::source::manifests;
 
 fn settings() -> BuildSettings {
-    static SELF_SIGNED: std::sync::LazyLock<Arc<crate::tls::certs::Certificate>> =
+    static SELF_SIGNED: std::sync::LazyLock<Arc<crate::snapshot::certs::Certificate>> =
         std::sync::LazyLock::new(|| {
-            Arc::new(crate::tls::certs::self_signed().expect("self-signed"))
+            Arc::new(crate::snapshot::certs::self_signed().expect("self-signed"))
         });
     BuildSettings {
         class: ClassSelector {
@@ -590,7 +590,7 @@ fn build_is_deterministic() {
 
 mod tls_table {
     use super::*;
-    use crate::tls::certs::CertSource;
+    use crate::snapshot::certs::CertSource;
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -375,7 +375,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let logged = prepared.logged.as_ref();
         self.proxy.record(&Record {
             conn: self.conn,
-            route: prepared.route.as_deref(),
+            route: prepared.route.as_ref(),
             status,
             elapsed: finished.saturating_duration_since(prepared.started),
             request: logged.map(|(m, t, _)| (m.as_str(), t.as_str())),

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::gate::{Gate, SpliceStep};
-use crate::metrics::Metrics;
+use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::pool::{self, PoolKey};
 use crate::proxy::upstream::UpstreamError;
 use crate::publish::Published;
@@ -42,19 +42,10 @@ pub struct PassthroughSettings {
     pub idle_timeout: Duration,
 }
 
-impl PassthroughSettings {
-    pub fn from_args(args: &crate::cli::ProxyArgs) -> PassthroughSettings {
-        PassthroughSettings {
-            connect_timeout: args.upstream_connect_timeout,
-            idle_timeout: args.passthrough_idle_timeout,
-        }
-    }
-}
-
 /// What serving one passthrough connection needs.
 pub struct Passthrough<'a> {
     pub published: &'a Published,
-    pub metrics: &'a Metrics,
+    pub metrics: &'a ProxyMetrics,
     /// The kernel gate, in eBPF mode: connections are spliced through it.
     pub gate: Option<&'a Gate>,
     pub settings: PassthroughSettings,
