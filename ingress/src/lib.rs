@@ -20,3 +20,6 @@ pub mod snapshot;
 pub mod source;
 pub mod store;
 pub mod telemetry;
+
+#[cfg(test)]
+mod layering;

@@ -28,7 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-use super::listener::HttpSettings;
+use super::settings::HttpSettings;
 use super::{ConnInfo, Proxy, ProxyBody};
 
 /// Streams one client may have open at once (nginx's `http2_max_concurrent_streams`).

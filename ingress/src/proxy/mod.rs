@@ -27,6 +27,7 @@ pub mod passthrough;
 pub mod pool;
 pub mod respond;
 pub mod route;
+pub mod settings;
 pub mod tls;
 pub mod upstream;
 
@@ -41,11 +42,11 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-use authority::NoSniRequests;
-use forward::{ClientSide, HeaderOptions};
-use ingress_wire::target::{self, PathSettings};
+use forward::ClientSide;
+use ingress_wire::target;
 use pool::{Pool, PoolKey, PoolSettings, UpstreamBody};
 use route::Refusal;
+pub use settings::ProxySettings;
 
 use crate::proxy::metrics::ProxyMetrics;
 use crate::publish::Published;
@@ -54,46 +55,6 @@ use crate::snapshot::backend::{InFlight, Target};
 use upstream::UpstreamError;
 
 pub type ProxyBody = Either<idle::IdleBody<UpstreamBody>, Full<Bytes>>;
-
-#[derive(Clone, Debug)]
-pub struct ProxySettings {
-    pub connect_timeout: Duration,
-    /// How long the upstream has to send response headers, and the most it may pause while
-    /// sending the body (nginx's `proxy_read_timeout`); `proxy-read-timeout` overrides it.
-    pub response_timeout: Duration,
-    /// The most a write to the upstream may stall (nginx's `proxy_send_timeout`).
-    pub upstream_send_timeout: Duration,
-    /// The most a client may pause while sending a request body (`client_body_timeout`).
-    pub client_body_timeout: Duration,
-    /// The most a write to the client may stall (`send_timeout`).
-    pub client_send_timeout: Duration,
-    pub access_log: bool,
-    /// The HTTPS port clients use, for redirect locations.
-    pub https_port: u16,
-    /// The `Strict-Transport-Security` value added to HTTPS responses, if enabled.
-    pub hsts: Option<HeaderValue>,
-    pub paths: PathSettings,
-    pub headers: HeaderOptions,
-    pub no_sni_requests: NoSniRequests,
-}
-
-impl Default for ProxySettings {
-    fn default() -> Self {
-        Self {
-            connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(60),
-            upstream_send_timeout: Duration::from_secs(60),
-            client_body_timeout: Duration::from_secs(60),
-            client_send_timeout: Duration::from_secs(60),
-            access_log: true,
-            https_port: 443,
-            hsts: None,
-            paths: PathSettings::default(),
-            headers: HeaderOptions::default(),
-            no_sni_requests: NoSniRequests::default(),
-        }
-    }
-}
 
 /// What the proxy knows about one client connection.
 #[derive(Clone, Debug)]

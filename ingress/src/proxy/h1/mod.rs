@@ -50,8 +50,8 @@ use ingress_wire::target;
 use response::ResponseContext;
 use rewind::Rewind;
 
-use super::listener::HttpSettings;
 use super::route::Refusal;
+use super::settings::HttpSettings;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
 

@@ -16,7 +16,6 @@
 //! an unknown name is.
 
 mod copy;
-mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,13 +25,12 @@ use tokio::net::TcpStream;
 
 use crate::gate::{Gate, SpliceStep};
 use crate::proxy::metrics::ProxyMetrics;
+use crate::proxy::metrics::passthrough::{EndLabels, Failure, Mode, ModeLabels, RouteModeLabels};
 use crate::proxy::pool::{self, PoolKey};
 use crate::proxy::upstream::UpstreamError;
 use crate::publish::Published;
 use crate::snapshot::Route;
 use crate::snapshot::backend::{InFlight, Target};
-use metrics::{EndLabels, ModeLabels, RouteModeLabels};
-pub use metrics::{Failure, Mode, PassthroughMetrics};
 
 /// Timeouts, from flags.
 #[derive(Clone, Copy, Debug)]

@@ -1,5 +1,5 @@
 //! Passthrough metrics: connections and bytes per route, how connections ended, and what
-//! failed. Registered with the rest of the proxy's metrics (`super::super::metrics`).
+//! failed. Registered with the rest of the proxy's metrics.
 
 use std::sync::Arc;
 

@@ -28,12 +28,14 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 
-use super::passthrough::PassthroughMetrics;
+pub mod passthrough;
+
 use crate::gate::{Gate, counter};
 use crate::publish::PublishHook;
 use crate::snapshot::address::Refusal;
 use crate::snapshot::sni::GateReason;
 use crate::snapshot::{Route, RouteLabels, Snapshot};
+use passthrough::PassthroughMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
