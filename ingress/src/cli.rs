@@ -40,7 +40,7 @@ flag_values! {
 
 flag_values! {
     /// `--no-sni-requests`.
-    NoSniRequests => crate::proxy::authority::NoSniRequests {
+    NoSniRequests => crate::proxy::phase::tls::NoSniRequests {
         /// Its requests may only name hosts served with the default certificate (others get 421).
         DefaultCertificate,
         /// Its requests are routed by Host alone, as ingress-nginx does.

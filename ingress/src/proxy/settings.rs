@@ -6,8 +6,8 @@ use std::time::Duration;
 use http::header::HeaderValue;
 use ingress_wire::target::PathSettings;
 
-use super::authority::NoSniRequests;
 use super::forward::HeaderOptions;
+use super::phase::tls::NoSniRequests;
 
 #[derive(Clone, Debug)]
 pub struct ProxySettings {

@@ -944,9 +944,9 @@ fn unsupported_annotations_table() {
         assert_eq!(got, want, "{pairs:?} {policy:?}: {:?}", snap.diagnostics);
         for path in ["/admin", "/admin/x", "/", "/other"] {
             let route = snap.route(Some("shop.example.com"), path).expect("routed");
-            let refused = matches!(route.backend.target, Target::Refused(_));
+            let refused = route.policy.access.refused.is_some();
             assert_eq!(refused, !served, "{pairs:?} {policy:?} {path}");
-            if let Target::Refused(reason) = &route.backend.target {
+            if let Some(reason) = &route.policy.access.refused {
                 for (key, _) in &pairs {
                     let access =
                         annotations::registry::lookup(key.rsplit('/').next().unwrap_or_default())
@@ -996,7 +996,7 @@ spec:
     let snap = build(&format!("{SERVICES}{guarded}{public}"));
     let target = |host: &str, path: &str| {
         let route = snap.route(Some(host), path).expect("routed");
-        let refused = matches!(route.backend.target, Target::Refused(_));
+        let refused = route.policy.access.refused.is_some();
         (route.ingress.name.clone(), refused)
     };
     assert_eq!(
@@ -1053,5 +1053,5 @@ fn a_refused_passthrough_ingress_is_refused_too() {
         .passthrough
         .lookup_named("tunnel.example.com")
         .expect("passthrough route");
-    assert!(matches!(route.backend.target, Target::Refused(_)));
+    assert!(route.policy.access.refused.is_some());
 }

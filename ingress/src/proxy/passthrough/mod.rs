@@ -146,6 +146,9 @@ impl Passthrough<'_> {
         &self,
         route: &Arc<Route>,
     ) -> Result<(TcpStream, String, Option<InFlight>), Failure> {
+        if route.policy.access.refused.is_some() {
+            return Err(Failure::Refused);
+        }
         let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => {
                 let endpoint = route.backend.pick().ok_or(Failure::NoEndpoint)?;
@@ -154,7 +157,6 @@ impl Passthrough<'_> {
             // Resolved and judged on each connection, as for HTTP routes.
             Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
             Target::Unavailable => return Err(Failure::NoEndpoint),
-            Target::Refused(_) => return Err(Failure::Refused),
         };
         let target = key.to_string();
         match pool::open(&key, self.settings.connect_timeout).await {
