@@ -238,3 +238,219 @@ fn log_diagnostic_changes(old: &[Diagnostic], new: &[Diagnostic]) {
         tracing::info!(kind = %d.kind, subject = %d.subject, "resolved: {}", d.message);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tokio::time::Instant as TokioInstant;
+
+    use super::*;
+    use crate::store::Object;
+
+    /// Records, for each hook call, which generations it was given and which the proxy saw.
+    struct Recording {
+        published: std::sync::Weak<Published>,
+        calls: Mutex<Vec<(&'static str, u64, u64, u64)>>,
+    }
+
+    impl Recording {
+        fn note(&self, phase: &'static str, new: &Snapshot, old: &Snapshot) {
+            let serving = self
+                .published
+                .upgrade()
+                .map_or(u64::MAX, |p| p.load().generation);
+            self.calls
+                .lock()
+                .unwrap()
+                .push((phase, new.generation, old.generation, serving));
+        }
+    }
+
+    impl PublishHook for Recording {
+        fn before(&self, new: &Snapshot, old: &Snapshot) {
+            self.note("before", new, old);
+        }
+        fn after(&self, new: &Snapshot, old: &Snapshot) {
+            self.note("after", new, old);
+        }
+    }
+
+    fn generation(n: u64) -> Arc<Snapshot> {
+        Arc::new(Snapshot {
+            generation: n,
+            ..Snapshot::default()
+        })
+    }
+
+    #[test]
+    fn hooks_run_before_the_swap_with_the_old_snapshot_and_after_it_with_the_new() {
+        let published = Published::new();
+        let recording = Arc::new(Recording {
+            published: Arc::downgrade(&published),
+            calls: Mutex::new(Vec::new()),
+        });
+        published.add_hook(recording.clone());
+        assert!(!published.has_synced());
+        published.publish(generation(1));
+        published.publish(generation(2));
+        assert!(published.has_synced());
+        // (phase, new, old, what the proxy saw during the call)
+        assert_eq!(
+            *recording.calls.lock().unwrap(),
+            [
+                // Registering catches the hook up with what is published.
+                ("before", 0, 0, 0),
+                ("after", 0, 0, 0),
+                ("before", 1, 0, 0),
+                ("after", 1, 0, 1),
+                ("before", 2, 1, 1),
+                ("after", 2, 1, 2),
+            ]
+        );
+        published.clear_hooks();
+        published.publish(generation(3));
+        assert_eq!(recording.calls.lock().unwrap().len(), 6);
+    }
+
+    #[tokio::test]
+    async fn synced_resolves_on_the_first_publish_only() {
+        let published = Published::new();
+        let waiting = tokio::spawn({
+            let published = published.clone();
+            async move { published.synced().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        published.publish(generation(1));
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("synced() resolved")
+            .expect("task");
+        // Already synced: resolves at once.
+        tokio::time::timeout(Duration::from_secs(5), published.synced())
+            .await
+            .expect("synced() again");
+    }
+
+    fn service(name: &str) -> SourceEvent {
+        SourceEvent::Apply(Object::Service(Arc::new(Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("t".into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        })))
+    }
+
+    /// A pipeline with a 100 ms debounce and a 500 ms cap, on paused time.
+    fn pipeline() -> (Arc<Published>, mpsc::UnboundedSender<SourceEvent>) {
+        let published = Published::new();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pipeline = Pipeline {
+            settings: crate::snapshot::testing::settings(),
+            published: published.clone(),
+            metrics: PipelineMetrics {
+                build_seconds: Histogram::new([1.0]),
+            },
+            debounce: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+            refresh: Duration::from_secs(3600),
+        };
+        tokio::spawn(pipeline.run(rx));
+        (published, tx)
+    }
+
+    /// When each of the next `n` publishes happened, from `start`.
+    async fn next_publishes(
+        published: &Published,
+        start: TokioInstant,
+        n: usize,
+    ) -> Vec<(u64, Duration)> {
+        let mut changes = published.subscribe();
+        let mut out = Vec::new();
+        while out.len() < n {
+            tokio::time::timeout(Duration::from_secs(60), changes.changed())
+                .await
+                .expect("a publish")
+                .expect("sender alive");
+            let generation = changes.borrow_and_update().generation;
+            out.push((generation, start.elapsed()));
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_is_built_once_when_it_goes_quiet() {
+        let (published, tx) = pipeline();
+        let start = TokioInstant::now();
+        let builds = tokio::spawn({
+            let published = published.clone();
+            async move { next_publishes(&published, start, 1).await }
+        });
+        tx.send(SourceEvent::Synced).unwrap();
+        for i in 0..5 {
+            tx.send(service(&format!("s{i}"))).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let builds = builds.await.unwrap();
+        // The last event came at 80 ms; 100 ms of quiet later, one build.
+        assert_eq!(builds, [(1, Duration::from_millis(180))]);
+        // Nothing more without events.
+        let mut changes = published.subscribe();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), changes.changed())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_never_goes_quiet_is_built_at_least_every_max_delay() {
+        let (published, tx) = pipeline();
+        tx.send(SourceEvent::Synced).unwrap();
+        let start = TokioInstant::now();
+        let builds = tokio::spawn({
+            let published = published.clone();
+            async move { next_publishes(&published, start, 3).await }
+        });
+        // An event every 50 ms, never 100 ms of quiet, for 1.6 s.
+        for i in 0..32 {
+            tx.send(service(&format!("s{i}"))).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let builds = builds.await.unwrap();
+        let generations: Vec<u64> = builds.iter().map(|(g, _)| *g).collect();
+        assert_eq!(generations, [1, 2, 3]);
+        for (_, at) in &builds {
+            assert!(
+                at.as_millis() % 500 <= 50,
+                "a build at {at:?}, not at a multiple of the 500 ms cap: {builds:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_built_before_the_sources_are_synced() {
+        let (published, tx) = pipeline();
+        let mut changes = published.subscribe();
+        tx.send(service("early")).unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), changes.changed())
+                .await
+                .is_err(),
+            "built before the sources were synced"
+        );
+        assert!(!published.has_synced());
+        tx.send(SourceEvent::Synced).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), changes.changed())
+            .await
+            .expect("built once synced")
+            .unwrap();
+        assert!(published.has_synced());
+        assert_eq!(published.load().generation, 1);
+    }
+}

@@ -609,3 +609,38 @@ impl Builder<'_> {
 
 #[cfg(test)]
 mod tests;
+
+/// Build settings for tests here and in the modules that publish snapshots.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::address::AddressPolicy;
+    use super::*;
+
+    /// This node's address, as the settings below give it.
+    pub const HOST_ADDRESS: &str = "10.9.9.9";
+
+    pub fn settings() -> BuildSettings {
+        static SELF_SIGNED: std::sync::LazyLock<Arc<crate::snapshot::certs::Certificate>> =
+            std::sync::LazyLock::new(|| {
+                Arc::new(crate::snapshot::certs::self_signed().expect("self-signed"))
+            });
+        BuildSettings {
+            class: ClassSelector {
+                ingress_class: "ingress".into(),
+                controller_class: "ingress.rs/controller".into(),
+            },
+            tls: tls::TlsSettings {
+                default_certificate: None,
+                self_signed: SELF_SIGNED.clone(),
+                now: 1_900_000_000,
+            },
+            // As when watching Kubernetes: no ExternalName, no local backends, and 10.9.9.9 is
+            // this node's address.
+            backends: BackendPolicy {
+                allow_external_name: false,
+                addresses: AddressPolicy::refusing_local([HOST_ADDRESS.parse().unwrap()]),
+            },
+            unsupported_access: UnsupportedAccess::Refuse,
+        }
+    }
+}

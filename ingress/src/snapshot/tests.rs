@@ -2,37 +2,15 @@
 
 use std::path::Path;
 
-use super::address::AddressPolicy;
 use super::backend::Target;
 use super::*;
 use crate::source::manifests;
 
 fn settings() -> BuildSettings {
-    static SELF_SIGNED: std::sync::LazyLock<Arc<crate::snapshot::certs::Certificate>> =
-        std::sync::LazyLock::new(|| {
-            Arc::new(crate::snapshot::certs::self_signed().expect("self-signed"))
-        });
-    BuildSettings {
-        class: ClassSelector {
-            ingress_class: "ingress".into(),
-            controller_class: "ingress.rs/controller".into(),
-        },
-        tls: tls::TlsSettings {
-            default_certificate: None,
-            self_signed: SELF_SIGNED.clone(),
-            now: 1_900_000_000,
-        },
-        // As when watching Kubernetes: no ExternalName, no local backends, and 10.9.9.9 is
-        // this node's address.
-        backends: BackendPolicy {
-            allow_external_name: false,
-            addresses: AddressPolicy::refusing_local([HOST_ADDRESS.parse().unwrap()]),
-        },
-        unsupported_access: UnsupportedAccess::Refuse,
-    }
+    testing::settings()
 }
 
-const HOST_ADDRESS: &str = "10.9.9.9";
+use testing::HOST_ADDRESS;
 
 fn store_of(yaml: &str) -> Store {
     let parsed = manifests::parse_file(Path::new("test.yaml"), yaml);
