@@ -34,9 +34,35 @@ use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
 use crate::check;
-use crate::metrics::Metrics;
 use crate::publish::Published;
+use crate::telemetry::Telemetry;
+
+/// What the admin listener counts.
+#[derive(Default)]
+pub struct AdminMetrics {
+    /// Connections closed on accept by the per-peer or remote cap.
+    pub connections_refused: Counter,
+    /// 1 when `/readyz` answers 200 (set on each probe and scrape).
+    pub ready: Gauge,
+}
+
+impl AdminMetrics {
+    pub fn register(registry: &mut Registry) -> AdminMetrics {
+        let metrics = AdminMetrics::default();
+        registry.register(
+            "admin_connections_refused",
+            "Admin-port connections closed on accept because their peer (or remote peers together) reached the connection cap",
+            metrics.connections_refused.clone(),
+        );
+        registry.register("ready", "1 when /readyz answers 200", metrics.ready.clone());
+        metrics
+    }
+}
 
 /// Readiness inputs besides the snapshot.
 #[derive(Default)]
@@ -73,7 +99,7 @@ impl Health {
 }
 
 /// Which admin paths answer peers other than loopback (`--admin-remote-access`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RemoteAccess {
     /// `/healthz` and `/readyz` only.
     Probes,
@@ -111,7 +137,8 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 pub struct Admin {
     pub published: Arc<Published>,
-    pub metrics: Arc<Metrics>,
+    pub telemetry: Arc<Telemetry>,
+    pub metrics: AdminMetrics,
     pub health: Arc<Health>,
     pub remote_access: RemoteAccess,
     /// Open connections by peer address.
@@ -121,12 +148,14 @@ pub struct Admin {
 impl Admin {
     pub fn new(
         published: Arc<Published>,
-        metrics: Arc<Metrics>,
+        telemetry: Arc<Telemetry>,
+        metrics: AdminMetrics,
         health: Arc<Health>,
         remote_access: RemoteAccess,
     ) -> Self {
         Self {
             published,
+            telemetry,
             metrics,
             health,
             remote_access,
@@ -151,7 +180,7 @@ impl Admin {
                 .map(|a| a.ip())
                 .unwrap_or(IpAddr::from([0, 0, 0, 0]));
             let Some(slot) = self.clone().admit(peer.ip(), local) else {
-                self.metrics.admin_connections_refused.inc();
+                self.metrics.connections_refused.inc();
                 tracing::debug!(%peer, "admin connection limit reached; closed");
                 drop(stream);
                 continue;
@@ -229,9 +258,7 @@ impl Admin {
                 self.metrics
                     .ready
                     .set(i64::from(self.health.not_ready(&self.published).is_none()));
-                self.metrics
-                    .refresh_certificates(&self.published.load(), crate::clock::unix_now());
-                let mut response = text(StatusCode::OK, self.metrics.encode());
+                let mut response = text(StatusCode::OK, self.telemetry.encode());
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
                     header::HeaderValue::from_static(

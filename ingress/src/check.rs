@@ -67,7 +67,7 @@ fn row(host: String, path: String, path_type: &str, route: &Route) -> RouteRow {
     let endpoints = match &route.backend.target {
         Target::Endpoints(e) => e.iter().map(|e| e.addr.to_string()).collect(),
         Target::ExternalName(name) => vec![format!("dns:{name}")],
-        Target::Unavailable | Target::Refused(_) => Vec::new(),
+        Target::Unavailable => Vec::new(),
     };
     RouteRow {
         host,
@@ -78,10 +78,7 @@ fn row(host: String, path: String, path_type: &str, route: &Route) -> RouteRow {
         endpoints,
         tls: route.tls,
         passthrough: false,
-        refused: match &route.backend.target {
-            Target::Refused(reason) => Some(reason.to_string()),
-            _ => None,
-        },
+        refused: route.policy.access.refused.as_deref().map(str::to_string),
     }
 }
 
@@ -183,7 +180,7 @@ mod tests {
             },
             tls: crate::snapshot::tls::TlsSettings {
                 default_certificate: None,
-                self_signed: Arc::new(crate::tls::certs::self_signed().expect("self-signed")),
+                self_signed: Arc::new(crate::snapshot::certs::self_signed().expect("self-signed")),
                 now: 1_900_000_000,
             },
             backends: Default::default(),

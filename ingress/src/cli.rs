@@ -7,11 +7,68 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
-use crate::admin::RemoteAccess;
 use crate::gate::EarlyReset;
-use crate::proxy::authority::NoSniRequests;
-use crate::snapshot::annotations::UnsupportedAccess;
-use crate::snapshot::sni::{Admit, UnnamedPolicy};
+use crate::snapshot::sni::UnnamedPolicy;
+
+/// A flag's values, as clap reads them, mirroring a domain enum that knows nothing of clap;
+/// the flag's value converts into it where the flags are read. Variant docs are the help text.
+macro_rules! flag_values {
+    ($(#[$meta:meta])* $name:ident => $domain:ty { $($(#[$vmeta:meta])* $variant:ident),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl From<$name> for $domain {
+            fn from(value: $name) -> Self {
+                match value {
+                    $($name::$variant => <$domain>::$variant),+
+                }
+            }
+        }
+    };
+}
+
+flag_values! {
+    /// `--no-sni`, `--malformed-tls`, `--not-tls`.
+    Admit => crate::snapshot::sni::Admit {
+        Accept,
+        Reject,
+    }
+}
+
+flag_values! {
+    /// `--no-sni-requests`.
+    NoSniRequests => crate::proxy::phase::tls::NoSniRequests {
+        /// Its requests may only name hosts served with the default certificate (others get 421).
+        DefaultCertificate,
+        /// Its requests are routed by Host alone, as ingress-nginx does.
+        Any,
+    }
+}
+
+flag_values! {
+    /// `--unsupported-access-annotations`.
+    UnsupportedAccess => crate::snapshot::annotations::UnsupportedAccess {
+        /// Not served: every path it declares answers 503, so nothing it protects is public.
+        Refuse,
+        /// Served without that protection, with a warning.
+        Ignore,
+    }
+}
+
+flag_values! {
+    /// `--admin-remote-access`.
+    RemoteAccess => crate::admin::RemoteAccess {
+        /// `/healthz` and `/readyz` only.
+        Probes,
+        /// The probes and `/metrics`.
+        Metrics,
+        /// Everything, `/routes` included.
+        All,
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -189,9 +246,9 @@ pub struct TlsArgs {
 impl TlsArgs {
     pub fn unnamed_policy(&self) -> UnnamedPolicy {
         UnnamedPolicy {
-            no_sni: self.no_sni,
-            malformed: self.malformed_tls,
-            not_tls: self.not_tls,
+            no_sni: self.no_sni.into(),
+            malformed: self.malformed_tls.into(),
+            not_tls: self.not_tls.into(),
         }
     }
 
@@ -395,21 +452,12 @@ pub struct RequestArgs {
     pub enable_underscores_in_headers: bool,
 }
 
-/// `--escaped-slashes`.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EscapedSlashes {
-    Keep,
-    Reject,
-    Unescape,
-}
-
-impl From<EscapedSlashes> for ingress_wire::target::EscapedSlashes {
-    fn from(value: EscapedSlashes) -> Self {
-        match value {
-            EscapedSlashes::Keep => Self::Keep,
-            EscapedSlashes::Reject => Self::Reject,
-            EscapedSlashes::Unescape => Self::Unescape,
-        }
+flag_values! {
+    /// `--escaped-slashes`.
+    EscapedSlashes => ingress_wire::target::EscapedSlashes {
+        Keep,
+        Reject,
+        Unescape,
     }
 }
 
@@ -474,10 +522,22 @@ pub struct LogArgs {
     pub access_log: bool,
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
+flag_values! {
+    /// `--log-format`.
+    LogFormat => crate::telemetry::logging::LogFormat {
+        Text,
+        Json,
+    }
+}
+
+impl LogArgs {
+    pub fn settings(&self) -> crate::telemetry::logging::LogSettings {
+        crate::telemetry::logging::LogSettings {
+            format: self.log_format.into(),
+            filter: self.log_level.clone(),
+            access_log: self.access_log,
+        }
+    }
 }
 
 fn early_reset(s: &str) -> Result<EarlyReset, String> {

@@ -11,8 +11,7 @@ pub mod clock;
 pub mod diagnostics;
 pub mod gate;
 pub mod mapsync;
-pub mod metrics;
-pub mod passthrough;
+pub mod object;
 pub mod proxy;
 pub mod publish;
 pub mod report;
@@ -21,4 +20,6 @@ pub mod snapshot;
 pub mod source;
 pub mod store;
 pub mod telemetry;
-pub mod tls;
+
+#[cfg(test)]
+mod layering;

@@ -19,35 +19,60 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
-use crate::gate::{CaseAction, Gate, HostAction as KernelAction, HostPolicy, HostRule, counter};
-use crate::metrics::ReasonLabels;
+use crate::gate::{
+    CaseAction, Gate, GateError, HostAction as KernelAction, HostPolicy, HostRule, SyncReport,
+};
 use crate::publish::PublishHook;
 use crate::snapshot::Snapshot;
-use crate::snapshot::sni::{Admit, GateReason, HostAction, UnnamedPolicy};
+use crate::snapshot::sni::{Admit, HostAction, UnnamedPolicy};
 
-pub struct MapSync {
-    gate: Arc<Gate>,
-    unnamed: UnnamedPolicy,
-    errors: prometheus_client::metrics::counter::Counter,
+/// Where the kernel's host map is written: the gate, or a recording stand-in in tests.
+pub trait HostMap: Send + Sync {
+    /// Moves the map to `policy`, adding before removing.
+    fn sync_hosts(&self, policy: &HostPolicy) -> Result<SyncReport, GateError>;
 }
 
-impl MapSync {
-    pub fn new(
-        gate: Arc<Gate>,
-        unnamed: UnnamedPolicy,
-        errors: prometheus_client::metrics::counter::Counter,
-    ) -> Self {
+impl HostMap for Gate {
+    fn sync_hosts(&self, policy: &HostPolicy) -> Result<SyncReport, GateError> {
+        Gate::sync_hosts(self, policy)
+    }
+}
+
+pub struct MapSync<M: HostMap = Gate> {
+    map: Arc<M>,
+    unnamed: UnnamedPolicy,
+    errors: Counter,
+}
+
+/// Registers the sync's error counter (in either mode, so the series always exists) and, with a
+/// gate, the kernel's own counters, read at scrape time (the gate held weakly, so shutdown can
+/// drop it and detach). Returns the error counter, for [`MapSync::new`].
+pub fn register_metrics(registry: &mut Registry, gate: Option<&Arc<Gate>>) -> Counter {
+    let errors = Counter::default();
+    registry.register(
+        "gate_sync_errors",
+        "Failed writes of the kernel host map",
+        errors.clone(),
+    );
+    if let Some(gate) = gate {
+        registry.register_collector(Box::new(KernelCounters(Arc::downgrade(gate))));
+    }
+    errors
+}
+
+impl<M: HostMap> MapSync<M> {
+    pub fn new(map: Arc<M>, unnamed: UnnamedPolicy, errors: Counter) -> Self {
         Self {
-            gate,
+            map,
             unnamed,
             errors,
         }
     }
 
     fn sync(&self, policy: &HostPolicy) {
-        match self.gate.sync_hosts(policy) {
+        match self.map.sync_hosts(policy) {
             Ok(report) => {
                 if !report.rejected.is_empty() {
                     tracing::warn!(names = ?report.rejected, "host names that cannot be kernel keys (they can never match a ClientHello)");
@@ -67,18 +92,12 @@ impl MapSync {
     }
 }
 
-impl PublishHook for MapSync {
+impl<M: HostMap> PublishHook for MapSync<M> {
     fn before(&self, new: &Snapshot, old: &Snapshot) {
         if new.generation == 0 {
             return;
         }
-        let mut union = kernel_policy(new, &self.unnamed);
-        let previous = kernel_policy(old, &self.unnamed);
-        for (name, rule) in previous.hosts {
-            union.hosts.entry(name).or_insert(rule);
-        }
-        union.catch_all |= previous.catch_all;
-        self.sync(&union);
+        self.sync(&union_policy(new, old, &self.unnamed));
     }
 
     fn after(&self, new: &Snapshot, _old: &Snapshot) {
@@ -87,6 +106,19 @@ impl PublishHook for MapSync {
         }
         self.sync(&kernel_policy(new, &self.unnamed));
     }
+}
+
+/// What the kernel must admit while a publish from `old` to `new` is under way: both
+/// snapshots' names (a name in both keeps the rule `new` gives it), and a catch-all if either
+/// has one.
+pub fn union_policy(new: &Snapshot, old: &Snapshot, unnamed: &UnnamedPolicy) -> HostPolicy {
+    let mut union = kernel_policy(new, unnamed);
+    let previous = kernel_policy(old, unnamed);
+    for (name, rule) in previous.hosts {
+        union.hosts.entry(name).or_insert(rule);
+    }
+    union.catch_all |= previous.catch_all;
+    union
 }
 
 /// The snapshot's SNI policy as the kernel map holds it.
@@ -178,76 +210,160 @@ impl Collector for KernelCounters {
     }
 }
 
-/// `ingress_sni_gate_total{reason}`: every HTTPS connection the gate decided, in either mode and
-/// at either stage — the proxy's own count after accept, plus, in eBPF mode, the connections the
-/// kernel reset before accept (counted since this process loaded the gate, as the proxy's are).
-pub struct SniGateTotals {
-    pub after_accept: Family<ReasonLabels, Counter>,
-    pub gate: Option<(std::sync::Weak<Gate>, [u64; 4])>,
-}
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
 
-/// The reasons a connection can be reset before accept, with their kernel counters.
-const BEFORE_ACCEPT: [(GateReason, u32); 4] = [
-    (GateReason::Unknown, counter::RESET_BEFORE_ACCEPT_UNKNOWN),
-    (GateReason::NoSni, counter::RESET_BEFORE_ACCEPT_NO_SNI),
-    (
-        GateReason::Malformed,
-        counter::RESET_BEFORE_ACCEPT_MALFORMED,
-    ),
-    (GateReason::NotTls, counter::RESET_BEFORE_ACCEPT_NOT_TLS),
-];
+    use proptest::prelude::*;
 
-impl SniGateTotals {
-    pub fn new(after_accept: Family<ReasonLabels, Counter>, gate: Option<&Arc<Gate>>) -> Self {
-        let gate = gate.map(|gate| {
-            let baseline = before_accept(gate);
-            (Arc::downgrade(gate), baseline)
-        });
-        SniGateTotals { after_accept, gate }
+    use super::*;
+    use crate::publish::Published;
+
+    /// A host map that applies each sync as the gate does (upserts, then removals) and keeps
+    /// the names it holds.
+    #[derive(Default)]
+    struct Recorded {
+        names: Mutex<BTreeSet<String>>,
     }
-}
 
-/// The kernel's before-accept counts, in `BEFORE_ACCEPT` order (zeros if unreadable).
-fn before_accept(gate: &Gate) -> [u64; 4] {
-    let counters = gate.counters().ok();
-    BEFORE_ACCEPT.map(|(_, index)| counters.as_ref().map_or(0, |c| c.get(index)))
-}
-
-impl std::fmt::Debug for SniGateTotals {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SniGateTotals")
-    }
-}
-
-impl Collector for SniGateTotals {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let kernel = self
-            .gate
-            .as_ref()
-            .and_then(|(gate, baseline)| Some((gate.upgrade()?, baseline)))
-            .map(|(gate, baseline)| {
-                let now = before_accept(&gate);
-                std::array::from_fn::<u64, 4, _>(|i| now[i].saturating_sub(baseline[i]))
+    impl HostMap for Recorded {
+        fn sync_hosts(&self, policy: &HostPolicy) -> Result<SyncReport, GateError> {
+            let mut names = self.names.lock().unwrap();
+            let upserted = policy.hosts.len();
+            names.extend(policy.hosts.keys().cloned());
+            let before = names.len();
+            names.retain(|name| policy.hosts.contains_key(name));
+            Ok(SyncReport {
+                upserted,
+                removed: before - names.len(),
+                rejected: Vec::new(),
             })
-            .unwrap_or_default();
-        let mut family = encoder.encode_descriptor(
-            "sni_gate",
-            "HTTPS connections decided by the SNI gate, by reason (pass, unknown, no_sni, malformed, not_tls, passthrough); in eBPF mode this includes connections the kernel reset before accept",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for reason in GateReason::ALL {
-            let labels = ReasonLabels {
-                reason: reason.as_str(),
-            };
-            let before = BEFORE_ACCEPT
-                .iter()
-                .zip(kernel)
-                .find(|((r, _), _)| *r == reason)
-                .map_or(0, |(_, n)| n);
-            let value = self.after_accept.get_or_create(&labels).get() + before;
-            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
         }
-        Ok(())
+    }
+
+    fn snapshot(generation: u64, names: &[&str]) -> Snapshot {
+        let mut snapshot = Snapshot {
+            generation,
+            ..Snapshot::default()
+        };
+        snapshot.sni.names = names
+            .iter()
+            .map(|n| (n.to_string(), HostAction::Terminate))
+            .collect();
+        snapshot
+    }
+
+    /// Checks, at every hook call after the map sync's, that every name of the snapshot the
+    /// proxy can see right then is in the kernel map.
+    struct Invariant {
+        published: std::sync::Weak<Published>,
+        map: Arc<Recorded>,
+        violations: Mutex<Vec<String>>,
+    }
+
+    impl Invariant {
+        fn check(&self, when: &str) {
+            let Some(published) = self.published.upgrade() else {
+                return;
+            };
+            let serving = published.load();
+            let kernel = self.map.names.lock().unwrap();
+            for name in serving.sni.names.keys() {
+                if !kernel.contains(name) {
+                    self.violations.lock().unwrap().push(format!(
+                        "{when} generation {}: {name} is served but not in the kernel map",
+                        serving.generation
+                    ));
+                }
+            }
+        }
+    }
+
+    impl PublishHook for Invariant {
+        fn before(&self, _new: &Snapshot, _old: &Snapshot) {
+            self.check("before");
+        }
+        fn after(&self, _new: &Snapshot, _old: &Snapshot) {
+            self.check("after");
+        }
+    }
+
+    fn published_with_sync() -> (Arc<Published>, Arc<Recorded>, Arc<Invariant>) {
+        let published = Published::new();
+        let map = Arc::new(Recorded::default());
+        let sync = MapSync::new(map.clone(), UnnamedPolicy::default(), Counter::default());
+        published.add_hook(Arc::new(sync));
+        let invariant = Arc::new(Invariant {
+            published: Arc::downgrade(&published),
+            map: map.clone(),
+            violations: Mutex::new(Vec::new()),
+        });
+        published.add_hook(invariant.clone());
+        (published, map, invariant)
+    }
+
+    #[test]
+    fn the_union_holds_both_snapshots_names_and_the_newer_rule() {
+        let old = snapshot(1, &["a.test", "both.test"]);
+        let mut new = snapshot(2, &["b.test"]);
+        new.sni
+            .names
+            .insert("both.test".into(), HostAction::Passthrough);
+        new.sni.catch_all = false;
+        let union = union_policy(&new, &old, &UnnamedPolicy::default());
+        let names: Vec<&str> = union.hosts.keys().map(String::as_str).collect();
+        assert_eq!(names, ["a.test", "b.test", "both.test"]);
+        assert_eq!(union.hosts["both.test"].action, KernelAction::Passthrough);
+        assert_eq!(union.generation, 2);
+        let mut catch_all = old;
+        catch_all.sni.catch_all = true;
+        assert!(union_policy(&new, &catch_all, &UnnamedPolicy::default()).catch_all);
+    }
+
+    #[test]
+    fn a_publish_adds_before_the_swap_and_removes_after_it() {
+        let (published, map, invariant) = published_with_sync();
+        published.publish(Arc::new(snapshot(1, &["a.test", "b.test"])));
+        assert_eq!(
+            *map.names.lock().unwrap(),
+            BTreeSet::from(["a.test".into(), "b.test".into()])
+        );
+        published.publish(Arc::new(snapshot(2, &["b.test", "c.test"])));
+        assert_eq!(
+            *map.names.lock().unwrap(),
+            BTreeSet::from(["b.test".into(), "c.test".into()])
+        );
+        assert!(invariant.violations.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_from_unsynced_sources_is_never_written() {
+        let (published, map, _) = published_with_sync();
+        map.names.lock().unwrap().insert("pinned.test".into());
+        published.publish(Arc::new(snapshot(0, &[])));
+        assert!(map.names.lock().unwrap().contains("pinned.test"));
+    }
+
+    proptest! {
+        /// For any sequence of snapshots, no name the proxy serves is ever missing from the
+        /// kernel map, and after each publish the map holds exactly the new names.
+        #[test]
+        fn no_served_name_is_ever_missing_from_the_kernel_map(
+            steps in proptest::collection::vec(
+                proptest::collection::btree_set("[a-e]\\.test", 0..5),
+                1..12,
+            )
+        ) {
+            let (published, map, invariant) = published_with_sync();
+            for (i, names) in steps.iter().enumerate() {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                published.publish(Arc::new(snapshot(i as u64 + 1, &names)));
+                let want: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+                prop_assert_eq!(&*map.names.lock().unwrap(), &want);
+            }
+            let violations = invariant.violations.lock().unwrap();
+            prop_assert!(violations.is_empty(), "{:?}", *violations);
+        }
     }
 }

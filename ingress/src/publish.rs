@@ -18,12 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 use crate::diagnostics::{Diagnostic, Severity};
-use crate::metrics::Metrics;
 use crate::snapshot::{BuildSettings, Snapshot};
-use crate::store::{Kind, Object, ObjectKey, Store};
+use crate::store::{SourceEvent, Store};
 
 /// Something that must see each snapshot change in step with the swap.
 pub trait PublishHook: Send + Sync {
@@ -111,23 +112,29 @@ impl Published {
     }
 }
 
-/// What a source tells the pipeline.
-#[derive(Debug)]
-pub enum SourceEvent {
-    /// The whole store, as a manifests directory reads.
-    Replace(Store),
-    /// Every object of one kind, after a (re)list: replaces that kind wholesale.
-    ReplaceKind(Kind, Vec<Object>),
-    Apply(Object),
-    Delete(Kind, ObjectKey),
-    /// Every cache has its initial list; snapshots may be built from now on.
-    Synced,
+/// How long builds take; everything else about a snapshot is read from it at scrape time.
+#[derive(Clone)]
+pub struct PipelineMetrics {
+    pub build_seconds: Histogram,
+}
+
+impl PipelineMetrics {
+    pub fn register(registry: &mut Registry) -> PipelineMetrics {
+        let build_seconds =
+            Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]);
+        registry.register(
+            "snapshot_build_seconds",
+            "Time to build a routing snapshot from the store",
+            build_seconds.clone(),
+        );
+        PipelineMetrics { build_seconds }
+    }
 }
 
 pub struct Pipeline {
     pub settings: BuildSettings,
     pub published: Arc<Published>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: PipelineMetrics,
     /// How long the stream must be quiet before a build.
     pub debounce: Duration,
     /// A build happens at most this long after the first event of a burst, however busy.
@@ -172,14 +179,14 @@ impl Pipeline {
                 _ = refresh.tick() => None,
             };
             if let Some(first) = first {
-                synced |= apply(&mut store, first);
+                synced |= store.apply_event(first);
             }
             let deadline = tokio::time::Instant::now() + self.max_delay;
             loop {
                 let quiet = tokio::time::sleep(self.debounce);
                 tokio::select! {
                     event = events.recv() => match event {
-                        Some(event) => synced |= apply(&mut store, event),
+                        Some(event) => synced |= store.apply_event(event),
                         None => break,
                     },
                     () = quiet => break,
@@ -198,7 +205,7 @@ impl Pipeline {
             let build_time = started.elapsed();
             let old = self.published.load_full();
             log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);
-            self.metrics.observe_snapshot(&snapshot, build_time);
+            self.metrics.build_seconds.observe(build_time.as_secs_f64());
             tracing::info!(
                 generation,
                 hosts = snapshot.hosts.len(),
@@ -210,22 +217,6 @@ impl Pipeline {
             self.published.publish(Arc::new(snapshot));
         }
     }
-}
-
-/// Applies one event; returns whether it was the sync marker.
-fn apply(store: &mut Store, event: SourceEvent) -> bool {
-    match event {
-        SourceEvent::Replace(new) => *store = new,
-        SourceEvent::ReplaceKind(kind, objects) => store.replace_kind(kind, objects),
-        SourceEvent::Apply(object) => {
-            store.apply(object);
-        }
-        SourceEvent::Delete(kind, key) => {
-            store.delete(kind, &key);
-        }
-        SourceEvent::Synced => return true,
-    }
-    false
 }
 
 /// Logs each diagnostic once when it appears and once when it is resolved, instead of the whole
@@ -245,5 +236,221 @@ fn log_diagnostic_changes(old: &[Diagnostic], new: &[Diagnostic]) {
     }
     for d in old.difference(&new_set) {
         tracing::info!(kind = %d.kind, subject = %d.subject, "resolved: {}", d.message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tokio::time::Instant as TokioInstant;
+
+    use super::*;
+    use crate::store::Object;
+
+    /// Records, for each hook call, which generations it was given and which the proxy saw.
+    struct Recording {
+        published: std::sync::Weak<Published>,
+        calls: Mutex<Vec<(&'static str, u64, u64, u64)>>,
+    }
+
+    impl Recording {
+        fn note(&self, phase: &'static str, new: &Snapshot, old: &Snapshot) {
+            let serving = self
+                .published
+                .upgrade()
+                .map_or(u64::MAX, |p| p.load().generation);
+            self.calls
+                .lock()
+                .unwrap()
+                .push((phase, new.generation, old.generation, serving));
+        }
+    }
+
+    impl PublishHook for Recording {
+        fn before(&self, new: &Snapshot, old: &Snapshot) {
+            self.note("before", new, old);
+        }
+        fn after(&self, new: &Snapshot, old: &Snapshot) {
+            self.note("after", new, old);
+        }
+    }
+
+    fn generation(n: u64) -> Arc<Snapshot> {
+        Arc::new(Snapshot {
+            generation: n,
+            ..Snapshot::default()
+        })
+    }
+
+    #[test]
+    fn hooks_run_before_the_swap_with_the_old_snapshot_and_after_it_with_the_new() {
+        let published = Published::new();
+        let recording = Arc::new(Recording {
+            published: Arc::downgrade(&published),
+            calls: Mutex::new(Vec::new()),
+        });
+        published.add_hook(recording.clone());
+        assert!(!published.has_synced());
+        published.publish(generation(1));
+        published.publish(generation(2));
+        assert!(published.has_synced());
+        // (phase, new, old, what the proxy saw during the call)
+        assert_eq!(
+            *recording.calls.lock().unwrap(),
+            [
+                // Registering catches the hook up with what is published.
+                ("before", 0, 0, 0),
+                ("after", 0, 0, 0),
+                ("before", 1, 0, 0),
+                ("after", 1, 0, 1),
+                ("before", 2, 1, 1),
+                ("after", 2, 1, 2),
+            ]
+        );
+        published.clear_hooks();
+        published.publish(generation(3));
+        assert_eq!(recording.calls.lock().unwrap().len(), 6);
+    }
+
+    #[tokio::test]
+    async fn synced_resolves_on_the_first_publish_only() {
+        let published = Published::new();
+        let waiting = tokio::spawn({
+            let published = published.clone();
+            async move { published.synced().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        published.publish(generation(1));
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("synced() resolved")
+            .expect("task");
+        // Already synced: resolves at once.
+        tokio::time::timeout(Duration::from_secs(5), published.synced())
+            .await
+            .expect("synced() again");
+    }
+
+    fn service(name: &str) -> SourceEvent {
+        SourceEvent::Apply(Object::Service(Arc::new(Service {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("t".into()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        })))
+    }
+
+    /// A pipeline with a 100 ms debounce and a 500 ms cap, on paused time.
+    fn pipeline() -> (Arc<Published>, mpsc::UnboundedSender<SourceEvent>) {
+        let published = Published::new();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pipeline = Pipeline {
+            settings: crate::snapshot::testing::settings(),
+            published: published.clone(),
+            metrics: PipelineMetrics {
+                build_seconds: Histogram::new([1.0]),
+            },
+            debounce: Duration::from_millis(100),
+            max_delay: Duration::from_millis(500),
+            refresh: Duration::from_secs(3600),
+        };
+        tokio::spawn(pipeline.run(rx));
+        (published, tx)
+    }
+
+    /// When each of the next `n` publishes happened, from `start`.
+    async fn next_publishes(
+        published: &Published,
+        start: TokioInstant,
+        n: usize,
+    ) -> Vec<(u64, Duration)> {
+        let mut changes = published.subscribe();
+        let mut out = Vec::new();
+        while out.len() < n {
+            tokio::time::timeout(Duration::from_secs(60), changes.changed())
+                .await
+                .expect("a publish")
+                .expect("sender alive");
+            let generation = changes.borrow_and_update().generation;
+            out.push((generation, start.elapsed()));
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_is_built_once_when_it_goes_quiet() {
+        let (published, tx) = pipeline();
+        let start = TokioInstant::now();
+        let builds = tokio::spawn({
+            let published = published.clone();
+            async move { next_publishes(&published, start, 1).await }
+        });
+        tx.send(SourceEvent::Synced).unwrap();
+        for i in 0..5 {
+            tx.send(service(&format!("s{i}"))).unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let builds = builds.await.unwrap();
+        // The last event came at 80 ms; 100 ms of quiet later, one build.
+        assert_eq!(builds, [(1, Duration::from_millis(180))]);
+        // Nothing more without events.
+        let mut changes = published.subscribe();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(10), changes.changed())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_that_never_goes_quiet_is_built_at_least_every_max_delay() {
+        let (published, tx) = pipeline();
+        tx.send(SourceEvent::Synced).unwrap();
+        let start = TokioInstant::now();
+        let builds = tokio::spawn({
+            let published = published.clone();
+            async move { next_publishes(&published, start, 3).await }
+        });
+        // An event every 50 ms, never 100 ms of quiet, for 1.6 s.
+        for i in 0..32 {
+            tx.send(service(&format!("s{i}"))).unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let builds = builds.await.unwrap();
+        let generations: Vec<u64> = builds.iter().map(|(g, _)| *g).collect();
+        assert_eq!(generations, [1, 2, 3]);
+        for (_, at) in &builds {
+            assert!(
+                at.as_millis() % 500 <= 50,
+                "a build at {at:?}, not at a multiple of the 500 ms cap: {builds:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_built_before_the_sources_are_synced() {
+        let (published, tx) = pipeline();
+        let mut changes = published.subscribe();
+        tx.send(service("early")).unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), changes.changed())
+                .await
+                .is_err(),
+            "built before the sources were synced"
+        );
+        assert!(!published.has_synced());
+        tx.send(SourceEvent::Synced).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), changes.changed())
+            .await
+            .expect("built once synced")
+            .unwrap();
+        assert!(published.has_synced());
+        assert_eq!(published.load().generation, 1);
     }
 }

@@ -13,26 +13,28 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{Admin, Health};
+use crate::admin::{Admin, AdminMetrics, Health};
 use crate::cli::{Mode, PolicyArgs, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
-use crate::metrics::Metrics;
 use crate::proxy::caps::ConnectionCaps;
 use crate::proxy::forward::HeaderOptions;
 use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
+use crate::proxy::metrics::ProxyMetrics;
+use crate::proxy::tls::accept::TlsHandshake;
+use crate::proxy::tls::resolver;
 use crate::proxy::{Proxy, ProxySettings};
-use crate::publish::{Pipeline, Published};
+use crate::publish::{Pipeline, PipelineMetrics, Published};
 use crate::report;
 use crate::snapshot::BuildSettings;
 use crate::snapshot::address::{self, AddressPolicy};
 use crate::snapshot::backend::BackendPolicy;
+use crate::snapshot::certs;
 use crate::snapshot::class::ClassSelector;
 use crate::snapshot::tls::TlsSettings;
 use crate::source::watch;
 use crate::store::ObjectKey;
-use crate::tls::accept::TlsHandshake;
-use crate::tls::{certs, resolver};
+use crate::telemetry::Telemetry;
 use ingress_wire::target::PathSettings;
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +58,7 @@ pub enum RunError {
     #[error("--default-certificate {0:?}: expected NAMESPACE/NAME")]
     DefaultCertificate(String),
     #[error(transparent)]
-    Certificate(#[from] crate::tls::certs::CertError),
+    Certificate(#[from] crate::snapshot::certs::CertError),
     #[error("TLS configuration: {0}")]
     Tls(#[from] rustls::Error),
 }
@@ -80,9 +82,18 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     }
     let gate = load_gate(&args)?;
     release_freed_memory();
-    let metrics = Arc::new(Metrics::new(ebpf_object_embedded(), gate.clone()));
-    metrics.ebpf_enabled.set(i64::from(gate.is_some()));
     let published = Published::new();
+    // Every subsystem registers its metrics before the registry is shared with /metrics.
+    let mut telemetry = Telemetry::new(ebpf_object_embedded(), published.clone());
+    telemetry.ebpf_enabled.set(i64::from(gate.is_some()));
+    let registry = telemetry.registry_mut();
+    let admin_metrics = AdminMetrics::register(registry);
+    let pipeline_metrics = PipelineMetrics::register(registry);
+    let proxy_metrics = ProxyMetrics::register(registry, gate.as_ref());
+    let sync_errors = crate::mapsync::register_metrics(registry, gate.as_ref());
+    let watch_metrics = crate::source::kube::WatchMetrics::register(registry);
+    let report_metrics = report::ReportMetrics::register(registry);
+    let telemetry = Arc::new(telemetry);
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
 
@@ -90,9 +101,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let admin_listener = bind("admin", admin_addr).await?;
     let admin = Arc::new(Admin::new(
         published.clone(),
-        metrics.clone(),
+        telemetry,
+        admin_metrics,
         health.clone(),
-        args.listen.admin_remote_access,
+        args.listen.admin_remote_access.into(),
     ));
     tokio::spawn(admin.serve(admin_listener, stop.clone()));
 
@@ -100,31 +112,35 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let pipeline = Pipeline {
         settings: build_settings(&args.source, &args.tls, &args.policy)?,
         published: published.clone(),
-        metrics: metrics.clone(),
+        metrics: pipeline_metrics,
         debounce: args.proxy.debounce,
         max_delay: args.proxy.debounce * 5,
         refresh: CERTIFICATE_REFRESH,
     };
     if let Some(gate) = &gate {
-        let sync = MapSync::new(
-            gate.clone(),
-            args.tls.unnamed_policy(),
-            metrics.gate_sync_errors.clone(),
-        );
+        let sync = MapSync::new(gate.clone(), args.tls.unnamed_policy(), sync_errors);
         published.add_hook(Arc::new(sync));
     }
+    published.add_hook(proxy_metrics.route_table());
     pipeline.spawn(events_rx).map_err(RunError::Thread)?;
     let _dir_watch = match &args.source.manifests {
         Some(dir) => Some(watch::start(dir, events_tx)?),
         None => {
-            start_kube(&args, events_tx, published.clone(), metrics.clone()).await?;
+            start_kube(
+                &args,
+                events_tx,
+                published.clone(),
+                watch_metrics,
+                report_metrics,
+            )
+            .await?;
             None
         }
     };
 
     let proxy = Arc::new(Proxy::new(
         published.clone(),
-        metrics.clone(),
+        proxy_metrics.clone(),
         ProxySettings {
             connect_timeout: args.proxy.upstream_connect_timeout,
             response_timeout: args.proxy.upstream_response_timeout,
@@ -144,7 +160,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             headers: HeaderOptions {
                 underscores: args.requests.enable_underscores_in_headers,
             },
-            no_sni_requests: args.tls.no_sni_requests,
+            no_sni_requests: args.tls.no_sni_requests.into(),
         },
     ));
     let serving = Arc::new(Serving::new(
@@ -199,9 +215,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             published: published.clone(),
             unnamed: args.tls.unnamed_policy(),
             handshake_timeout: args.tls.tls_handshake_timeout,
-            metrics: metrics.clone(),
+            metrics: proxy_metrics.clone(),
             gate: gate.clone(),
-            passthrough: crate::passthrough::PassthroughSettings::from_args(&args.proxy),
+            passthrough: crate::proxy::passthrough::PassthroughSettings {
+                connect_timeout: args.proxy.upstream_connect_timeout,
+                idle_timeout: args.proxy.passthrough_idle_timeout,
+            },
         }),
         https: true,
         caps,
@@ -209,13 +228,13 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(
         serving.clone(),
-        metrics.clone(),
+        proxy_metrics.clone(),
         stop.clone(),
         args.proxy.drain_timeout,
     ));
     tasks.spawn(https.run(
         serving.clone(),
-        metrics.clone(),
+        proxy_metrics.clone(),
         stop.clone(),
         args.proxy.drain_timeout,
     ));
@@ -247,9 +266,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 /// Watches the Kubernetes API and reports back to it (status, Events) while holding the Lease.
 async fn start_kube(
     args: &RunArgs,
-    events: mpsc::UnboundedSender<crate::publish::SourceEvent>,
+    events: mpsc::UnboundedSender<crate::store::SourceEvent>,
     published: Arc<Published>,
-    metrics: Arc<Metrics>,
+    watch_metrics: Arc<crate::source::kube::WatchMetrics>,
+    report_metrics: Arc<report::ReportMetrics>,
 ) -> Result<(), RunError> {
     // Two processes on one host must not share an identity, or both would think they hold the
     // Lease: without a pod name, the host name gets a random suffix (as client-go does).
@@ -263,7 +283,7 @@ async fn start_kube(
     crate::source::kube::KubeSource {
         client: client.clone(),
         namespace: args.kube.watch_namespace.clone(),
-        metrics: metrics.clone(),
+        metrics: watch_metrics,
     }
     .start(events);
     let kube_args = args.kube.clone();
@@ -286,7 +306,7 @@ async fn start_kube(
         report::Reporter {
             client,
             published,
-            metrics,
+            metrics: report_metrics,
             lease,
             address,
             identity,
@@ -371,7 +391,7 @@ pub fn build_settings(
             now: crate::clock::unix_now(),
         },
         backends: backend_policy(source, policy),
-        unsupported_access: policy.unsupported_access_annotations,
+        unsupported_access: policy.unsupported_access_annotations.into(),
     })
 }
 

@@ -10,7 +10,6 @@
 //! builder only reads.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
 use k8s_openapi::Metadata;
@@ -19,60 +18,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
 use crate::diagnostics::Diagnostic;
-
-/// Where an object lives. Cluster-scoped kinds (IngressClass) have an empty namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.namespace.is_empty() {
-            f.write_str(&self.name)
-        } else {
-            write!(f, "{}/{}", self.namespace, self.name)
-        }
-    }
-}
-
-/// The kinds the controller reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    Ingress,
-    IngressClass,
-    Service,
-    EndpointSlice,
-    Secret,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Ingress => "Ingress",
-            Kind::IngressClass => "IngressClass",
-            Kind::Service => "Service",
-            Kind::EndpointSlice => "EndpointSlice",
-            Kind::Secret => "Secret",
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::object::{Kind, ObjectKey};
 
 /// One typed object, as a source hands it over.
 #[derive(Clone, Debug)]
@@ -126,6 +72,19 @@ where
     }
 }
 
+/// What a source tells the pipeline.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// The whole store, as a manifests directory reads.
+    Replace(Store),
+    /// Every object of one kind, after a (re)list: replaces that kind wholesale.
+    ReplaceKind(Kind, Vec<Object>),
+    Apply(Object),
+    Delete(Kind, ObjectKey),
+    /// Every cache has its initial list; snapshots may be built from now on.
+    Synced,
+}
+
 /// The controller's view of the world. Cheap to clone: objects are shared.
 #[derive(Clone, Debug, Default)]
 pub struct Store {
@@ -155,6 +114,22 @@ impl Store {
                 .map(Object::EndpointSlice),
             Object::Secret(o) => self.secrets.insert(key, o).map(Object::Secret),
         }
+    }
+
+    /// Applies one source event; returns whether it was the sync marker.
+    pub fn apply_event(&mut self, event: SourceEvent) -> bool {
+        match event {
+            SourceEvent::Replace(new) => *self = new,
+            SourceEvent::ReplaceKind(kind, objects) => self.replace_kind(kind, objects),
+            SourceEvent::Apply(object) => {
+                self.apply(object);
+            }
+            SourceEvent::Delete(kind, key) => {
+                self.delete(kind, &key);
+            }
+            SourceEvent::Synced => return true,
+        }
+        false
     }
 
     pub fn delete(&mut self, kind: Kind, key: &ObjectKey) -> bool {

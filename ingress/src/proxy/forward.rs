@@ -18,11 +18,10 @@
 //! `compute-full-forwarded-for`); what the client sent there travels as
 //! `X-Original-Forwarded-For`, as ingress-nginx passes it.
 
-use std::net::IpAddr;
-
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ingress_wire::header::{Kind, chain_value, kind, passes, tokens, usable_request_id};
-use ingress_wire::request::ClientFacts;
+
+use super::phase::identity::ClientSide;
 
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -35,42 +34,6 @@ pub static X_ORIGINAL_URI: HeaderName = HeaderName::from_static("x-original-uri"
 pub static X_ORIGINAL_FORWARDED_FOR: HeaderName =
     HeaderName::from_static("x-original-forwarded-for");
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-/// What the upstream is told about the client side of one connection, as header values made
-/// once per connection rather than once per request.
-#[derive(Clone, Debug)]
-pub struct ClientSide {
-    pub client_ip: HeaderValue,
-    pub https: bool,
-    /// The port the client connected to.
-    pub port: HeaderValue,
-}
-
-impl ClientSide {
-    pub fn new(client_ip: IpAddr, https: bool, port: u16) -> Self {
-        let value = |s: String| {
-            HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-        };
-        Self {
-            client_ip: value(client_ip.to_string()),
-            https,
-            port: value(port.to_string()),
-        }
-    }
-
-    pub fn proto(&self) -> &'static str {
-        if self.https { "https" } else { "http" }
-    }
-
-    /// The same, as the HTTP/1.1 writer takes them.
-    pub fn facts(&self) -> ClientFacts<'_> {
-        ClientFacts {
-            ip: self.client_ip.as_bytes(),
-            port: self.port.as_bytes(),
-            https: self.https,
-        }
-    }
-}
 
 /// Per-request values of the headers the proxy sets.
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +165,7 @@ mod tests {
     use ingress_wire::target::{self, PathSettings};
 
     use super::*;
+    use std::net::IpAddr;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

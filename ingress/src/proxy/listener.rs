@@ -24,22 +24,9 @@ use tokio_util::task::TaskTracker;
 
 use super::caps::ConnectionCaps;
 use super::h1::{self, rewind::Rewind};
+use super::metrics::{ListenerLabels, ProxyMetrics, RefusedLabels};
+pub use super::settings::HttpSettings;
 use super::{ConnInfo, Proxy, h2};
-use crate::metrics::{ListenerLabels, Metrics, RefusedLabels};
-
-#[derive(Clone, Debug)]
-pub struct HttpSettings {
-    /// A request head must arrive whole within this of its first byte (and an HTTP/2
-    /// connection must start a request within it).
-    pub header_read_timeout: Duration,
-    pub max_header_size: usize,
-    /// How long a connection may wait for its next request (nginx's `keepalive_timeout`).
-    pub keepalive_timeout: Duration,
-    /// How often an HTTP/2 connection is PINGed to find dead peers.
-    pub http2_ping_interval: Duration,
-    /// How long a PING may go unanswered.
-    pub http2_ping_timeout: Duration,
-}
 
 /// What every connection is served with.
 pub struct Serving {
@@ -130,7 +117,7 @@ impl<H: Handshake> Listener<H> {
     pub async fn run(
         self,
         serving: Arc<Serving>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ProxyMetrics>,
         stop: CancellationToken,
         drain_timeout: Duration,
     ) {

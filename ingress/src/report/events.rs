@@ -24,8 +24,8 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::Pass;
+use super::{ReportMetrics, ResultLabels};
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity};
-use crate::metrics::{Metrics, ResultLabels};
 use crate::snapshot::Snapshot;
 use crate::store::ObjectKey;
 
@@ -44,7 +44,7 @@ struct Key {
 pub struct EventWriter {
     client: Client,
     identity: String,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ReportMetrics>,
     /// Diagnostics whose Event says they are current.
     active: std::collections::HashSet<Key>,
     /// How often each Event has been observed, for its series when a diagnostic comes back.
@@ -52,7 +52,7 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    pub fn new(client: Client, identity: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, identity: &str, metrics: Arc<ReportMetrics>) -> Self {
         Self {
             client,
             identity: identity.to_string(),

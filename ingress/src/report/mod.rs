@@ -18,9 +18,48 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
-use crate::metrics::Metrics;
 use crate::publish::Published;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// What reporting counts: whether this instance leads, and how its writes went.
+#[derive(Default)]
+pub struct ReportMetrics {
+    pub leader: Gauge,
+    pub status_updates: Family<ResultLabels, Counter>,
+    pub events_published: Family<ResultLabels, Counter>,
+}
+
+impl ReportMetrics {
+    pub fn register(registry: &mut Registry) -> Arc<ReportMetrics> {
+        let metrics = ReportMetrics::default();
+        registry.register(
+            "leader",
+            "1 while this instance holds the status-writer Lease",
+            metrics.leader.clone(),
+        );
+        registry.register(
+            "status_updates",
+            "Ingress status writes by result (ok, error)",
+            metrics.status_updates.clone(),
+        );
+        registry.register(
+            "events_published",
+            "Kubernetes Events published for diagnostics, by result (ok, error)",
+            metrics.events_published.clone(),
+        );
+        Arc::new(metrics)
+    }
+}
 
 /// How a pass of writes ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +73,7 @@ pub enum Pass {
 pub struct Reporter {
     pub client: Client,
     pub published: Arc<Published>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ReportMetrics>,
     pub lease: leader::LeaseSettings,
     /// The address written into Ingress status; `None` leaves status alone.
     pub address: Option<address::PublishAddress>,

@@ -16,20 +16,24 @@ use tokio::sync::watch;
 
 use super::Pass;
 use super::address::PublishAddress;
-use crate::metrics::{Metrics, ResultLabels};
+use super::{ReportMetrics, ResultLabels};
 use crate::snapshot::Snapshot;
 use crate::store::ObjectKey;
 
 pub struct StatusWriter {
     client: Client,
     address: Option<PublishAddress>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ReportMetrics>,
     /// Written, but not yet seen back through the watch: the addresses the Ingress had before.
     pending: HashMap<ObjectKey, Vec<String>>,
 }
 
 impl StatusWriter {
-    pub fn new(client: Client, address: Option<PublishAddress>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: Client,
+        address: Option<PublishAddress>,
+        metrics: Arc<ReportMetrics>,
+    ) -> Self {
         Self {
             client,
             address,

@@ -118,11 +118,9 @@ pub enum Target {
     Endpoints(Vec<Arc<Endpoint>>),
     /// Resolved through DNS when a connection is made.
     ExternalName(Arc<ExternalName>),
-    /// The Service or its port does not exist; requests get 503.
+    /// The Service or its port does not exist (or, for a refused Ingress, was not looked
+    /// up); requests get 503.
     Unavailable,
-    /// Not served, for this reason (an access-control annotation that cannot be honoured);
-    /// requests get 503 and the route stays claimed so no other rule answers for it.
-    Refused(Arc<str>),
 }
 
 #[derive(Debug)]

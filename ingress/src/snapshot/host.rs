@@ -110,7 +110,7 @@ impl<T> HostTable<T> {
         }
     }
 
-    /// The entry for a request host (already normalised by `proxy::authority::parse`).
+    /// The entry for a request host (already normalised by `ingress_wire::authority::parse`).
     pub fn lookup(&self, host: &str) -> Option<&T> {
         self.lookup_named(host).or(self.any.as_ref())
     }

@@ -9,14 +9,17 @@
 //! ```
 //!
 //! An Ingress with an access-control annotation that cannot be honoured keeps its paths, each
-//! routed to a refused target (503), so a protected path never falls through to another rule.
+//! on a route whose access policy refuses every request (503), so a protected path never falls
+//! through to another rule.
 
 pub mod address;
 pub mod annotations;
 pub mod backend;
+pub mod certs;
 pub mod class;
 pub mod host;
 pub mod path;
+pub mod policy;
 pub mod sni;
 pub mod tls;
 
@@ -27,12 +30,13 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity, Subject};
 use crate::store::{Kind, ObjectKey, Store};
+use annotations::UnsupportedAccess;
 use annotations::registry::Category;
-use annotations::{Options, UnsupportedAccess};
 use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
+use policy::RoutePolicy;
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -110,11 +114,9 @@ pub struct Route {
     /// Whether the Ingress lists this route's host under `spec.tls`.
     pub tls: bool,
     pub backend: Arc<Backend>,
-    pub options: Arc<Options>,
+    /// What each proxy phase does for requests on this route.
+    pub policy: Arc<RoutePolicy>,
     pub labels: RouteLabels,
-    /// Metric handles, filled by the proxy on the route's first request (the build leaves it
-    /// empty, so building stays pure).
-    pub stats: std::sync::OnceLock<crate::metrics::RouteStats>,
 }
 
 /// Metric labels, allocated once per snapshot rather than once per request.
@@ -141,6 +143,22 @@ impl Snapshot {
             }
         }
         self.default_backend.as_ref()
+    }
+
+    /// Every HTTP route, once per place it is reachable from (a route shared by two hosts
+    /// twice); passthrough routes are not HTTP routes and are not included.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.hosts
+            .iter()
+            .flat_map(|(_, vhost)| {
+                vhost
+                    .paths
+                    .rules()
+                    .iter()
+                    .map(|rule| &rule.target)
+                    .chain(vhost.default_backend.as_ref())
+            })
+            .chain(self.default_backend.as_ref())
     }
 
     pub fn has_errors(&self) -> bool {
@@ -276,22 +294,24 @@ impl Builder<'_> {
             ));
         }
         let refused = self.judge_unsupported(&subject, ingress);
-        let options = Arc::new(options);
+        // A route's policy depends on the Ingress and on whether its host has TLS here.
+        let policies =
+            [false, true].map(|tls| Arc::new(RoutePolicy::new(&options, tls, refused.as_ref())));
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
         let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
         let default_route = spec
             .default_backend
             .as_ref()
-            .and_then(|b| self.route(key, b, &options, false, refused.as_ref()));
+            .and_then(|b| self.route(key, b, &policies[0], false, refused.is_some()));
 
         if options.ssl_passthrough {
             self.add_passthrough(
                 key,
                 rules,
                 default_route.as_ref(),
-                &options,
-                refused.as_ref(),
+                &policies[0],
+                refused.is_some(),
             );
         }
 
@@ -368,8 +388,9 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
+                let policy = &policies[usize::from(tls)];
                 let Some(route) =
-                    self.route(key, &http_path.backend, &options, tls, refused.as_ref())
+                    self.route(key, &http_path.backend, policy, tls, refused.is_some())
                 else {
                     continue;
                 };
@@ -392,8 +413,8 @@ impl Builder<'_> {
         key: &ObjectKey,
         rules: &[k8s_openapi::api::networking::v1::IngressRule],
         default_route: Option<&Arc<Route>>,
-        options: &Arc<Options>,
-        refused: Option<&Arc<str>>,
+        policy: &Arc<RoutePolicy>,
+        refused: bool,
     ) {
         let subject = Subject::object(Kind::Ingress, key);
         for rule in rules {
@@ -427,7 +448,7 @@ impl Builder<'_> {
                 ));
             }
             let route = match chosen {
-                Some(path) => self.route(key, &path.backend, options, false, refused),
+                Some(path) => self.route(key, &path.backend, policy, false, refused),
                 None => default_route.cloned(),
             };
             let Some(route) = route else { continue };
@@ -496,16 +517,17 @@ impl Builder<'_> {
 
     /// A route to `backend` for `ingress`, recording any problem on the Ingress. `None` only if
     /// the backend reference itself is unusable; a missing Service still routes (to a 503). A
-    /// refused Ingress gets a refused route whatever its backend, so its paths stay claimed.
+    /// refused Ingress gets a route whatever its backend (its policy refuses every request), so
+    /// its paths stay claimed; its backend is not resolved.
     fn route(
         &mut self,
         ingress: &ObjectKey,
         backend: &IngressBackend,
-        options: &Arc<Options>,
+        policy: &Arc<RoutePolicy>,
         tls: bool,
-        refused: Option<&Arc<str>>,
+        refused: bool,
     ) -> Option<Arc<Route>> {
-        if let Some(reason) = refused {
+        if refused {
             let service = backend.service.as_ref();
             let backend = Backend {
                 service: ObjectKey::new(
@@ -519,9 +541,9 @@ impl Builder<'_> {
                     Some(p) => PortRef::Number(p.number.unwrap_or_default()),
                     None => PortRef::Number(0),
                 },
-                target: Target::Refused(reason.clone()),
+                target: Target::Unavailable,
             };
-            return Some(self.make_route(ingress, Arc::new(backend), options, tls));
+            return Some(self.make_route(ingress, Arc::new(backend), policy, tls));
         }
         let subject = Subject::object(Kind::Ingress, ingress);
         let Some(service) = &backend.service else {
@@ -560,14 +582,14 @@ impl Builder<'_> {
                 message: problem.message.clone(),
             });
         }
-        Some(self.make_route(ingress, backend, options, tls))
+        Some(self.make_route(ingress, backend, policy, tls))
     }
 
     fn make_route(
         &self,
         ingress: &ObjectKey,
         backend: Arc<Backend>,
-        options: &Arc<Options>,
+        policy: &Arc<RoutePolicy>,
         tls: bool,
     ) -> Arc<Route> {
         let labels = RouteLabels {
@@ -579,12 +601,46 @@ impl Builder<'_> {
             ingress: ingress.clone(),
             tls,
             backend,
-            options: options.clone(),
+            policy: policy.clone(),
             labels,
-            stats: std::sync::OnceLock::new(),
         })
     }
 }
 
 #[cfg(test)]
 mod tests;
+
+/// Build settings for tests here and in the modules that publish snapshots.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::address::AddressPolicy;
+    use super::*;
+
+    /// This node's address, as the settings below give it.
+    pub const HOST_ADDRESS: &str = "10.9.9.9";
+
+    pub fn settings() -> BuildSettings {
+        static SELF_SIGNED: std::sync::LazyLock<Arc<crate::snapshot::certs::Certificate>> =
+            std::sync::LazyLock::new(|| {
+                Arc::new(crate::snapshot::certs::self_signed().expect("self-signed"))
+            });
+        BuildSettings {
+            class: ClassSelector {
+                ingress_class: "ingress".into(),
+                controller_class: "ingress.rs/controller".into(),
+            },
+            tls: tls::TlsSettings {
+                default_certificate: None,
+                self_signed: SELF_SIGNED.clone(),
+                now: 1_900_000_000,
+            },
+            // As when watching Kubernetes: no ExternalName, no local backends, and 10.9.9.9 is
+            // this node's address.
+            backends: BackendPolicy {
+                allow_external_name: false,
+                addresses: AddressPolicy::refusing_local([HOST_ADDRESS.parse().unwrap()]),
+            },
+            unsupported_access: UnsupportedAccess::Refuse,
+        }
+    }
+}

@@ -94,7 +94,7 @@ impl fmt::Display for GateReason {
 }
 
 /// Accept or reject, for the cases without a name to look up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
     Accept,
     Reject,

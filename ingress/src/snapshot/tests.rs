@@ -2,37 +2,15 @@
 
 use std::path::Path;
 
-use super::address::AddressPolicy;
 use super::backend::Target;
 use super::*;
 use crate::source::manifests;
 
 fn settings() -> BuildSettings {
-    static SELF_SIGNED: std::sync::LazyLock<Arc<crate::tls::certs::Certificate>> =
-        std::sync::LazyLock::new(|| {
-            Arc::new(crate::tls::certs::self_signed().expect("self-signed"))
-        });
-    BuildSettings {
-        class: ClassSelector {
-            ingress_class: "ingress".into(),
-            controller_class: "ingress.rs/controller".into(),
-        },
-        tls: tls::TlsSettings {
-            default_certificate: None,
-            self_signed: SELF_SIGNED.clone(),
-            now: 1_900_000_000,
-        },
-        // As when watching Kubernetes: no ExternalName, no local backends, and 10.9.9.9 is
-        // this node's address.
-        backends: BackendPolicy {
-            allow_external_name: false,
-            addresses: AddressPolicy::refusing_local([HOST_ADDRESS.parse().unwrap()]),
-        },
-        unsupported_access: UnsupportedAccess::Refuse,
-    }
+    testing::settings()
 }
 
-const HOST_ADDRESS: &str = "10.9.9.9";
+use testing::HOST_ADDRESS;
 
 fn store_of(yaml: &str) -> Store {
     let parsed = manifests::parse_file(Path::new("test.yaml"), yaml);
@@ -590,7 +568,7 @@ fn build_is_deterministic() {
 
 mod tls_table {
     use super::*;
-    use crate::tls::certs::CertSource;
+    use crate::snapshot::certs::CertSource;
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -944,9 +922,9 @@ fn unsupported_annotations_table() {
         assert_eq!(got, want, "{pairs:?} {policy:?}: {:?}", snap.diagnostics);
         for path in ["/admin", "/admin/x", "/", "/other"] {
             let route = snap.route(Some("shop.example.com"), path).expect("routed");
-            let refused = matches!(route.backend.target, Target::Refused(_));
+            let refused = route.policy.access.refused.is_some();
             assert_eq!(refused, !served, "{pairs:?} {policy:?} {path}");
-            if let Target::Refused(reason) = &route.backend.target {
+            if let Some(reason) = &route.policy.access.refused {
                 for (key, _) in &pairs {
                     let access =
                         annotations::registry::lookup(key.rsplit('/').next().unwrap_or_default())
@@ -996,7 +974,7 @@ spec:
     let snap = build(&format!("{SERVICES}{guarded}{public}"));
     let target = |host: &str, path: &str| {
         let route = snap.route(Some(host), path).expect("routed");
-        let refused = matches!(route.backend.target, Target::Refused(_));
+        let refused = route.policy.access.refused.is_some();
         (route.ingress.name.clone(), refused)
     };
     assert_eq!(
@@ -1053,5 +1031,5 @@ fn a_refused_passthrough_ingress_is_refused_too() {
         .passthrough
         .lookup_named("tunnel.example.com")
         .expect("passthrough route");
-    assert!(matches!(route.backend.target, Target::Refused(_)));
+    assert!(route.policy.access.refused.is_some());
 }

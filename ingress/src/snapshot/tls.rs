@@ -11,8 +11,8 @@ use k8s_openapi::api::networking::v1::Ingress;
 
 use super::host::{self, HostPattern, HostTable};
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Subject};
+use crate::snapshot::certs::{self, CertError, Certificate};
 use crate::store::{Kind, ObjectKey, Store};
-use crate::tls::certs::{self, CertError, Certificate};
 
 #[derive(Clone, Debug)]
 pub struct TlsSettings {

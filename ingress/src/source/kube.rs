@@ -27,9 +27,13 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use crate::metrics::{KindOnlyLabels, Metrics};
-use crate::publish::SourceEvent;
+use crate::store::SourceEvent;
 use crate::store::{Kind, Object};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// Only TLS Secrets are watched: least privilege in spirit, and far less memory than every
 /// Secret in the cluster.
@@ -43,11 +47,40 @@ const ALL_KINDS: [Kind; 5] = [
     Kind::Secret,
 ];
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+/// What the watches count: failures by kind, and when each kind last heard from the API server.
+#[derive(Default)]
+pub struct WatchMetrics {
+    pub errors: Family<KindLabels, Counter>,
+    pub last_sync: Family<KindLabels, Gauge>,
+}
+
+impl WatchMetrics {
+    pub fn register(registry: &mut Registry) -> Arc<WatchMetrics> {
+        let metrics = WatchMetrics::default();
+        registry.register(
+            "kube_watch_errors",
+            "Kubernetes watch failures by kind; each is retried with backoff (a relist follows)",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "kube_last_sync_timestamp_seconds",
+            "Unix time of the last list or watch event received, by kind",
+            metrics.last_sync.clone(),
+        );
+        Arc::new(metrics)
+    }
+}
+
 pub struct KubeSource {
     pub client: Client,
     /// Limit namespaced kinds to one namespace (`--watch-namespace`).
     pub namespace: Option<String>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<WatchMetrics>,
 }
 
 impl KubeSource {
@@ -141,7 +174,7 @@ struct Watch {
     kind: Kind,
     events: mpsc::UnboundedSender<SourceEvent>,
     synced: Arc<SyncTracker>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<WatchMetrics>,
 }
 
 impl Watch {
@@ -149,7 +182,7 @@ impl Watch {
     where
         K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     {
-        let labels = KindOnlyLabels {
+        let labels = KindLabels {
             kind: self.kind.as_str(),
         };
         let mut stream = watcher::watcher(api, config)
@@ -160,7 +193,7 @@ impl Watch {
             let event = match item {
                 Ok(event) => event,
                 Err(err) => {
-                    self.metrics.kube_watch_errors.get_or_create(&labels).inc();
+                    self.metrics.errors.get_or_create(&labels).inc();
                     tracing::warn!(kind = %self.kind, %err, "watch failed; retrying with backoff, the last snapshot keeps serving");
                     continue;
                 }
@@ -182,7 +215,7 @@ impl Watch {
                         .send(SourceEvent::ReplaceKind(self.kind, objects))
                         .is_ok();
                     self.metrics
-                        .kube_last_sync
+                        .last_sync
                         .get_or_create(&labels)
                         .set(crate::clock::unix_now());
                     if self.synced.mark(self.kind) {
@@ -193,7 +226,7 @@ impl Watch {
                 }
                 Event::Apply(object) => {
                     self.metrics
-                        .kube_last_sync
+                        .last_sync
                         .get_or_create(&labels)
                         .set(crate::clock::unix_now());
                     self.events
@@ -202,7 +235,7 @@ impl Watch {
                 }
                 Event::Delete(object) => {
                     self.metrics
-                        .kube_last_sync
+                        .last_sync
                         .get_or_create(&labels)
                         .set(crate::clock::unix_now());
                     let key = wrap(object).key();

@@ -9,7 +9,7 @@ use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use super::manifests;
-use crate::publish::SourceEvent;
+use crate::store::SourceEvent;
 
 /// How long the directory must be quiet before it is read again.
 const SETTLE: Duration = Duration::from_millis(50);

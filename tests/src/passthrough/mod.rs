@@ -127,7 +127,7 @@ impl Site {
                 https: HTTPS,
                 admin: ADMIN,
             })
-            .log_level("info,ingress::passthrough=debug,ingress::gate::splice=debug")
+            .log_level("info,ingress::proxy::passthrough=debug,ingress::gate::splice=debug")
             .args(["--access-log", "false"])
             .args(extra.iter().copied())
             .ready_within(Duration::from_secs(60))

@@ -46,12 +46,11 @@ use tokio_util::sync::CancellationToken;
 
 use deadline::Deadline;
 use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
-use ingress_wire::target;
 use response::ResponseContext;
 use rewind::Rewind;
 
-use super::listener::HttpSettings;
-use super::route::Refusal;
+use super::phase::route::Refusal;
+use super::settings::HttpSettings;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
 
@@ -240,44 +239,30 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 host.map(str::to_string),
             )
         });
-        let phases = target::parse(&req.target, &proxy.settings.paths)
-            .map_err(|err| {
-                tracing::debug!(peer = %self.conn.peer, %err, "request target refused");
-                Refusal::bad_request("invalid request target")
-            })
-            .and_then(|target| {
-                let route = proxy.route(self.conn, host, &target)?;
-                Ok((target, route))
-            });
-        let (action, route, upgrade) = match phases {
-            Err(refusal) => (Decision::Refuse(refusal), None, None),
-            Ok((target, route)) => {
-                let action = proxy.decide(route.as_ref(), self.conn, host, &req.target);
-                let mut upgrade = None;
-                if let Decision::Forward(forward) = &action {
-                    upgrade = req
-                        .upgrade
-                        .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
-                        .map(<[u8]>::to_vec);
-                    let key = forward.key.to_string();
-                    let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
-                    request::write_upstream(
-                        &mut self.request,
-                        &req,
-                        &request::Upstream {
-                            target: &target,
-                            authority,
-                            client: self.conn.client.facts(),
-                            underscores: proxy.settings.headers.underscores,
-                            body: req.body.into(),
-                            upgrade: upgrade.is_some(),
-                            new_request_id: super::forward::new_request_id(),
-                        },
-                    );
-                }
-                (action, route, upgrade)
-            }
-        };
+        let phased = proxy.request_phases(self.conn, host, &req.target);
+        let (action, route) = (phased.decision, phased.route);
+        let mut upgrade = None;
+        if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
+            upgrade = req
+                .upgrade
+                .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
+                .map(<[u8]>::to_vec);
+            let key = forward.key.to_string();
+            let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
+            request::write_upstream(
+                &mut self.request,
+                &req,
+                &request::Upstream {
+                    target,
+                    authority,
+                    client: self.conn.client.facts(),
+                    underscores: proxy.settings.headers.underscores,
+                    body: req.body.into(),
+                    upgrade: upgrade.is_some(),
+                    new_request_id: super::forward::new_request_id(),
+                },
+            );
+        }
         let refused = matches!(action, Decision::Refuse(_));
         let prepared = Prepared {
             started,
@@ -323,10 +308,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     async fn serve_one(&mut self, mut prepared: Prepared) -> Option<Instant> {
         let hsts = self
             .proxy
-            .settings
-            .hsts
-            .as_ref()
-            .filter(|_| self.conn.https)
+            .hsts(self.conn.https)
             .map(http::HeaderValue::as_bytes);
         let action = std::mem::replace(
             &mut prepared.action,
@@ -375,7 +357,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let logged = prepared.logged.as_ref();
         self.proxy.record(&Record {
             conn: self.conn,
-            route: prepared.route.as_deref(),
+            route: prepared.route.as_ref(),
             status,
             elapsed: finished.saturating_duration_since(prepared.started),
             request: logged.map(|(m, t, _)| (m.as_str(), t.as_str())),

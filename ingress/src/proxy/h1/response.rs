@@ -22,6 +22,8 @@ use ingress_wire::chunked::{ChunkError, Chunked};
 use ingress_wire::header::{self, Kind, tokens};
 use ingress_wire::request::{MAX_HEADERS, push};
 
+use crate::proxy::phase::response::SERVER;
+
 /// How a response body is delimited, as the upstream sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Framing {
@@ -223,7 +225,9 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
             push(out, &[b"upgrade: ", to, b"\r\nconnection: upgrade\r\n"]);
         }
     } else if !informational {
-        out.extend_from_slice(b"server: ingress\r\n");
+        out.extend_from_slice(b"server: ");
+        out.extend_from_slice(SERVER.as_bytes());
+        out.extend_from_slice(b"\r\n");
         if !has_date {
             push(out, &[b"date: ", &http_date(), b"\r\n"]);
         }
@@ -341,7 +345,9 @@ pub fn write_local(
             code.canonical_reason().unwrap_or("").as_bytes(),
             b"\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: ",
             itoa::Buffer::new().format(body.len()).as_bytes(),
-            b"\r\nserver: ingress\r\ndate: ",
+            b"\r\nserver: ",
+            SERVER.as_bytes(),
+            b"\r\ndate: ",
             &http_date(),
             b"\r\n",
         ],

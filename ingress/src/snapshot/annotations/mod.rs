@@ -81,7 +81,7 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
 }
 
 /// What an Ingress with an access-control annotation this controller cannot honour gets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum UnsupportedAccess {
     /// Not served: every path it declares answers 503, so nothing it protects is public.
     #[default]

@@ -11,7 +11,7 @@
 //!   then:  drop: RST at once, nothing answered
 //!          pass: rustls handshake over (recorded bytes + socket) → HTTP
 //!          passthrough: the recorded bytes and the socket go to the backend untouched
-//!                       (`crate::passthrough`; spliced in the kernel in eBPF mode)
+//!                       (`crate::proxy::passthrough`; spliced in the kernel in eBPF mode)
 //! ```
 //!
 //! Rejected connections are reset (SO_LINGER 0) rather than answered with a TLS alert, so a
@@ -31,10 +31,10 @@ use tokio_rustls::server::TlsStream;
 
 use crate::client_hello::{self, Peek};
 use crate::gate::{Admission, Gate, Reason as KernelReason, Screened};
-use crate::metrics::Metrics;
-use crate::passthrough::{Passthrough, PassthroughSettings};
 use crate::proxy::ConnInfo;
 use crate::proxy::listener::Handshake;
+use crate::proxy::metrics::ProxyMetrics;
+use crate::proxy::passthrough::{Passthrough, PassthroughSettings};
 use crate::publish::Published;
 use crate::snapshot::sni::{self, GateReason, UnnamedPolicy, Verdict};
 
@@ -44,7 +44,7 @@ pub struct TlsHandshake {
     pub unnamed: UnnamedPolicy,
     /// How long a client may take to send its ClientHello and finish the handshake.
     pub handshake_timeout: Duration,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<ProxyMetrics>,
     /// The kernel gate, in eBPF mode.
     pub gate: Option<Arc<Gate>>,
     pub passthrough: PassthroughSettings,
@@ -142,7 +142,7 @@ impl Handshake for TlsHandshake {
             read: 0,
             inner: stream,
         };
-        let result = |r: &'static str| crate::metrics::ResultLabels { result: r };
+        let result = |r: &'static str| crate::proxy::metrics::ResultLabels { result: r };
         match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(recorded)).await {
             Ok(Ok(tls)) => {
                 self.metrics

@@ -15,6 +15,8 @@
 //! connection window of request data in flight, and each stream buffers at most
 //! [`MAX_SEND_BUF`] of response data the client is not reading.
 
+mod request;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -28,8 +30,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-use super::listener::HttpSettings;
-use super::{ConnInfo, Proxy, ProxyBody};
+use crate::proxy::settings::HttpSettings;
+use crate::proxy::{ConnInfo, Proxy, ProxyBody};
 
 /// Streams one client may have open at once (nginx's `http2_max_concurrent_streams`).
 pub const MAX_STREAMS: u32 = 128;

@@ -1,5 +1,5 @@
 //! Passthrough metrics: connections and bytes per route, how connections ended, and what
-//! failed. Registered once, with the rest, by `crate::metrics::Metrics::new`.
+//! failed. Registered with the rest of the proxy's metrics.
 
 use std::sync::Arc;
 

@@ -16,7 +16,6 @@
 //! an unknown name is.
 
 mod copy;
-mod metrics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,14 +24,13 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 use crate::gate::{Gate, SpliceStep};
-use crate::metrics::Metrics;
+use crate::proxy::metrics::ProxyMetrics;
+use crate::proxy::metrics::passthrough::{EndLabels, Failure, Mode, ModeLabels, RouteModeLabels};
 use crate::proxy::pool::{self, PoolKey};
 use crate::proxy::upstream::UpstreamError;
 use crate::publish::Published;
 use crate::snapshot::Route;
 use crate::snapshot::backend::{InFlight, Target};
-use metrics::{EndLabels, ModeLabels, RouteModeLabels};
-pub use metrics::{Failure, Mode, PassthroughMetrics};
 
 /// Timeouts, from flags.
 #[derive(Clone, Copy, Debug)]
@@ -42,19 +40,10 @@ pub struct PassthroughSettings {
     pub idle_timeout: Duration,
 }
 
-impl PassthroughSettings {
-    pub fn from_args(args: &crate::cli::ProxyArgs) -> PassthroughSettings {
-        PassthroughSettings {
-            connect_timeout: args.upstream_connect_timeout,
-            idle_timeout: args.passthrough_idle_timeout,
-        }
-    }
-}
-
 /// What serving one passthrough connection needs.
 pub struct Passthrough<'a> {
     pub published: &'a Published,
-    pub metrics: &'a Metrics,
+    pub metrics: &'a ProxyMetrics,
     /// The kernel gate, in eBPF mode: connections are spliced through it.
     pub gate: Option<&'a Gate>,
     pub settings: PassthroughSettings,
@@ -157,6 +146,9 @@ impl Passthrough<'_> {
         &self,
         route: &Arc<Route>,
     ) -> Result<(TcpStream, String, Option<InFlight>), Failure> {
+        if route.policy.access.refused.is_some() {
+            return Err(Failure::Refused);
+        }
         let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => {
                 let endpoint = route.backend.pick().ok_or(Failure::NoEndpoint)?;
@@ -165,7 +157,6 @@ impl Passthrough<'_> {
             // Resolved and judged on each connection, as for HTTP routes.
             Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
             Target::Unavailable => return Err(Failure::NoEndpoint),
-            Target::Refused(_) => return Err(Failure::Refused),
         };
         let target = key.to_string();
         match pool::open(&key, self.settings.connect_timeout).await {

@@ -1,14 +1,17 @@
-//! Host ↔ certificate agreement on TLS connections: a request may only name a host the
-//! connection's certificate was chosen for (421 otherwise). Parsing the authority itself is
-//! `ingress_wire::authority`'s.
+//! The TLS phase, per request: a request on a TLS connection may only name a host the
+//! connection's certificate was chosen for (421 Misdirected Request otherwise, RFC 9110
+//! section 15.5.20; a browser that coalesced the request onto this connection retries it on a
+//! new one). The gate's verdict and the handshake itself happen per connection, in `proxy::tls`.
 
-pub use ingress_wire::authority::{Authority, AuthorityError, of_h2, parse};
+use http::StatusCode;
 
+use super::identity::ConnInfo;
+use super::route::Refusal;
 use crate::snapshot::host::HostPattern;
 use crate::snapshot::tls::TlsTable;
 
 /// A TLS connection that sent no SNI.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum NoSniRequests {
     /// Its requests may only name hosts served with the default certificate (others get 421).
     #[default]
@@ -17,9 +20,25 @@ pub enum NoSniRequests {
     Any,
 }
 
-/// Whether a request on a TLS connection names a host its certificate was not chosen for, so
-/// it must be answered `421 Misdirected Request` (RFC 9110 section 15.5.20). A browser that
-/// coalesced the request onto this connection retries it on a new one.
+/// Refuses a request on a TLS connection that names a host its certificate was not chosen for.
+pub(crate) fn check(
+    tls: &TlsTable,
+    conn: &ConnInfo,
+    host: Option<&str>,
+    no_sni: NoSniRequests,
+) -> Result<(), Refusal> {
+    match host {
+        Some(host) if conn.https && misdirected(tls, conn.sni.as_deref(), host, no_sni) => {
+            Err(Refusal {
+                status: StatusCode::MISDIRECTED_REQUEST,
+                reason: "the host is not served by this connection's certificate",
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether a request on a TLS connection names a host its certificate was not chosen for.
 ///
 /// Allowed: the host is the SNI itself; the certificate the SNI selected covers the host by its
 /// names; or both select the same certificate. Without SNI the connection was served the default

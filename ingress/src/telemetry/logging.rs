@@ -6,7 +6,22 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-use crate::cli::{LogArgs, LogFormat};
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// What the logger is set up with (from flags).
+#[derive(Clone, Debug)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// `tracing` EnvFilter syntax.
+    pub filter: String,
+    /// Whether access-log lines (target `access`) are written.
+    pub access_log: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
@@ -21,12 +36,11 @@ pub enum TelemetryError {
 
 /// Installs the global subscriber. Keep the guard alive: dropping it flushes and stops the
 /// writer thread.
-pub fn init(args: &LogArgs) -> Result<WorkerGuard, TelemetryError> {
-    let mut filter =
-        EnvFilter::try_new(&args.log_level).map_err(|source| TelemetryError::Filter {
-            filter: args.log_level.clone(),
-            source,
-        })?;
+pub fn init(args: &LogSettings) -> Result<WorkerGuard, TelemetryError> {
+    let mut filter = EnvFilter::try_new(&args.filter).map_err(|source| TelemetryError::Filter {
+        filter: args.filter.clone(),
+        source,
+    })?;
     if !args.access_log {
         filter = filter.add_directive("access=off".parse().map_err(|source| {
             TelemetryError::Filter {
@@ -39,7 +53,7 @@ pub fn init(args: &LogArgs) -> Result<WorkerGuard, TelemetryError> {
         .lossy(false)
         .finish(std::io::stdout());
     let registry = tracing_subscriber::registry().with(filter);
-    let result = match args.log_format {
+    let result = match args.format {
         LogFormat::Text => registry
             .with(
                 tracing_subscriber::fmt::layer()

@@ -40,10 +40,11 @@ impl ResolvesServerCert for CertResolver {
 pub fn server_config(
     published: Arc<Published>,
 ) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
-    let mut config = rustls::ServerConfig::builder_with_provider(super::certs::provider().clone())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(CertResolver::new(published)));
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(crate::snapshot::certs::provider().clone())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(CertResolver::new(published)));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config.ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(64 * 1024);

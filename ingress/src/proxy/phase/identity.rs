@@ -1,0 +1,72 @@
+//! The client identity phase: who is on the other end of a connection, decided once when it is
+//! accepted. Today that is the TCP peer; PROXY protocol and trusted forwarded headers will
+//! change what is believed here, and every later phase (access, the forwarding headers, the
+//! access log) reads the client from here.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderValue;
+use ingress_wire::request::ClientFacts;
+
+/// What the proxy knows about one client connection.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub local_port: u16,
+    pub https: bool,
+    /// The TLS server name the client sent, if any, lower-case.
+    pub sni: Option<String>,
+    /// Forwarding header values, made once per connection.
+    pub client: ClientSide,
+    /// TLS negotiated HTTP/2 by ALPN.
+    pub h2: bool,
+}
+
+impl ConnInfo {
+    pub fn new(peer: SocketAddr, local_port: u16, https: bool) -> Self {
+        Self {
+            peer,
+            local_port,
+            https,
+            sni: None,
+            client: ClientSide::new(peer.ip(), https, local_port),
+            h2: false,
+        }
+    }
+}
+
+/// What the upstream is told about the client side of one connection, as header values made
+/// once per connection rather than once per request.
+#[derive(Clone, Debug)]
+pub struct ClientSide {
+    pub client_ip: HeaderValue,
+    pub https: bool,
+    /// The port the client connected to.
+    pub port: HeaderValue,
+}
+
+impl ClientSide {
+    pub fn new(client_ip: IpAddr, https: bool, port: u16) -> Self {
+        let value = |s: String| {
+            HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+        };
+        Self {
+            client_ip: value(client_ip.to_string()),
+            https,
+            port: value(port.to_string()),
+        }
+    }
+
+    pub fn proto(&self) -> &'static str {
+        if self.https { "https" } else { "http" }
+    }
+
+    /// The same, as the HTTP/1.1 writer takes them.
+    pub fn facts(&self) -> ClientFacts<'_> {
+        ClientFacts {
+            ip: self.client_ip.as_bytes(),
+            port: self.port.as_bytes(),
+            https: self.https,
+        }
+    }
+}

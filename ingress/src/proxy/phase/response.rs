@@ -1,0 +1,49 @@
+//! The response phase: what every response gets from the proxy (its `Server`, and HSTS on
+//! HTTPS), and what every finished request leaves behind (metrics, the access log line).
+
+use http::HeaderValue;
+
+use super::Record;
+use crate::proxy::Proxy;
+use crate::proxy::upstream::UpstreamError;
+
+/// The `Server` header of every response.
+pub(crate) static SERVER: HeaderValue = HeaderValue::from_static("ingress");
+
+impl Proxy {
+    /// The `Strict-Transport-Security` value for a response on this connection, if any.
+    pub(crate) fn hsts(&self, https: bool) -> Option<&HeaderValue> {
+        self.settings.hsts.as_ref().filter(|_| https)
+    }
+
+    /// Metrics and the access log line, the same for both HTTP paths.
+    pub(crate) fn record(&self, r: &Record<'_>) {
+        self.metrics.observe_request(r.route, r.status, r.elapsed);
+        if let Some(UpstreamError::AddressRefused { refusal, .. }) = &r.outcome.error {
+            self.metrics.count_address_refused(*refusal);
+        }
+        let Some((method, uri)) = r.request else {
+            return;
+        };
+        let outcome = r.outcome;
+        let error = match (&outcome.error, outcome.refused) {
+            (Some(error), _) => error.to_string(),
+            (None, Some(reason)) => reason.to_string(),
+            (None, None) => "-".to_string(),
+        };
+        tracing::info!(
+            target: "access",
+            client = %r.conn.peer.ip(),
+            method = method,
+            host = r.host.unwrap_or("-"),
+            uri = uri,
+            version = ?r.version,
+            status = r.status,
+            duration_ms = %format_args!("{:.3}", r.elapsed.as_secs_f64() * 1000.0),
+            upstream = %outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
+            ingress = r.route.map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
+            service = r.route.map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
+            error = error,
+        );
+    }
+}

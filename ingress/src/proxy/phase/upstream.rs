@@ -1,0 +1,32 @@
+//! The upstream phase: which endpoint a forwarded request goes to, and how long it may take.
+//!
+//! Endpoints are picked by the backend (power of two choices on requests in flight); an
+//! ExternalName is resolved, and its address judged, when the connection is made.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Decision, Forward};
+use crate::proxy::pool::PoolKey;
+use crate::proxy::upstream::UpstreamError;
+use crate::snapshot::Route;
+use crate::snapshot::backend::Target;
+
+/// The forward for a request on `route`, or the failure that replaces it.
+pub(crate) fn forward(route: &Arc<Route>, default_timeout: Duration) -> Decision {
+    let (key, in_flight) = match &route.backend.target {
+        Target::Endpoints(_) => match route.backend.pick() {
+            Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
+            None => return Decision::Fail(UpstreamError::NoEndpoints),
+        },
+        Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
+        Target::Unavailable => return Decision::Fail(UpstreamError::NoEndpoints),
+    };
+    let policy = &route.policy.upstream;
+    Decision::Forward(Forward {
+        key,
+        in_flight,
+        timeout: policy.read_timeout.unwrap_or(default_timeout),
+        upgrades: policy.upgrades.clone(),
+    })
+}

@@ -1,0 +1,64 @@
+//! What the proxy is configured with, from flags: per request ([`ProxySettings`]) and per
+//! client connection ([`HttpSettings`]).
+
+use std::time::Duration;
+
+use http::header::HeaderValue;
+use ingress_wire::target::PathSettings;
+
+use super::forward::HeaderOptions;
+use super::phase::tls::NoSniRequests;
+
+#[derive(Clone, Debug)]
+pub struct ProxySettings {
+    pub connect_timeout: Duration,
+    /// How long the upstream has to send response headers, and the most it may pause while
+    /// sending the body (nginx's `proxy_read_timeout`); `proxy-read-timeout` overrides it.
+    pub response_timeout: Duration,
+    /// The most a write to the upstream may stall (nginx's `proxy_send_timeout`).
+    pub upstream_send_timeout: Duration,
+    /// The most a client may pause while sending a request body (`client_body_timeout`).
+    pub client_body_timeout: Duration,
+    /// The most a write to the client may stall (`send_timeout`).
+    pub client_send_timeout: Duration,
+    pub access_log: bool,
+    /// The HTTPS port clients use, for redirect locations.
+    pub https_port: u16,
+    /// The `Strict-Transport-Security` value added to HTTPS responses, if enabled.
+    pub hsts: Option<HeaderValue>,
+    pub paths: PathSettings,
+    pub headers: HeaderOptions,
+    pub no_sni_requests: NoSniRequests,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(60),
+            upstream_send_timeout: Duration::from_secs(60),
+            client_body_timeout: Duration::from_secs(60),
+            client_send_timeout: Duration::from_secs(60),
+            access_log: true,
+            https_port: 443,
+            hsts: None,
+            paths: PathSettings::default(),
+            headers: HeaderOptions::default(),
+            no_sni_requests: NoSniRequests::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct HttpSettings {
+    /// A request head must arrive whole within this of its first byte (and an HTTP/2
+    /// connection must start a request within it).
+    pub header_read_timeout: Duration,
+    pub max_header_size: usize,
+    /// How long a connection may wait for its next request (nginx's `keepalive_timeout`).
+    pub keepalive_timeout: Duration,
+    /// How often an HTTP/2 connection is PINGed to find dead peers.
+    pub http2_ping_interval: Duration,
+    /// How long a PING may go unanswered.
+    pub http2_ping_timeout: Duration,
+}
