@@ -240,10 +240,8 @@ impl TlsBackend {
         let thread = std::thread::spawn(move || {
             let file = std::fs::File::open(path).expect("backend namespace");
             // SAFETY: a namespace fd; setns only moves this thread.
-            assert_eq!(
-                unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) },
-                0
-            );
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns into the backend namespace");
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -478,10 +476,8 @@ impl RawBackend {
         let thread = std::thread::spawn(move || {
             let file = std::fs::File::open(path).expect("backend namespace");
             // SAFETY: a namespace fd; setns only moves this thread.
-            assert_eq!(
-                unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) },
-                0
-            );
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns into the backend namespace");
             let listener =
                 std::net::TcpListener::bind((BACKEND_IP, RAW_PORT)).expect("bind the raw backend");
             listener.set_nonblocking(true).unwrap();
