@@ -479,18 +479,28 @@ impl GateEvent {
 mod pod {
     use super::*;
 
-    // SAFETY: every type is #[repr(C)], Copy, built only of integers and integer arrays, and has
-    // no padding (see the size tests below), so any bit pattern is a valid value.
-    unsafe impl aya::Pod for HostKey {}
-    unsafe impl aya::Pod for HostValue {}
-    unsafe impl aya::Pod for GateConfig {}
-    unsafe impl aya::Pod for VerdictRecord {}
-    unsafe impl aya::Pod for GateEvent {}
-    unsafe impl aya::Pod for SpliceEntry {}
-    unsafe impl aya::Pod for SpliceState {}
-    unsafe impl aya::Pod for FlowKey {}
-    unsafe impl aya::Pod for Workspace {}
-    unsafe impl aya::Pod for Delivery {}
+    /// One `unsafe impl aya::Pod` per type, under the one comment that justifies them all.
+    macro_rules! pod {
+        ($($ty:ty),+ $(,)?) => {$(
+            // SAFETY: every type listed is #[repr(C)], Copy, built only of integers and integer
+            // arrays, and has no padding (see the size tests below), so any bit pattern is a
+            // valid value.
+            unsafe impl aya::Pod for $ty {}
+        )+};
+    }
+
+    pod!(
+        HostKey,
+        HostValue,
+        GateConfig,
+        VerdictRecord,
+        GateEvent,
+        SpliceEntry,
+        SpliceState,
+        FlowKey,
+        Workspace,
+        Delivery,
+    );
 }
 
 #[cfg(test)]

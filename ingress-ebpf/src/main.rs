@@ -209,8 +209,8 @@ pub fn gate_sock_ops(ctx: SockOpsContext) -> u32 {
 
 fn gate_socket(ctx: &SockOpsContext) {
     let Some(config) = CONFIG.get(0) else { return };
-    // SAFETY: the context pointer the kernel handed the program.
     if config.netns_cookie != 0
+        // SAFETY: the context pointer the kernel handed the program.
         && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != config.netns_cookie
     {
         return;

@@ -6,7 +6,6 @@
 pub mod admin;
 pub mod check;
 pub mod cli;
-pub mod client_hello;
 pub mod clock;
 pub mod diagnostics;
 pub mod gate;
@@ -20,6 +19,9 @@ pub mod snapshot;
 pub mod source;
 pub mod store;
 pub mod telemetry;
+
+/// The ClientHello parser lives in its own crate so the fuzz target can link it alone.
+pub use ingress_client_hello as client_hello;
 
 #[cfg(test)]
 mod layering;

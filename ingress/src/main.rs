@@ -67,8 +67,8 @@ fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Both rustls crypto providers are linked (kube-lease-manager's kube pulls in ring); name the
-/// process default so every TLS client agrees on one.
+/// Names aws-lc-rs as the process's rustls provider, so no TLS client depends on which provider
+/// features Cargo happens to unify into the build (with two linked, rustls would pick none).
 fn install_crypto_provider() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }

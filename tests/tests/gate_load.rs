@@ -489,10 +489,8 @@ fn raise_nofile() -> u64 {
     // SAFETY: getrlimit writes into the struct it is given.
     let mut limit: libc::rlimit = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(rc, 0, "getrlimit: {}", io::Error::last_os_error());
     // With CAP_SYS_RESOURCE the hard limit can be raised too (up to fs.nr_open).
     let raised = libc::rlimit {
         rlim_cur: limit.rlim_max.max(100_000),

@@ -1,11 +1,12 @@
 //! `cargo xtask <task>`: what plain cargo cannot do on its own.
 //!
 //! ```text
-//!   setup        Debian packages and bpf-linker the Debian eBPF route needs (idempotent)
+//!   setup        Debian packages, bpf-linker, cargo-fuzz, cargo-machete, cargo-deny (idempotent)
 //!   build-ebpf   ingress-ebpf for bpfel-unknown-none → <target>/ebpf-object/ingress-ebpf.o
 //!   build        build-ebpf, then `cargo build -p ingress` with that object embedded
 //!   clippy-ebpf  clippy -D warnings for ingress-ebpf, on its own target
-//!   test         everything CI checks: fmt, clippy (host and eBPF), the build, all tests
+//!   test         everything CI checks: fmt, unused dependencies and deny.toml, clippy (host
+//!                and eBPF), the build, the fuzz targets, all tests
 //!   demo         set up, build, and run the controller on deploy/examples with demo backends
 //!   bench        ingress against nginx on one machine, printed as ratios
 //!   fuzz         run one fuzz target (cargo-fuzz, nightly) for a while
@@ -23,6 +24,7 @@ mod build;
 mod build_ebpf;
 mod clippy_ebpf;
 mod demo;
+mod deps;
 mod fuzz;
 mod setup;
 mod test;
@@ -40,7 +42,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the Debian eBPF route and the tests need, if anything is missing.
+    /// Install what the Debian eBPF route, the tests and the dependency checks need, if missing.
     Setup(setup::Args),
     /// Build the eBPF object that the ingress binary embeds.
     BuildEbpf(build_ebpf::Args),
@@ -48,7 +50,8 @@ enum Task {
     Build(build::Args),
     /// Run clippy with -D warnings on the eBPF crate, for its own target.
     ClippyEbpf(toolchain::RouteArg),
-    /// Everything CI checks: fmt, clippy (host and eBPF), the eBPF build, all tests.
+    /// Everything CI checks: fmt, dependency checks (machete, deny), clippy (host and eBPF),
+    /// the eBPF build, the fuzz targets, all tests.
     Test(test::Args),
     /// Set up, build, and run the controller on deploy/examples with demo backends.
     Demo(demo::Args),

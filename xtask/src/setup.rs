@@ -1,6 +1,15 @@
 //! `cargo xtask setup`: install what the Debian eBPF route and the tests need. Idempotent and
 //! silent when nothing is missing; otherwise it says what it runs, and runs `apt-get update` at
 //! most once.
+//!
+//! ```text
+//!   Debian packages   PACKAGES: the compiler route, then the tools tests and benchmarks drive
+//!   cargo tools       CARGO_TOOLS: cargo-fuzz, cargo-machete, cargo-deny (cargo install --locked)
+//!   bpf-linker        built against the Debian LLVM
+//! ```
+//!
+//! On a fresh machine the cargo tools are a few minutes of setup's time (docs/development.md
+//! has the measured figures).
 
 use std::path::Path;
 use std::process::Command;
@@ -32,6 +41,21 @@ pub const PACKAGES: &[&str] = &[
     // Veth offloads off (ethtool), and the node firewall the gate's refusals must get through.
     "ethtool",
     "iptables",
+];
+
+/// Cargo subcommands the checks run, and the crates that provide them: cargo-fuzz builds the
+/// fuzz targets, machete and deny check the dependencies (`crate::deps`).
+pub const CARGO_TOOLS: &[(&str, &str)] = &[
+    ("fuzz", "cargo-fuzz"),
+    ("machete", "cargo-machete"),
+    ("deny", "cargo-deny"),
+];
+
+/// Release-profile overrides for `cargo install`: these are tools, and how fast they build
+/// matters more on a fresh CI machine than how fast they run (about a second each here).
+const FAST_INSTALL: &[(&str, &str)] = &[
+    ("CARGO_PROFILE_RELEASE_LTO", "off"),
+    ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16"),
 ];
 
 /// How many of [`PACKAGES`] the eBPF build itself needs.
@@ -68,9 +92,17 @@ pub fn run(args: &Args) -> Result<()> {
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
     }
-    if !args.build_only && !cargo_fuzz_installed() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        run_shown(Command::new(cargo).args(["install", "cargo-fuzz", "--locked"]))?;
+    if !args.build_only {
+        for (subcommand, krate) in CARGO_TOOLS {
+            if !cargo_tool_installed(subcommand) {
+                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+                run_shown(
+                    Command::new(cargo)
+                        .args(["install", krate, "--locked"])
+                        .envs(FAST_INSTALL.iter().copied()),
+                )?;
+            }
+        }
     }
     if bpf_linker().is_none() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -89,10 +121,12 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// cargo-fuzz builds the fuzz targets (`cargo xtask test` builds them; nightly runs them).
-fn cargo_fuzz_installed() -> bool {
+/// Whether `cargo <subcommand>` runs (every tool in [`CARGO_TOOLS`] answers `--version`).
+pub fn cargo_tool_installed(subcommand: &str) -> bool {
     Command::new("cargo")
-        .args(["fuzz", "--version"])
+        .args([subcommand, "--version"])
+        // Set by `cargo run` for xtask; cargo-machete would take it to mean it was run directly.
+        .env_remove("CARGO_PKG_NAME")
         .output()
         .is_ok_and(|o| o.status.success())
 }

@@ -1,11 +1,18 @@
 //! `cargo xtask test`: everything CI checks, in the order that fails fastest.
 //!
 //! 1. `cargo fmt --check` (every crate, the eBPF one included);
-//! 2. clippy `-D warnings` on the host crates, then on the eBPF crate for its own target;
-//! 3. the eBPF object, then the ingress binary with it embedded;
-//! 4. the fuzz targets (cargo-fuzz on nightly), built but not run;
-//! 5. `cargo test` for the host crates, kernel tests included (they fail rather than skip when
+//! 2. the dependency checks, a second each (`crate::deps`): `cargo machete` for unused
+//!    dependencies, `cargo deny check licenses bans sources` against deny.toml, and
+//!    `cargo deny check advisories` when the RustSec database can be fetched in time;
+//! 3. clippy `-D warnings` on the host crates, then on the eBPF crate for its own target;
+//! 4. the eBPF object, then the ingress binary with it embedded;
+//! 5. the fuzz targets (cargo-fuzz on nightly), built but not run;
+//! 6. `cargo test` for the host crates, kernel tests included (they fail rather than skip when
 //!    `CI=true` and eBPF cannot load), and the fuzz corpora as ordinary tests.
+//!
+//! Outside CI a missing tool (eBPF toolchain, cargo-fuzz, cargo-machete, cargo-deny) is a
+//! warning and its step is skipped; with `CI=true` it fails the run. `cargo xtask setup`
+//! installs them all.
 
 use std::process::Command;
 
@@ -33,6 +40,17 @@ pub fn run(args: &Args) -> Result<()> {
         "cargo fmt --check",
         cargo().args(["fmt", "--all", "--check"]),
     )?;
+    let dependency_checks: [(&str, fn(&Workspace) -> Result<()>); 2] = [
+        ("machete", crate::deps::machete),
+        ("deny", crate::deps::deny),
+    ];
+    for (tool, check) in dependency_checks {
+        if !ci && !crate::setup::cargo_tool_installed(tool) {
+            eprintln!("warning: cargo-{tool} is not installed (cargo xtask setup); skipped");
+            continue;
+        }
+        check(&ws)?;
+    }
     step(
         "clippy (host crates)",
         cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]),

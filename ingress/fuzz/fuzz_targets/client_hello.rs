@@ -4,14 +4,9 @@
 
 use libfuzzer_sys::fuzz_target;
 
-// The parser is compiled in directly rather than through the `ingress` crate: it depends on
-// nothing but `thiserror`, and this keeps the sanitizer build from compiling kube, tokio and
-// aya, and from breaking whenever unrelated parts of the crate are mid-change.
-#[path = "../../src/client_hello/mod.rs"]
-#[allow(dead_code)] // constants and accessors the proxy uses and this target does not
-mod client_hello;
-
-use client_hello::{Framing, MAX_NAME_LEN, MAX_RECORD_LEN, Peek, gate, parse, peek, record_len};
+use ingress_client_hello::{
+    Framing, MAX_NAME_LEN, MAX_RECORD_LEN, Peek, gate, parse, peek, record_len,
+};
 
 fuzz_target!(|data: &[u8]| {
     let peeked = peek(data);

@@ -6,15 +6,15 @@
 //! registers its listener.
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{
     Array, HashMap as BpfHashMap, Map, MapData, MapInfo, PerCpuArray, RingBuf, SkStorage, SockHash,
 };
-use aya::programs::{CgroupAttachMode, ProgramFd, SchedClassifier, SkSkb, SockOps, Xdp};
-use aya::{Ebpf, EbpfLoader};
+use aya::programs::{CgroupAttachMode, ProgramError, SchedClassifier, SkSkb, SockOps, Xdp};
+use aya::sys::SyscallError;
+use aya::{Ebpf, EbpfLoader, TestRun, TestRunOptions};
 use ingress_common::{GateEvent, MAX_PORTS};
 
 use super::{
@@ -115,20 +115,12 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         .inspect_err(|e| tracing::warn!(error = %e, "kernel log records will not be read"))
         .ok();
 
-    let probe_fd = {
-        let probe: &mut Xdp = program(&mut ebpf, "gate_probe")?;
-        probe.load().map_err(|source| GateError::Program {
-            name: "gate_probe",
-            source,
-        })?;
-        probe
-            .fd()
-            .and_then(|fd| fd.try_clone().map_err(Into::into))
-            .map_err(|source| GateError::Program {
-                name: "gate_probe",
-                source,
-            })?
-    };
+    // Loaded, never attached: `Probe::run` test-runs it from `early::Programs`, which keeps it.
+    let probe: &mut Xdp = program(&mut ebpf, PROBE_PROGRAM)?;
+    probe.load().map_err(|source| GateError::Program {
+        name: PROBE_PROGRAM,
+        source,
+    })?;
 
     let shared = Arc::new(Shared {
         hosts: Mutex::new(HostsState {
@@ -145,10 +137,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         splices: Mutex::new(take(&mut ebpf, "SPLICES")?),
         splice_state: Mutex::new(take(&mut ebpf, "SPLICE_STATE")?),
         counters: take::<PerCpuArray<MapData, u64>>(&mut ebpf, "COUNTERS")?,
-        probe: Mutex::new(Probe {
-            fd: probe_fd,
-            map: probe_map,
-        }),
+        probe: Mutex::new(Probe { map: probe_map }),
         waiters: events::Waiters::default(),
         events: Mutex::new(events),
         netns_cookie,
@@ -362,14 +351,27 @@ where
         .map_err(|source| GateError::Program { name, source })
 }
 
-/// The probe program and its result map; one run at a time.
+/// The XDP program that runs the verdict's decision on a buffer (`BPF_PROG_TEST_RUN`).
+pub(super) const PROBE_PROGRAM: &str = "gate_probe";
+
+/// The loaded probe program, from the object `early::Programs` keeps.
+pub(super) fn probe_program(ebpf: &Ebpf) -> Result<&Xdp> {
+    let prog = ebpf
+        .program(PROBE_PROGRAM)
+        .ok_or(GateError::Missing(PROBE_PROGRAM))?;
+    prog.try_into().map_err(|source| GateError::Program {
+        name: PROBE_PROGRAM,
+        source,
+    })
+}
+
+/// The probe program's result map; one run at a time.
 pub(super) struct Probe {
-    fd: ProgramFd,
     map: Array<MapData, GateEvent>,
 }
 
 impl Probe {
-    pub(super) fn run(&mut self, bytes: &[u8]) -> Result<GateEvent> {
+    pub(super) fn run(&mut self, program: &Xdp, bytes: &[u8]) -> Result<GateEvent> {
         if bytes.len() > PROBE_MAX {
             return Err(GateError::ProbeTooLarge(bytes.len()));
         }
@@ -385,7 +387,17 @@ impl Probe {
             source,
         };
         self.map.set(0, empty, 0).map_err(map_err)?;
-        sys::test_run(self.fd.as_fd(), &buffer).map_err(GateError::Probe)?;
+        let options = TestRunOptions {
+            data_in: Some(&buffer),
+            ..TestRunOptions::default()
+        };
+        program.test_run(options).map_err(|source| match source {
+            ProgramError::SyscallError(SyscallError { io_error, .. }) => GateError::Probe(io_error),
+            source => GateError::Program {
+                name: PROBE_PROGRAM,
+                source,
+            },
+        })?;
         self.map.get(&0, 0).map_err(map_err)
     }
 }

@@ -454,7 +454,9 @@ impl Gate {
     /// the current policy, without a socket. For holding the kernel and userspace parsers to
     /// one corpus.
     pub fn probe(&self, bytes: &[u8]) -> Result<ProbeResult> {
-        self.shared.probe(bytes)
+        let programs = lock(&self.programs);
+        self.shared
+            .probe(load::probe_program(&programs.ebpf)?, bytes)
     }
 
     /// The directory the maps are pinned in.
@@ -604,9 +606,9 @@ impl Shared {
         })
     }
 
-    fn probe(&self, bytes: &[u8]) -> Result<ProbeResult> {
+    fn probe(&self, program: &aya::programs::Xdp, bytes: &[u8]) -> Result<ProbeResult> {
         let mut probe = lock(&self.probe);
-        let event = probe.run(bytes)?;
+        let event = probe.run(program, bytes)?;
         let reason =
             Reason::from_kernel(event.reason).ok_or(GateError::Probe(std::io::Error::other(
                 format!("the probe wrote no verdict (reason {})", event.reason),

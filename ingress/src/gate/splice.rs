@@ -26,13 +26,15 @@
 //! two paths never interleave.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, SockHash};
 use ingress_common::{SpliceEntry, SpliceState};
+use rustix::event::epoll;
 use tokio::io::AsyncWriteExt;
 use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
@@ -597,15 +599,9 @@ struct Poller {
 
 impl Poller {
     fn new(fds: [BorrowedFd<'_>; 2]) -> std::io::Result<Poller> {
-        // SAFETY: epoll_create1 has no memory preconditions.
-        let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just created and owned by nothing else.
-        let epoll = unsafe { OwnedFd::from_raw_fd(raw) };
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         for (side, fd) in fds.into_iter().enumerate() {
-            epoll_ctl(epoll.as_fd(), libc::EPOLL_CTL_ADD, fd, side, 0)?;
+            epoll::add(&epoll, fd, data(side), edge_triggered(0))?;
         }
         Ok(Poller {
             // SAFETY: an OwnedFd: its descriptor stays open, and the same, until it drops.
@@ -621,13 +617,7 @@ impl Poller {
         if self.events[side] == events {
             return Ok(());
         }
-        epoll_ctl(
-            self.epoll.get_ref().as_fd(),
-            libc::EPOLL_CTL_MOD,
-            fd,
-            side,
-            events,
-        )?;
+        epoll::modify(self.epoll.get_ref(), fd, data(side), edge_triggered(events))?;
         self.events[side] = events;
         Ok(())
     }
@@ -649,53 +639,36 @@ impl Poller {
 
     /// Whatever events are ready, without waiting.
     fn take(&self) -> std::io::Result<[u32; 2]> {
-        const MAX_EVENTS: libc::c_int = 4;
-        let mut ready = [libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS as usize];
-        // SAFETY: `ready` has room for the count passed; a zero timeout never blocks.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epoll.get_ref().as_raw_fd(),
-                ready.as_mut_ptr(),
-                MAX_EVENTS,
-                0,
-            )
+        let mut buffer = [MaybeUninit::<epoll::Event>::uninit(); 4];
+        let no_wait = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return match e.kind() {
-                std::io::ErrorKind::Interrupted => Ok([0, 0]),
-                _ => Err(e),
-            };
-        }
+        let ready = match epoll::wait(self.epoll.get_ref(), &mut buffer, Some(&no_wait)) {
+            Ok((ready, _)) => ready,
+            Err(rustix::io::Errno::INTR) => return Ok([0, 0]),
+            Err(e) => return Err(e.into()),
+        };
         let mut events = [0u32; 2];
-        for event in ready.iter().take(usize::try_from(n).unwrap_or(0)) {
-            let side = event.u64;
+        for event in ready.iter() {
+            // Copied out: the struct is packed, as the kernel's is on x86_64.
+            let (side, flags) = (event.data.u64(), event.flags);
             if let Some(slot) = usize::try_from(side).ok().and_then(|s| events.get_mut(s)) {
-                *slot |= event.events;
+                *slot |= flags.bits();
             }
         }
         Ok(events)
     }
 }
 
-/// EPOLL_CTL_ADD / MOD of `fd` as `side`, edge-triggered (every new event is reported once).
-fn epoll_ctl(
-    epoll: BorrowedFd<'_>,
-    op: libc::c_int,
-    fd: BorrowedFd<'_>,
-    side: usize,
-    events: u32,
-) -> std::io::Result<()> {
-    let mut event = libc::epoll_event {
-        events: events | libc::EPOLLET as u32,
-        u64: side as u64,
-    };
-    // SAFETY: both descriptors are open for the duration of the call; `event` is valid.
-    let rc = unsafe { libc::epoll_ctl(epoll.as_raw_fd(), op, fd.as_raw_fd(), &raw mut event) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+/// A side's key in the epoll set.
+fn data(side: usize) -> epoll::EventData {
+    epoll::EventData::new_u64(side as u64)
+}
+
+/// `events` (EPOLLIN and the like), edge-triggered: every new event is reported once.
+fn edge_triggered(events: u32) -> epoll::EventFlags {
+    epoll::EventFlags::from_bits_retain(events) | epoll::EventFlags::ET
 }
 
 /// The end for a failure on `side`, logged with what failed.

@@ -1,6 +1,24 @@
 //! The operating-system edges the gate needs that aya does not cover: bpffs, cgroup v2
-//! discovery, socket and network-namespace cookies, network interfaces, and
-//! `BPF_PROG_TEST_RUN`.
+//! discovery, socket and network-namespace cookies, socket queues, and network interfaces.
+//!
+//! Where a maintained crate in the tree has the call, it is used, not hand-rolled:
+//!
+//! ```text
+//!   SO_COOKIE            socket2::SockRef::cookie           (socket_cookie)
+//!   BPF_PROG_TEST_RUN    aya's TestRun on the Xdp program   (gate/load.rs, Probe::run)
+//!   epoll                rustix::event::epoll               (gate/splice.rs, Poller)
+//! ```
+//!
+//! What stays on libc here has no equivalent in socket2 0.6, rustix 1 or aya 0.14:
+//! - `SO_NETNS_COOKIE` (neither crate has the option);
+//! - `TCP_INFO`'s byte counts and `SIOCOUTQ` (socket2 has neither; rustix has no `TCP_INFO`);
+//! - `if_nameindex` and `SIOCGIFHWADDR` (the link type of every interface);
+//! - the /proc/locks lookup of who holds the pin directory's `flock`;
+//! - `statfs`'s bpffs magic and `mount -t bpf`, `flock`, one-byte `MSG_PEEK | MSG_DONTWAIT`
+//!   `recv`, and `FIONREAD` (signed here: a negative count is a kernel fault worth seeing,
+//!   where rustix's `ioctl_fionread` returns a `u64`). rustix has most of this last group;
+//!   moving to it would add the `fs`, `mount` and `net` features for a handful of calls that
+//!   each already carry their SAFETY argument.
 
 use std::ffi::CString;
 use std::io;
@@ -177,24 +195,21 @@ fn unified_path(cgroup: &str) -> Option<&str> {
 
 /// `SO_COOKIE`: the key the kernel filed the socket under in SOCKS and VERDICTS.
 pub fn socket_cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    getsockopt_u64(fd.as_raw_fd(), libc::SO_COOKIE)
+    socket2::SockRef::from(&fd).cookie()
 }
 
-/// The cookie of the network namespace the calling thread is in, via a throwaway socket.
+/// The cookie of the network namespace the calling thread is in (`SO_NETNS_COOKIE`), via a
+/// throwaway socket.
 pub fn current_netns_cookie() -> io::Result<u64> {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-    getsockopt_u64(socket.as_raw_fd(), libc::SO_NETNS_COOKIE)
-}
-
-fn getsockopt_u64(fd: RawFd, option: libc::c_int) -> io::Result<u64> {
     let mut value = 0u64;
     let mut len: libc::socklen_t = 8; // size_of::<u64>()
     // SAFETY: `value` and `len` are valid out-parameters of the size given.
     let rc = unsafe {
         libc::getsockopt(
-            fd,
+            socket.as_raw_fd(),
             libc::SOL_SOCKET,
-            option,
+            libc::SO_NETNS_COOKIE,
             (&raw mut value).cast(),
             &mut len,
         )
@@ -291,54 +306,6 @@ pub fn tcp_counts(fd: BorrowedFd<'_>) -> io::Result<TcpCounts> {
         // include/net/tcp_states.h
         fin_received: matches!(info.tcpi_state, 6 | 8 | 9 | 11),
     })
-}
-
-/// Runs a program once on `data` with `BPF_PROG_TEST_RUN`; returns its return value.
-pub fn test_run(prog: BorrowedFd<'_>, data: &[u8]) -> io::Result<u32> {
-    /// `struct { ... } test` of `union bpf_attr`, up to `batch_size`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct TestAttr {
-        prog_fd: u32,
-        retval: u32,
-        data_size_in: u32,
-        data_size_out: u32,
-        data_in: u64,
-        data_out: u64,
-        repeat: u32,
-        duration: u32,
-        ctx_size_in: u32,
-        ctx_size_out: u32,
-        ctx_in: u64,
-        ctx_out: u64,
-        flags: u32,
-        cpu: u32,
-        batch_size: u32,
-        _pad: u32,
-    }
-    const BPF_PROG_TEST_RUN: libc::c_long = 10;
-    let mut attr = TestAttr {
-        prog_fd: u32::try_from(prog.as_raw_fd())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-        data_size_in: u32::try_from(data.len())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-        data_in: data.as_ptr() as u64,
-        repeat: 1,
-        ..TestAttr::default()
-    };
-    // SAFETY: `attr` is a valid bpf_attr prefix of the size passed, and `data` outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            (&raw mut attr).cast::<libc::c_void>(),
-            std::mem::size_of::<TestAttr>(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(attr.retval)
 }
 
 /// A network interface of the calling thread's namespace.
