@@ -50,43 +50,137 @@ pub const MAX_CONNECTIONS: u32 = 65536;
 /// that preempted it, and a softirq on top of each.
 pub const WORKSPACE_LEVELS: u32 = 4;
 
-/// What happens to a connection. Stored in [`HostValue::action`], the per-case fields of
-/// [`GateConfig`] and [`VerdictRecord::action`].
+/// What happens to a connection: the one action vocabulary of the gate, in both modes. A
+/// HOSTS value holds [`Action::Pass`] or [`Action::Passthrough`] for its name; CONFIG's
+/// per-case fields hold [`Action::Pass`] or [`Action::Drop`]; a verdict holds any of them. In
+/// maps it is stored as its `u32` (the constants in [`action`]), and read back with
+/// [`Action::from_u32`] at the map boundary.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    /// Admitted: userspace terminates TLS and routes the requests.
+    Pass = 1,
+    /// Admitted, still encrypted, to the backend (TLS passthrough).
+    Passthrough = 2,
+    /// Reset without reading anything.
+    Drop = 3,
+    /// The kernel could not decide (no free working memory): the socket is held like a pass,
+    /// and userspace reads the first record and applies the policy itself.
+    Defer = 4,
+}
+
+impl Action {
+    pub const fn from_u32(value: u32) -> Option<Action> {
+        match value {
+            action::PASS => Some(Action::Pass),
+            action::PASSTHROUGH => Some(Action::Passthrough),
+            action::DROP => Some(Action::Drop),
+            action::DEFER => Some(Action::Defer),
+            _ => None,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Action::Pass => "pass",
+            Action::Passthrough => "passthrough",
+            Action::Drop => "drop",
+            Action::Defer => "defer",
+        }
+    }
+}
+
+/// [`Action`] as map values hold it.
 pub mod action {
+    use super::Action;
+
     /// Never written by userspace; the kernel treats it as [`PASS`] so a half-written config
     /// hands decisions to userspace instead of dropping traffic.
     pub const UNSET: u32 = 0;
-    pub const PASS: u32 = 1;
-    pub const PASSTHROUGH: u32 = 2;
-    pub const DROP: u32 = 3;
-    /// The kernel could not decide (no free working memory): the socket is held like a pass,
-    /// and userspace reads the first record and applies the policy itself.
-    pub const DEFER: u32 = 4;
+    pub const PASS: u32 = Action::Pass as u32;
+    pub const PASSTHROUGH: u32 = Action::Passthrough as u32;
+    pub const DROP: u32 = Action::Drop as u32;
+    pub const DEFER: u32 = Action::Defer as u32;
 }
 
-/// Why the verdict program decided as it did. Names match the userspace parser's
-/// (`ingress::client_hello::Reason::as_str` for the last three).
-pub mod reason {
-    /// The name is in HOSTS (exactly or through its parent's wildcard) with action pass.
-    pub const PASS: u32 = 1;
+/// Why a connection was decided as it was: the one reason vocabulary of the kernel programs,
+/// the userspace parser and the metrics (`ingress_sni_gate_total{reason}`,
+/// `ingress_ebpf_gate_total{counter}` by reason). Stored as its `u32` ([`reason`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Reason {
+    /// The name is in HOSTS (exactly or through its parent's wildcard) with action pass, or a
+    /// catch-all admits it.
+    Pass = 1,
     /// The name is in HOSTS with action passthrough.
-    pub const PASSTHROUGH: u32 = 2;
-    /// A valid ClientHello whose name is not in HOSTS (admitted only under a catch-all).
-    pub const UNKNOWN: u32 = 3;
-    pub const NO_SNI: u32 = 4;
-    pub const MALFORMED: u32 = 5;
-    pub const NOT_TLS: u32 = 6;
+    Passthrough = 2,
+    /// A valid ClientHello whose name is not in HOSTS.
+    Unknown = 3,
+    /// A valid ClientHello without `server_name`.
+    NoSni = 4,
+    /// TLS, but not a ClientHello that parses.
+    Malformed = 5,
+    /// Not TLS at all (plain HTTP, SSLv2, noise).
+    NotTls = 6,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 6] = [
+        Reason::Pass,
+        Reason::Unknown,
+        Reason::NoSni,
+        Reason::Malformed,
+        Reason::NotTls,
+        Reason::Passthrough,
+    ];
+
+    pub const fn from_u32(value: u32) -> Option<Reason> {
+        match value {
+            reason::PASS => Some(Reason::Pass),
+            reason::PASSTHROUGH => Some(Reason::Passthrough),
+            reason::UNKNOWN => Some(Reason::Unknown),
+            reason::NO_SNI => Some(Reason::NoSni),
+            reason::MALFORMED => Some(Reason::Malformed),
+            reason::NOT_TLS => Some(Reason::NotTls),
+            _ => None,
+        }
+    }
 
     /// A stable label for logs and metrics.
-    pub const fn as_str(reason: u32) -> &'static str {
-        match reason {
-            PASS => "pass",
-            PASSTHROUGH => "passthrough",
-            UNKNOWN => "unknown",
-            NO_SNI => "no_sni",
-            MALFORMED => "malformed",
-            NOT_TLS => "not_tls",
-            _ => "invalid",
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Pass => "pass",
+            Reason::Passthrough => "passthrough",
+            Reason::Unknown => "unknown",
+            Reason::NoSni => "no_sni",
+            Reason::Malformed => "malformed",
+            Reason::NotTls => "not_tls",
+        }
+    }
+}
+
+impl core::fmt::Display for Reason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// [`Reason`] as map values and events hold it.
+pub mod reason {
+    use super::Reason;
+
+    pub const PASS: u32 = Reason::Pass as u32;
+    pub const PASSTHROUGH: u32 = Reason::Passthrough as u32;
+    pub const UNKNOWN: u32 = Reason::Unknown as u32;
+    pub const NO_SNI: u32 = Reason::NoSni as u32;
+    pub const MALFORMED: u32 = Reason::Malformed as u32;
+    pub const NOT_TLS: u32 = Reason::NotTls as u32;
+
+    /// A stable label for a stored reason.
+    pub const fn as_str(value: u32) -> &'static str {
+        match Reason::from_u32(value) {
+            Some(reason) => reason.as_str(),
+            None => "invalid",
         }
     }
 }
@@ -234,9 +328,6 @@ pub struct HostKey {
 pub struct HostValue {
     /// [`action::PASS`] or [`action::PASSTHROUGH`].
     pub action: u32,
-    /// Opaque to the kernel: copied into the verdict so userspace can find the route (e.g. a
-    /// passthrough target) without parsing the ClientHello again.
-    pub route_id: u32,
 }
 
 /// The single CONFIG entry (index 0).
@@ -273,8 +364,6 @@ pub struct VerdictRecord {
     pub action: u32,
     /// `reason::*`.
     pub reason: u32,
-    /// From the matching [`HostValue`], else 0.
-    pub route_id: u32,
     /// [`GateConfig::generation`] at the time of the verdict.
     pub generation: u32,
     /// Bytes the verdict covered: the first TLS record (header included), or for bytes that were
@@ -400,7 +489,8 @@ pub struct GateEvent {
     pub cookie: u64,
     pub action: u32,
     pub reason: u32,
-    pub route_id: u32,
+    /// Keeps the event a whole number of the ring buffer's 8-byte slots.
+    pub _reserved: u32,
     pub generation: u32,
     pub record_len: u32,
     /// `AF_INET` or `AF_INET6`.
@@ -514,14 +604,14 @@ mod tests {
     fn types_have_no_padding() {
         let cases: [(&str, usize, usize, usize); 9] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
-            ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
+            ("HostValue", size_of::<HostValue>(), 4, 4),
             (
                 "GateConfig",
                 size_of::<GateConfig>(),
                 8 + 4 * 6 + 2 * MAX_PORTS,
                 8,
             ),
-            ("VerdictRecord", size_of::<VerdictRecord>(), 4 * 6, 4),
+            ("VerdictRecord", size_of::<VerdictRecord>(), 4 * 5, 4),
             (
                 "GateEvent",
                 size_of::<GateEvent>(),

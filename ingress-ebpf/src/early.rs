@@ -104,7 +104,6 @@ pub fn judge(ctx: &TcContext) -> Option<()> {
     let mut record = VerdictRecord {
         action: action::UNSET,
         reason: 0,
-        route_id: 0,
         generation: 0,
         record_len: 0,
         delivered: 0,
@@ -158,7 +157,6 @@ fn decide_segment(payload: &Payload, record: &mut VerdictRecord) -> bool {
     };
     record.action = decision.action;
     record.reason = decision.reason;
-    record.route_id = decision.route_id;
     record.generation = decision.generation;
     true
 }

@@ -239,7 +239,6 @@ fn gate_socket(ctx: &SockOpsContext) {
     let pending = VerdictRecord {
         action: action::UNSET,
         reason: 0,
-        route_id: 0,
         generation: 0,
         record_len: 0,
         delivered: 0,
@@ -291,7 +290,7 @@ fn passed_early(ctx: &SockOpsContext, cookie: u64) -> bool {
                 e.cookie = cookie;
                 e.action = record.action;
                 e.reason = record.reason;
-                e.route_id = record.route_id;
+                e._reserved = 0;
                 e.generation = record.generation;
                 e.record_len = 0;
                 e.family = ctx.family();
@@ -432,7 +431,6 @@ fn judge_message(ctx: &SkBuffContext, cookie: u64, work: &mut Workspace) -> u32 
     let record = VerdictRecord {
         action: decision.action,
         reason: decision.reason,
-        route_id: decision.route_id,
         generation: decision.generation,
         record_len: decision.record_len,
         delivered: u32::from(delivered),
@@ -517,7 +515,6 @@ fn defer(skb: *mut __sk_buff, cookie: u64) {
     let record = VerdictRecord {
         action: action::DEFER,
         reason: reason::UNKNOWN,
-        route_id: 0,
         generation: 0,
         record_len: len,
         delivered: 0,
@@ -531,7 +528,6 @@ fn defer(skb: *mut __sk_buff, cookie: u64) {
             let decision = Decision {
                 action: action::DEFER,
                 reason: reason::UNKNOWN,
-                route_id: 0,
                 generation: 0,
                 record_len: len,
                 name_len: 0,
@@ -748,7 +744,6 @@ pub fn gate_probe(ctx: XdpContext) -> u32 {
 pub(crate) struct Decision {
     action: u32,
     reason: u32,
-    route_id: u32,
     generation: u32,
     record_len: u32,
     name_len: u32,
@@ -767,7 +762,6 @@ pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision
     let mut decision = Decision {
         action: action::PASS,
         reason: reason::UNKNOWN,
-        route_id: 0,
         generation: config.generation,
         record_len: classified.record_len,
         name_len: 0,
@@ -791,7 +785,6 @@ pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision
         Some(host) => {
             // SAFETY: a live map value, copied out at once.
             let host = unsafe { *host };
-            decision.route_id = host.route_id;
             if host.action == action::PASSTHROUGH {
                 decision.action = action::PASSTHROUGH;
                 decision.reason = reason::PASSTHROUGH;
@@ -849,7 +842,7 @@ fn fill_event(event: *mut GateEvent, cookie: u64, decision: &Decision) {
         e.cookie = cookie;
         e.action = decision.action;
         e.reason = decision.reason;
-        e.route_id = decision.route_id;
+        e._reserved = 0;
         e.generation = decision.generation;
         e.record_len = decision.record_len;
         e.family = 0;

@@ -185,6 +185,7 @@ mod tests {
             },
             backends: Default::default(),
             unsupported_access: Default::default(),
+            unnamed: Default::default(),
         };
         Snapshot::build(&store, &settings, 1)
     }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// Lower layers first. A module may import only from layers before its own.
 const LAYERS: &[&[&str]] = &[
     // Vocabulary: what everything else speaks (the ClientHello parser is a crate of its own).
-    &["clock", "object"],
+    &["clock", "errors", "object"],
     &["diagnostics"],
     &["store"],
     // Sources fill the store; the snapshot is a pure function of it.

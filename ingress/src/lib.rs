@@ -8,6 +8,7 @@ pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod diagnostics;
+pub mod errors;
 pub mod gate;
 pub mod mapsync;
 pub mod object;

@@ -21,28 +21,25 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::registry::Registry;
 
-use crate::gate::{
-    CaseAction, Gate, GateError, HostAction as KernelAction, HostPolicy, HostRule, SyncReport,
-};
+use crate::gate::{Gate, GateError, SyncReport};
 use crate::publish::PublishHook;
 use crate::snapshot::Snapshot;
-use crate::snapshot::sni::{Admit, HostAction, UnnamedPolicy};
+use crate::snapshot::sni::SniPolicy;
 
 /// Where the kernel's host map is written: the gate, or a recording stand-in in tests.
 pub trait HostMap: Send + Sync {
-    /// Moves the map to `policy`, adding before removing.
-    fn sync_hosts(&self, policy: &HostPolicy) -> Result<SyncReport, GateError>;
+    /// Moves the map to `policy` of snapshot `generation`, adding before removing.
+    fn sync_hosts(&self, policy: &SniPolicy, generation: u64) -> Result<SyncReport, GateError>;
 }
 
 impl HostMap for Gate {
-    fn sync_hosts(&self, policy: &HostPolicy) -> Result<SyncReport, GateError> {
-        Gate::sync_hosts(self, policy)
+    fn sync_hosts(&self, policy: &SniPolicy, generation: u64) -> Result<SyncReport, GateError> {
+        Gate::sync_hosts(self, policy, generation)
     }
 }
 
 pub struct MapSync<M: HostMap = Gate> {
     map: Arc<M>,
-    unnamed: UnnamedPolicy,
     errors: Counter,
 }
 
@@ -63,22 +60,18 @@ pub fn register_metrics(registry: &mut Registry, gate: Option<&Arc<Gate>>) -> Co
 }
 
 impl<M: HostMap> MapSync<M> {
-    pub fn new(map: Arc<M>, unnamed: UnnamedPolicy, errors: Counter) -> Self {
-        Self {
-            map,
-            unnamed,
-            errors,
-        }
+    pub fn new(map: Arc<M>, errors: Counter) -> Self {
+        Self { map, errors }
     }
 
-    fn sync(&self, policy: &HostPolicy) {
-        match self.map.sync_hosts(policy) {
+    fn sync(&self, policy: &SniPolicy, generation: u64) {
+        match self.map.sync_hosts(policy, generation) {
             Ok(report) => {
                 if !report.rejected.is_empty() {
                     tracing::warn!(names = ?report.rejected, "host names that cannot be kernel keys (they can never match a ClientHello)");
                 }
                 tracing::debug!(
-                    generation = policy.generation,
+                    generation,
                     upserted = report.upserted,
                     removed = report.removed,
                     "kernel host map synced"
@@ -86,7 +79,7 @@ impl<M: HostMap> MapSync<M> {
             }
             Err(err) => {
                 self.errors.inc();
-                tracing::error!(%err, generation = policy.generation, "kernel host map sync failed");
+                tracing::error!(%err, generation, "kernel host map sync failed");
             }
         }
     }
@@ -97,61 +90,27 @@ impl<M: HostMap> PublishHook for MapSync<M> {
         if new.generation == 0 {
             return;
         }
-        self.sync(&union_policy(new, old, &self.unnamed));
+        self.sync(&union_policy(&new.sni, &old.sni), new.generation);
     }
 
     fn after(&self, new: &Snapshot, _old: &Snapshot) {
         if new.generation == 0 {
             return;
         }
-        self.sync(&kernel_policy(new, &self.unnamed));
+        self.sync(&new.sni, new.generation);
     }
 }
 
 /// What the kernel must admit while a publish from `old` to `new` is under way: both
-/// snapshots' names (a name in both keeps the rule `new` gives it), and a catch-all if either
-/// has one.
-pub fn union_policy(new: &Snapshot, old: &Snapshot, unnamed: &UnnamedPolicy) -> HostPolicy {
-    let mut union = kernel_policy(new, unnamed);
-    let previous = kernel_policy(old, unnamed);
-    for (name, rule) in previous.hosts {
-        union.hosts.entry(name).or_insert(rule);
+/// snapshots' names (a name in both keeps the action `new` gives it), a catch-all if either
+/// has one, and `new`'s answer for connections that name no host.
+pub fn union_policy(new: &SniPolicy, old: &SniPolicy) -> SniPolicy {
+    let mut union = new.clone();
+    for (name, action) in &old.names {
+        union.names.entry(name.clone()).or_insert(*action);
     }
-    union.catch_all |= previous.catch_all;
+    union.catch_all |= old.catch_all;
     union
-}
-
-/// The snapshot's SNI policy as the kernel map holds it.
-pub fn kernel_policy(snapshot: &Snapshot, unnamed: &UnnamedPolicy) -> HostPolicy {
-    let case = |admit: Admit| match admit {
-        Admit::Accept => CaseAction::Pass,
-        Admit::Reject => CaseAction::Drop,
-    };
-    HostPolicy {
-        generation: snapshot.generation,
-        hosts: snapshot
-            .sni
-            .names
-            .iter()
-            .map(|(name, action)| {
-                let action = match action {
-                    HostAction::Terminate => KernelAction::Pass,
-                    HostAction::Passthrough => KernelAction::Passthrough,
-                };
-                (
-                    name.clone(),
-                    HostRule {
-                        action,
-                        route_id: 0,
-                    },
-                )
-            })
-            .collect(),
-        catch_all: snapshot.sni.catch_all,
-        no_sni: case(unnamed.no_sni),
-        malformed: case(unnamed.malformed),
-        not_tls: case(unnamed.not_tls),
-    }
 }
 
 /// The kernel's per-CPU counters, summed at scrape time, as `ingress_ebpf_gate_total{counter}`.
@@ -219,6 +178,7 @@ mod tests {
 
     use super::*;
     use crate::publish::Published;
+    use crate::snapshot::sni::{Action, Admit};
 
     /// A host map that applies each sync as the gate does (upserts, then removals) and keeps
     /// the names it holds.
@@ -228,12 +188,12 @@ mod tests {
     }
 
     impl HostMap for Recorded {
-        fn sync_hosts(&self, policy: &HostPolicy) -> Result<SyncReport, GateError> {
+        fn sync_hosts(&self, policy: &SniPolicy, _: u64) -> Result<SyncReport, GateError> {
             let mut names = self.names.lock().unwrap();
-            let upserted = policy.hosts.len();
-            names.extend(policy.hosts.keys().cloned());
+            let upserted = policy.names.len();
+            names.extend(policy.names.keys().cloned());
             let before = names.len();
-            names.retain(|name| policy.hosts.contains_key(name));
+            names.retain(|name| policy.names.contains_key(name));
             Ok(SyncReport {
                 upserted,
                 removed: before - names.len(),
@@ -249,7 +209,7 @@ mod tests {
         };
         snapshot.sni.names = names
             .iter()
-            .map(|n| (n.to_string(), HostAction::Terminate))
+            .map(|n| (n.to_string(), Action::Pass))
             .collect();
         snapshot
     }
@@ -292,7 +252,7 @@ mod tests {
     fn published_with_sync() -> (Arc<Published>, Arc<Recorded>, Arc<Invariant>) {
         let published = Published::new();
         let map = Arc::new(Recorded::default());
-        let sync = MapSync::new(map.clone(), UnnamedPolicy::default(), Counter::default());
+        let sync = MapSync::new(map.clone(), Counter::default());
         published.add_hook(Arc::new(sync));
         let invariant = Arc::new(Invariant {
             published: Arc::downgrade(&published),
@@ -305,20 +265,19 @@ mod tests {
 
     #[test]
     fn the_union_holds_both_snapshots_names_and_the_newer_rule() {
-        let old = snapshot(1, &["a.test", "both.test"]);
-        let mut new = snapshot(2, &["b.test"]);
-        new.sni
-            .names
-            .insert("both.test".into(), HostAction::Passthrough);
-        new.sni.catch_all = false;
-        let union = union_policy(&new, &old, &UnnamedPolicy::default());
-        let names: Vec<&str> = union.hosts.keys().map(String::as_str).collect();
+        let old = snapshot(1, &["a.test", "both.test"]).sni;
+        let mut new = snapshot(2, &["b.test"]).sni;
+        new.names.insert("both.test".into(), Action::Passthrough);
+        new.unnamed.no_sni = Admit::Reject;
+        let union = union_policy(&new, &old);
+        let names: Vec<&str> = union.names.keys().map(String::as_str).collect();
         assert_eq!(names, ["a.test", "b.test", "both.test"]);
-        assert_eq!(union.hosts["both.test"].action, KernelAction::Passthrough);
-        assert_eq!(union.generation, 2);
+        assert_eq!(union.names["both.test"], Action::Passthrough);
+        assert_eq!(union.unnamed.no_sni, Admit::Reject);
+        assert!(!union.catch_all);
         let mut catch_all = old;
-        catch_all.sni.catch_all = true;
-        assert!(union_policy(&new, &catch_all, &UnnamedPolicy::default()).catch_all);
+        catch_all.catch_all = true;
+        assert!(union_policy(&new, &catch_all).catch_all);
     }
 
     #[test]

@@ -118,7 +118,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         refresh: CERTIFICATE_REFRESH,
     };
     if let Some(gate) = &gate {
-        let sync = MapSync::new(gate.clone(), args.tls.unnamed_policy(), sync_errors);
+        let sync = MapSync::new(gate.clone(), sync_errors);
         published.add_hook(Arc::new(sync));
     }
     published.add_hook(proxy_metrics.route_table());
@@ -213,7 +213,6 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         handshake: Arc::new(TlsHandshake {
             acceptor: tokio_rustls::TlsAcceptor::from(resolver::server_config(published.clone())?),
             published: published.clone(),
-            unnamed: args.tls.unnamed_policy(),
             handshake_timeout: args.tls.tls_handshake_timeout,
             metrics: proxy_metrics.clone(),
             gate: gate.clone(),
@@ -392,6 +391,7 @@ pub fn build_settings(
         },
         backends: backend_policy(source, policy),
         unsupported_access: policy.unsupported_access_annotations.into(),
+        unnamed: tls.unnamed_policy(),
     })
 }
 

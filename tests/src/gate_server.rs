@@ -14,9 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ingress::client_hello;
-use ingress::gate::{
-    Admission, Gate, GateError, GateOptions, HostAction, HostPolicy, KernelLog, Verdict,
-};
+use ingress::gate::{Action, Admission, Gate, GateError, GateOptions, KernelLog, KernelVerdict};
+use ingress::snapshot::sni::SniPolicy;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -73,14 +72,14 @@ impl Drop for AbortOnDrop {
 
 impl GateServer {
     /// Namespaces, a gate with `policy`, and the reporting server. `None` when skipping.
-    pub async fn start(tag: &str, policy: HostPolicy) -> Option<GateServer> {
+    pub async fn start(tag: &str, policy: SniPolicy) -> Option<GateServer> {
         Self::start_in(tag, policy, PinDir::new(tag), KernelLog::Off).await
     }
 
     /// As [`start`](Self::start), pinned in `pins` and logging from the kernel as told.
     pub async fn start_in(
         tag: &str,
-        policy: HostPolicy,
+        policy: SniPolicy,
         pins: PinDir,
         kernel_log: KernelLog,
     ) -> Option<GateServer> {
@@ -89,7 +88,7 @@ impl GateServer {
 
     pub async fn start_serving(
         tag: &str,
-        policy: HostPolicy,
+        policy: SniPolicy,
         pins: PinDir,
         kernel_log: KernelLog,
         kind: Server,
@@ -196,7 +195,7 @@ pub fn register(gate: &Gate, listener: &TcpListener) {
 }
 
 /// Loads a gate for [`PORT`] pinned in `pins`.
-pub fn load(pins: &Path, policy: HostPolicy, kernel_log: KernelLog) -> Result<Gate, GateError> {
+pub fn load(pins: &Path, policy: SniPolicy, kernel_log: KernelLog) -> Result<Gate, GateError> {
     Gate::load(GateOptions {
         pin_dir: pins.to_path_buf(),
         https_ports: vec![PORT],
@@ -281,7 +280,7 @@ pub async fn wait_for_sole_owner(mut gate: Arc<Gate>) -> Gate {
 }
 
 /// The verdict of a pass, or a panic naming what it was instead.
-pub fn passed(served: &Served) -> Verdict {
+pub fn passed(served: &Served) -> KernelVerdict {
     match served.admission {
         Admission::Pass(v) => v,
         ref other => panic!("expected a pass, got {other:?}"),
@@ -289,7 +288,7 @@ pub fn passed(served: &Served) -> Verdict {
 }
 
 /// The verdict of a drop, or a panic naming what it was instead.
-pub fn dropped(served: &Served) -> Verdict {
+pub fn dropped(served: &Served) -> KernelVerdict {
     match served.admission {
         Admission::Drop(v) => v,
         ref other => panic!("expected a drop, got {other:?}"),
@@ -305,8 +304,11 @@ pub fn sni_of(record: &[u8]) -> Option<String> {
 }
 
 /// A policy passing exactly `names`.
-pub fn policy(names: &[&str]) -> HostPolicy {
-    names.iter().fold(HostPolicy::default(), |p, n| {
-        p.with_host(n, HostAction::Pass)
-    })
+pub fn policy(names: &[&str]) -> SniPolicy {
+    // Every case without a name is left to userspace unless a test says otherwise.
+    names
+        .iter()
+        .fold(ingress::gate::policy::admitting_unnamed(), |p, n| {
+            p.with_host(n, Action::Pass)
+        })
 }

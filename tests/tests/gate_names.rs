@@ -454,9 +454,7 @@ fn parser_reason(bytes: &[u8], known: &BTreeSet<String>) -> Option<&'static str>
         client_hello::Peek::Done(hello) => Some(match client_hello::gate(&hello) {
             Ok(name) if known.contains(name.as_str()) => "pass",
             Ok(_) => "unknown",
-            Err(client_hello::Reason::NoSni) => "no_sni",
-            Err(client_hello::Reason::Malformed) => "malformed",
-            Err(client_hello::Reason::NotTls) => "not_tls",
+            Err(reason) => reason.as_str(),
         }),
     }
 }

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ingress::client_hello;
-use ingress::gate::{Admission, CaseAction, HostAction, HostPolicy, KernelLog, Reason, counter};
+use ingress::gate::{Action, Admission, KernelLog, Reason, counter};
+use ingress::snapshot::sni::{Admit, SniPolicy, UnnamedPolicy};
 use ingress_tests::bpftool;
 use ingress_tests::corpus::{self, Xorshift, corpus};
 use ingress_tests::gate_server::{
@@ -203,7 +204,7 @@ async fn a_two_segment_client_hello_with_the_name_in_the_second_segment() {
     );
 
     h.gate
-        .sync_hosts(&policy(&["other.example.test"]))
+        .sync_hosts(&policy(&["other.example.test"]), 0)
         .expect("sync");
     let ending = h.send(&[&hello], Duration::ZERO).await;
     assert!(matches!(ending, Ending::Reset(_)), "{ending:?}");
@@ -212,10 +213,12 @@ async fn a_two_segment_client_hello_with_the_name_in_the_second_segment() {
 
 #[tokio::test]
 async fn no_sni_garbage_and_plain_http_follow_the_configured_policy() {
-    let strict = HostPolicy {
-        no_sni: CaseAction::Drop,
-        malformed: CaseAction::Drop,
-        not_tls: CaseAction::Drop,
+    let strict = SniPolicy {
+        unnamed: UnnamedPolicy {
+            no_sni: Admit::Reject,
+            malformed: Admit::Reject,
+            not_tls: Admit::Reject,
+        },
         ..policy(&["curl.example.test"])
     };
     let Some(mut h) = GateServer::start("cases", strict.clone()).await else {
@@ -233,12 +236,15 @@ async fn no_sni_garbage_and_plain_http_follow_the_configured_policy() {
         assert_eq!(dropped(&h.next().await).reason, reason, "{file}");
     }
 
-    let lenient = HostPolicy {
-        not_tls: CaseAction::Pass,
-        no_sni: CaseAction::Pass,
+    let lenient = SniPolicy {
+        unnamed: UnnamedPolicy {
+            not_tls: Admit::Accept,
+            no_sni: Admit::Accept,
+            ..strict.unnamed
+        },
         ..strict
     };
-    h.gate.sync_hosts(&lenient).expect("sync");
+    h.gate.sync_hosts(&lenient, 0).expect("sync");
     let http = corpus("http-get.bin");
     let ending = h.send(&[&http], Duration::ZERO).await;
     assert!(matches!(ending, Ending::Closed), "{ending:?}");
@@ -289,7 +295,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
 
     // Start again on the same pins: the policy is already there, nothing to write.
     let gate = Arc::new(load(&pins, first.clone(), KernelLog::Off).expect("reload"));
-    let report = gate.sync_hosts(&first).expect("sync");
+    let report = gate.sync_hosts(&first, 0).expect("sync");
     assert_eq!((report.upserted, report.removed), (0, 0), "{report:?}");
     assert!(
         gate.counters().expect("counters").get(counter::PASS) >= passes_before,
@@ -313,7 +319,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
     // And a policy change after the restart removes only what it must.
     let report = h
         .gate
-        .sync_hosts(&policy(&["keep.example.test"]))
+        .sync_hosts(&policy(&["keep.example.test"]), 0)
         .expect("sync");
     assert_eq!((report.upserted, report.removed), (0, 1), "{report:?}");
     h.send(&[&corpus("curl-tls13.bin")], Duration::ZERO).await;
@@ -323,11 +329,11 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
 #[tokio::test]
 async fn bpftool_map_dump_shows_host_names() {
     let names = policy(&["shop.example.test", "*.apps.example.test"]);
-    let names = HostPolicy {
-        hosts: names.hosts,
-        ..HostPolicy::default()
+    let names = SniPolicy {
+        names: names.names,
+        ..SniPolicy::default()
     }
-    .with_host("tls.example.test", HostAction::Passthrough);
+    .with_host("tls.example.test", Action::Passthrough);
     let Some(h) = GateServer::start("bpftool", names).await else {
         return;
     };
@@ -388,9 +394,7 @@ async fn corpus_verdicts_match_the_userspace_parser() {
                 (Reason::Pass, Some(name.to_string()))
             }
             Ok(name) => (Reason::Unknown, Some(name.to_string())),
-            Err(client_hello::Reason::NoSni) => (Reason::NoSni, None),
-            Err(client_hello::Reason::Malformed) => (Reason::Malformed, None),
-            Err(client_hello::Reason::NotTls) => (Reason::NotTls, None),
+            Err(reason) => (reason, None),
         };
         let got = h
             .gate
@@ -575,9 +579,7 @@ async fn mutated_hellos_get_the_same_verdict_from_kernel_and_userspace() {
                     (Reason::Pass, Some(name.to_string()))
                 }
                 Ok(name) => (Reason::Unknown, Some(name.to_string())),
-                Err(client_hello::Reason::NoSni) => (Reason::NoSni, None),
-                Err(client_hello::Reason::Malformed) => (Reason::Malformed, None),
-                Err(client_hello::Reason::NotTls) => (Reason::NotTls, None),
+                Err(reason) => (reason, None),
             };
             let got = h
                 .gate
@@ -733,9 +735,7 @@ async fn edge_cases_get_the_same_verdict_from_kernel_and_userspace() {
                     Some(name.to_string()),
                 )
             }
-            Err(client_hello::Reason::NoSni) => (Reason::NoSni, None),
-            Err(client_hello::Reason::Malformed) => (Reason::Malformed, None),
-            Err(client_hello::Reason::NotTls) => (Reason::NotTls, None),
+            Err(reason) => (reason, None),
         };
         let got = h
             .gate

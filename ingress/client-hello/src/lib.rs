@@ -150,16 +150,9 @@ pub enum Field {
     SupportedVersions,
 }
 
-/// What the gate policy is keyed on when there is no name to look up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    /// A valid ClientHello without `server_name`.
-    NoSni,
-    /// TLS, but not a ClientHello we can read.
-    Malformed,
-    /// Not TLS at all (plain HTTP, SSLv2, noise).
-    NotTls,
-}
+/// Why a connection is decided as it is, shared with the kernel programs: the parser yields
+/// `NoSni`, `Malformed` or `NotTls` when there is no name to look up.
+pub use ingress_common::Reason;
 
 /// A parsed ClientHello: only what the gate and the proxy need, borrowed from the record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -404,22 +397,6 @@ impl Field {
 }
 
 impl std::fmt::Display for Field {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Reason {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Reason::NoSni => "no_sni",
-            Reason::Malformed => "malformed",
-            Reason::NotTls => "not_tls",
-        }
-    }
-}
-
-impl std::fmt::Display for Reason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }

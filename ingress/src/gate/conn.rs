@@ -7,7 +7,7 @@ use ingress_common::{MAX_FRAGMENT_LEN, RECORD_HEADER_LEN};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::{Admission, Gate, GateError, Result, Verdict, events, lock, sys};
+use super::{Admission, Gate, GateError, KernelVerdict, Result, events, lock, sys};
 
 /// How often a waiting `admit` looks at VERDICTS itself, in case the event was lost (ring
 /// buffer full) — counted as `event_lost`, never a hang.
@@ -134,7 +134,7 @@ impl Gate {
     pub async fn take_first_record(
         &self,
         stream: &mut TcpStream,
-        verdict: &Verdict,
+        verdict: &KernelVerdict,
     ) -> Result<Vec<u8>> {
         let cookie = verdict.cookie;
         // Passed before accept: the socket never joined SOCKS, and every byte is still in its

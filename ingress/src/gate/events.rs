@@ -282,7 +282,6 @@ mod tests {
         VerdictRecord {
             action,
             reason: reason::PASS,
-            route_id: 0,
             generation: 0,
             record_len: 5,
             delivered: 0,

@@ -147,7 +147,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
     });
     match &options.policy {
         Some(policy) => {
-            shared.sync_hosts(policy)?;
+            shared.sync_hosts(policy, 0)?;
         }
         None => shared.adopt_config()?,
     }

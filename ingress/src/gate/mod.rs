@@ -47,12 +47,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf, SkStorage, SockHash};
-use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action, reason};
+use ingress_common::{GateEvent, HostKey, HostValue, VerdictRecord, action};
+
+// aya's syscall errors keep the errno in a source: errors are shown with their chain.
+use crate::errors::chain;
+use crate::snapshot::sni::SniPolicy;
 
 pub use conn::Screened;
 pub use early::{EarlyReset, Shadowed};
 pub use ingress_common::counter;
-pub use policy::{CaseAction, HostAction, HostPolicy, HostRule, SyncPlan, plan};
+pub use ingress_common::{Action, Reason};
+pub use policy::{SyncPlan, plan};
 pub use splice::{
     PinnedSpliceEntries, Progress, Splice, SpliceEnd, SpliceStep, Unspliced, pinned_entries,
 };
@@ -230,7 +235,7 @@ pub struct GateOptions {
     pub https_ports: Vec<u16>,
     /// The policy to write at load; `None` leaves the pinned HOSTS (and CONFIG's policy) as a
     /// previous run left them until the first `sync_hosts`.
-    pub policy: Option<HostPolicy>,
+    pub policy: Option<SniPolicy>,
     /// Gate only sockets in this network namespace; `None`: the calling thread's.
     pub netns_cookie: Option<u64>,
     /// How long `admit` waits for a verdict and `take_first_record` for the record's bytes.
@@ -267,50 +272,11 @@ impl Default for GateOptions {
     }
 }
 
-/// Why the kernel decided as it did; labels match `ingress::client_hello::Reason` where they
-/// overlap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    Pass,
-    Passthrough,
-    Unknown,
-    NoSni,
-    Malformed,
-    NotTls,
-}
-
-impl Reason {
-    fn from_kernel(value: u32) -> Option<Reason> {
-        Some(match value {
-            reason::PASS => Reason::Pass,
-            reason::PASSTHROUGH => Reason::Passthrough,
-            reason::UNKNOWN => Reason::Unknown,
-            reason::NO_SNI => Reason::NoSni,
-            reason::MALFORMED => Reason::Malformed,
-            reason::NOT_TLS => Reason::NotTls,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Reason::Pass => "pass",
-            Reason::Passthrough => "passthrough",
-            Reason::Unknown => "unknown",
-            Reason::NoSni => "no_sni",
-            Reason::Malformed => "malformed",
-            Reason::NotTls => "not_tls",
-        }
-    }
-}
-
-/// The kernel's verdict on one connection.
+/// The kernel's verdict on one connection (what to do with it is the [`Admission`] holding it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub struct KernelVerdict {
     pub cookie: u64,
     pub reason: Reason,
-    /// From the matching host rule, else 0.
-    pub route_id: u32,
     /// Low 32 bits of the policy generation the kernel decided with.
     pub generation: u32,
     /// Bytes of the first record (or of what arrived, for bytes that were not TLS).
@@ -323,14 +289,14 @@ pub struct Verdict {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admission {
     /// Serve it: `take_first_record`, then TLS.
-    Pass(Verdict),
+    Pass(KernelVerdict),
     /// Hand it to the backend untouched; `take_first_record` gives the bytes to forward.
-    Passthrough(Verdict),
+    Passthrough(KernelVerdict),
     /// Reset it with `reject` without reading.
-    Drop(Verdict),
+    Drop(KernelVerdict),
     /// The kernel could not decide (no free workspace): `take_first_record`, then decide in
     /// userspace.
-    Deferred(Verdict),
+    Deferred(KernelVerdict),
     /// sock_ops did not gate this socket (SOCKS or VERDICTS was full, or the connection was
     /// accepted by the listener before it was registered): decide in userspace.
     Ungated,
@@ -363,7 +329,6 @@ pub struct ProbeResult {
     pub reason: Reason,
     /// `true` if the connection would be dropped.
     pub drop: bool,
-    pub route_id: u32,
     pub record_len: u32,
     /// The lowercased `server_name` when the kernel read a valid one.
     pub name: Option<String>,
@@ -429,8 +394,8 @@ impl Gate {
 
     /// Moves HOSTS and CONFIG to `desired`: new and changed names first, then the config,
     /// then removals, so a name valid before and after is never missing.
-    pub fn sync_hosts(&self, desired: &HostPolicy) -> Result<SyncReport> {
-        self.shared.sync_hosts(desired)
+    pub fn sync_hosts(&self, desired: &SniPolicy, generation: u64) -> Result<SyncReport> {
+        self.shared.sync_hosts(desired, generation)
     }
 
     /// Summed per-CPU counters, for `/metrics`.
@@ -515,21 +480,21 @@ impl Drop for Gate {
 }
 
 impl Shared {
-    fn sync_hosts(&self, desired: &HostPolicy) -> Result<SyncReport> {
-        let (entries, rejected) = desired.entries();
+    fn sync_hosts(&self, desired: &SniPolicy, generation: u64) -> Result<SyncReport> {
+        let (entries, rejected) = policy::entries(desired);
         for name in &rejected {
             tracing::warn!(
                 name,
                 "host name cannot be a kernel key and can never match; left out"
             );
         }
-        let config = desired.config(self.netns_cookie, &self.ports);
-        self.write_hosts(desired, &entries, config, &rejected)
+        let config = policy::config(desired, generation, self.netns_cookie, &self.ports);
+        self.write_hosts(generation, &entries, config, &rejected)
     }
 
     fn write_hosts(
         &self,
-        desired: &HostPolicy,
+        generation: u64,
         entries: &std::collections::BTreeMap<HostKey, HostValue>,
         config: ingress_common::GateConfig,
         rejected: &[String],
@@ -562,7 +527,7 @@ impl Shared {
         }
         if !steps.is_empty() {
             tracing::debug!(
-                generation = desired.generation,
+                generation,
                 upserted = steps.upserts.len(),
                 removed = steps.removals.len(),
                 "kernel host policy synced"
@@ -582,9 +547,19 @@ impl Shared {
         let mut config = lock(&self.config);
         let mut current = match config.get(&0, 0) {
             Ok(pinned) if pinned.port_count != 0 => pinned,
-            _ => HostPolicy::default().config(self.netns_cookie, &self.ports),
+            _ => policy::config(
+                &policy::admitting_unnamed(),
+                0,
+                self.netns_cookie,
+                &self.ports,
+            ),
         };
-        let fresh = HostPolicy::default().config(self.netns_cookie, &self.ports);
+        let fresh = policy::config(
+            &policy::admitting_unnamed(),
+            0,
+            self.netns_cookie,
+            &self.ports,
+        );
         current.netns_cookie = fresh.netns_cookie;
         current.ports = fresh.ports;
         current.port_count = fresh.port_count;
@@ -610,27 +585,25 @@ impl Shared {
         let mut probe = lock(&self.probe);
         let event = probe.run(program, bytes)?;
         let reason =
-            Reason::from_kernel(event.reason).ok_or(GateError::Probe(std::io::Error::other(
+            Reason::from_u32(event.reason).ok_or(GateError::Probe(std::io::Error::other(
                 format!("the probe wrote no verdict (reason {})", event.reason),
             )))?;
         Ok(ProbeResult {
             reason,
             drop: event.action == action::DROP,
-            route_id: event.route_id,
             record_len: event.record_len,
             name: (event.name_len > 0).then(|| String::from_utf8_lossy(event.name()).into_owned()),
         })
     }
 }
 
-fn verdict_of(cookie: u64, record: &VerdictRecord) -> Option<(u32, Verdict)> {
-    let reason = Reason::from_kernel(record.reason)?;
+fn verdict_of(cookie: u64, record: &VerdictRecord) -> Option<(u32, KernelVerdict)> {
+    let reason = Reason::from_u32(record.reason)?;
     Some((
         record.action,
-        Verdict {
+        KernelVerdict {
             cookie,
             reason,
-            route_id: record.route_id,
             generation: record.generation,
             record_len: record.record_len,
             delivered: record.delivered != 0,
@@ -642,23 +615,10 @@ fn record_of(event: &GateEvent) -> VerdictRecord {
     VerdictRecord {
         action: event.action,
         reason: event.reason,
-        route_id: event.route_id,
         generation: event.generation,
         record_len: event.record_len,
         delivered: u32::from(event.payload_len != 0),
     }
-}
-
-/// An error and its sources on one line: aya's syscall errors keep the errno in the source.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
 }
 
 /// Locks a mutex, recovering it if a holder panicked: every guarded value is a map handle or

@@ -1,5 +1,6 @@
-//! The policy the kernel applies, and the pure diff that moves the HOSTS map from one policy to
-//! the next without a gap.
+//! The snapshot's SNI policy as the kernel's maps hold it (converted here, at the map boundary,
+//! and nowhere else), and the pure diff that moves the HOSTS map from one policy to the next
+//! without a gap.
 //!
 //! Invariant: while a plan is applied step by step, a name valid in both the old and the new
 //! policy is present at every step (upserts first, then removals), so no known host is ever
@@ -7,114 +8,61 @@
 
 use std::collections::BTreeMap;
 
-use ingress_common::{GateConfig, HostKey, HostValue, MAX_PORTS, action};
+use ingress_common::{GateConfig, HostKey, HostValue, MAX_PORTS};
 
-/// What the gate does for a name in the policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum HostAction {
-    /// Userspace terminates TLS.
-    Pass,
-    /// The stream is handed to the backend untouched (TLS passthrough).
-    Passthrough,
-}
+use crate::snapshot::sni::{Admit, SniPolicy, UnnamedPolicy};
 
-/// A HOSTS entry as the caller describes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct HostRule {
-    pub action: HostAction,
-    /// Opaque to the kernel; returned with the verdict so the caller can find the route (for
-    /// example a passthrough target) without parsing the ClientHello again.
-    pub route_id: u32,
-}
-
-/// What happens when there is no name to look up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum CaseAction {
-    /// Userspace decides (and usually fails the handshake or answers with an error).
-    #[default]
-    Pass,
-    /// Reset without reading anything.
-    Drop,
-}
-
-/// The whole kernel policy: names plus the per-case verdicts.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct HostPolicy {
-    /// The snapshot generation this policy comes from; the kernel reports its low 32 bits with
-    /// every verdict.
-    pub generation: u64,
-    /// Lowercase host names and `*.parent` wildcards (one label, as Ingress hosts mean them).
-    pub hosts: BTreeMap<String, HostRule>,
-    /// Admit names not in `hosts` (a default backend with a certificate exists).
-    pub catch_all: bool,
-    /// A valid ClientHello without `server_name`.
-    pub no_sni: CaseAction,
-    /// TLS that is not a ClientHello we can read.
-    pub malformed: CaseAction,
-    /// Not TLS at all, such as plain HTTP sent to the HTTPS port.
-    pub not_tls: CaseAction,
-}
-
-impl HostPolicy {
-    /// Adds a name with route id 0.
-    pub fn with_host(mut self, name: &str, action: HostAction) -> HostPolicy {
-        self.hosts.insert(
-            name.to_ascii_lowercase(),
-            HostRule {
-                action,
-                route_id: 0,
-            },
-        );
-        self
-    }
-
-    /// The HOSTS entries, and the names that cannot be keys (empty, NUL, 256 bytes or more).
-    /// Such names could never match a ClientHello, so leaving them out changes nothing.
-    pub fn entries(&self) -> (BTreeMap<HostKey, HostValue>, Vec<String>) {
-        let mut entries = BTreeMap::new();
-        let mut rejected = Vec::new();
-        for (name, rule) in &self.hosts {
-            match HostKey::new(name.as_bytes()) {
-                Some(key) => {
-                    let action = match rule.action {
-                        HostAction::Pass => action::PASS,
-                        HostAction::Passthrough => action::PASSTHROUGH,
-                    };
-                    entries.insert(
-                        key,
-                        HostValue {
-                            action,
-                            route_id: rule.route_id,
-                        },
-                    );
-                }
-                None => rejected.push(name.clone()),
+/// The HOSTS entries for `policy`, and the names that cannot be keys (empty, NUL, 256 bytes or
+/// more). Such names could never match a ClientHello, so leaving them out changes nothing.
+pub fn entries(policy: &SniPolicy) -> (BTreeMap<HostKey, HostValue>, Vec<String>) {
+    let mut entries = BTreeMap::new();
+    let mut rejected = Vec::new();
+    for (name, action) in &policy.names {
+        match HostKey::new(name.as_bytes()) {
+            Some(key) => {
+                entries.insert(
+                    key,
+                    HostValue {
+                        action: *action as u32,
+                    },
+                );
             }
+            None => rejected.push(name.clone()),
         }
-        (entries, rejected)
     }
+    (entries, rejected)
+}
 
-    /// The CONFIG entry for this policy.
-    pub fn config(&self, netns_cookie: u64, ports: &[u16]) -> GateConfig {
-        let mut port_array = [0u16; MAX_PORTS];
-        for (slot, &port) in port_array.iter_mut().zip(ports) {
-            *slot = port;
-        }
-        let case = |c: CaseAction| match c {
-            CaseAction::Pass => action::PASS,
-            CaseAction::Drop => action::DROP,
-        };
-        GateConfig {
-            netns_cookie,
-            // The kernel field is 32 bits; the low half is enough to tell adjacent ones apart.
-            generation: u32::try_from(self.generation & u64::from(u32::MAX)).unwrap_or(u32::MAX),
-            catch_all: u32::from(self.catch_all),
-            no_sni: case(self.no_sni),
-            malformed: case(self.malformed),
-            not_tls: case(self.not_tls),
-            port_count: u32::try_from(ports.len().min(MAX_PORTS)).unwrap_or(0),
-            ports: port_array,
-        }
+/// The CONFIG entry for `policy`, published as snapshot `generation`.
+pub fn config(policy: &SniPolicy, generation: u64, netns_cookie: u64, ports: &[u16]) -> GateConfig {
+    let mut port_array = [0u16; MAX_PORTS];
+    for (slot, &port) in port_array.iter_mut().zip(ports) {
+        *slot = port;
+    }
+    let case = |admit: Admit| admit.action() as u32;
+    GateConfig {
+        netns_cookie,
+        // The kernel field is 32 bits; the low half is enough to tell adjacent ones apart.
+        generation: u32::try_from(generation & u64::from(u32::MAX)).unwrap_or(u32::MAX),
+        catch_all: u32::from(policy.catch_all),
+        no_sni: case(policy.unnamed.no_sni),
+        malformed: case(policy.unnamed.malformed),
+        not_tls: case(policy.unnamed.not_tls),
+        port_count: u32::try_from(ports.len().min(MAX_PORTS)).unwrap_or(0),
+        ports: port_array,
+    }
+}
+
+/// A policy that admits every connection that names no host, for a CONFIG written before any
+/// snapshot: userspace then decides, never the kernel from a policy nobody chose.
+pub fn admitting_unnamed() -> SniPolicy {
+    SniPolicy {
+        unnamed: UnnamedPolicy {
+            no_sni: Admit::Accept,
+            malformed: Admit::Accept,
+            not_tls: Admit::Accept,
+        },
+        ..SniPolicy::default()
     }
 }
 
@@ -154,6 +102,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ingress_common::{Action, action};
     use proptest::prelude::*;
 
     fn key(name: &str) -> HostKey {
@@ -161,10 +110,7 @@ mod tests {
     }
 
     fn value(action: u32) -> HostValue {
-        HostValue {
-            action,
-            route_id: 0,
-        }
+        HostValue { action }
     }
 
     fn map(entries: &[(&str, u32)]) -> BTreeMap<HostKey, HostValue> {
@@ -206,12 +152,12 @@ mod tests {
     #[test]
     fn entries_lowercase_and_set_aside_names_that_cannot_be_keys() {
         let long = "a".repeat(256);
-        let policy = HostPolicy::default()
-            .with_host("Shop.Example", HostAction::Pass)
-            .with_host("*.tls.example", HostAction::Passthrough)
-            .with_host(&long, HostAction::Pass)
-            .with_host("", HostAction::Pass);
-        let (entries, rejected) = policy.entries();
+        let policy = SniPolicy::default()
+            .with_host("Shop.Example", Action::Pass)
+            .with_host("*.tls.example", Action::Passthrough)
+            .with_host(&long, Action::Pass)
+            .with_host("", Action::Pass);
+        let (entries, rejected) = entries(&policy);
         assert_eq!(
             entries.get(&key("shop.example")),
             Some(&value(action::PASS))
@@ -226,15 +172,16 @@ mod tests {
 
     #[test]
     fn config_carries_the_cases_and_ports() {
-        let policy = HostPolicy {
-            generation: (7u64 << 32) | 9,
+        let policy = SniPolicy {
             catch_all: true,
-            no_sni: CaseAction::Drop,
-            malformed: CaseAction::Pass,
-            not_tls: CaseAction::Drop,
-            ..HostPolicy::default()
+            unnamed: UnnamedPolicy {
+                no_sni: Admit::Reject,
+                malformed: Admit::Accept,
+                not_tls: Admit::Reject,
+            },
+            ..SniPolicy::default()
         };
-        let config = policy.config(42, &[443, 8443]);
+        let config = config(&policy, (7u64 << 32) | 9, 42, &[443, 8443]);
         assert_eq!(config.netns_cookie, 42);
         assert_eq!(config.generation, 9);
         assert_eq!(config.catch_all, 1);
@@ -252,15 +199,7 @@ mod tests {
             "a.test", "b.test", "c.test", "*.d.test", "e.test", "f.test",
         ]);
         let action = prop::sample::select(vec![action::PASS, action::PASSTHROUGH]);
-        let route = 0u32..3;
-        prop::collection::btree_map(
-            name.prop_map(key),
-            (action, route).prop_map(|(a, r)| HostValue {
-                action: a,
-                route_id: r,
-            }),
-            0..6,
-        )
+        prop::collection::btree_map(name.prop_map(key), action.prop_map(value), 0..6)
     }
 
     proptest! {

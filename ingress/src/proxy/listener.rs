@@ -23,8 +23,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::caps::ConnectionCaps;
-use super::h1::{self, rewind::Rewind};
+use super::h1;
 use super::metrics::{ListenerLabels, ProxyMetrics, RefusedLabels};
+use super::rewind::Rewind;
 pub use super::settings::HttpSettings;
 use super::{ConnInfo, Proxy, h2};
 

@@ -25,6 +25,7 @@ pub mod passthrough;
 pub mod phase;
 pub mod pool;
 pub mod respond;
+pub mod rewind;
 pub mod settings;
 pub mod tls;
 pub mod upstream;

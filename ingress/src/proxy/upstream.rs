@@ -1,6 +1,5 @@
 //! Upstream failures, and the status codes operators expect for each.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -48,17 +47,6 @@ impl UpstreamError {
     }
 
     pub fn from_hyper(err: hyper::Error) -> Self {
-        UpstreamError::Protocol(chain(&err))
+        UpstreamError::Protocol(crate::errors::chain(&err))
     }
-}
-
-fn chain(err: &hyper::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }

@@ -47,6 +47,8 @@ pub struct BuildSettings {
     pub backends: BackendPolicy,
     /// `--unsupported-access-annotations`.
     pub unsupported_access: UnsupportedAccess,
+    /// `--no-sni`, `--malformed-tls`, `--not-tls`: the gate's answer when there is no name.
+    pub unnamed: sni::UnnamedPolicy,
 }
 
 /// One immutable routing state.
@@ -198,16 +200,16 @@ impl Snapshot {
         let mut hosts = HostTable::default();
         let mut sni = sni::SniPolicy {
             catch_all: builder.default_backend.is_some(),
+            unnamed: settings.unnamed,
             ..Default::default()
         };
         for (pattern, host) in builder.hosts {
             match &pattern {
                 HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::HostAction::Terminate);
+                    sni.names.insert(name.clone(), sni::Action::Pass);
                 }
                 HostPattern::Wildcard(parent) => {
-                    sni.names
-                        .insert(format!("*.{parent}"), sni::HostAction::Terminate);
+                    sni.names.insert(format!("*.{parent}"), sni::Action::Pass);
                 }
                 HostPattern::Any => sni.catch_all = true,
             }
@@ -222,11 +224,11 @@ impl Snapshot {
         for (pattern, route) in builder.passthrough {
             match &pattern {
                 HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::HostAction::Passthrough);
+                    sni.names.insert(name.clone(), sni::Action::Passthrough);
                 }
                 HostPattern::Wildcard(parent) => {
                     sni.names
-                        .insert(format!("*.{parent}"), sni::HostAction::Passthrough);
+                        .insert(format!("*.{parent}"), sni::Action::Passthrough);
                 }
                 HostPattern::Any => {}
             }
@@ -641,6 +643,7 @@ pub(crate) mod testing {
                 addresses: AddressPolicy::refusing_local([HOST_ADDRESS.parse().unwrap()]),
             },
             unsupported_access: UnsupportedAccess::Refuse,
+            unnamed: sni::UnnamedPolicy::default(),
         }
     }
 }

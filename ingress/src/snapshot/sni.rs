@@ -3,38 +3,36 @@
 //! mirrors it from the HOSTS map, and userspace mode calls it directly.
 //!
 //! ```text
-//!   ClientHello ─ name ─ lookup(exact, then "*." + parent) ─ Terminate   → pass
+//!   ClientHello ─ name ─ lookup(exact, then "*." + parent) ─ Pass        → pass
 //!        │                                                └ Passthrough → passthrough
 //!        │                                                └ none: catch-all ? pass : drop (unknown)
-//!        └ no name / malformed / not TLS ─ the configured verdict for that case
+//!        └ no name / malformed / not TLS ─ the configured action for that case (unnamed)
 //! ```
+//!
+//! The action and reason types are the kernel's own (`ingress_common`), converted to and from
+//! their map values once, in `gate::policy`.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use crate::client_hello::{self, ClientHello, Reason, Reject};
+use crate::client_hello::{self, ClientHello, Reject};
+pub use ingress_common::{Action, Reason};
 
-/// What a known name does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum HostAction {
-    /// TLS is terminated here and the request routed by the proxy.
-    Terminate,
-    /// TLS is left to the backend; the stream is routed by SNI alone.
-    Passthrough,
-}
-
-/// The names the gate admits. Wildcards are stored as `*.parent`, which is also what
-/// `bpftool map dump` shows for them.
+/// The names the gate admits, and what it does with connections that name none. Wildcards are
+/// stored as `*.parent`, which is also what `bpftool map dump` shows for them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SniPolicy {
-    pub names: BTreeMap<String, HostAction>,
+    /// Each known name's action: [`Action::Pass`] (TLS terminated here) or
+    /// [`Action::Passthrough`] (TLS left to the backend, the stream routed by SNI alone).
+    pub names: BTreeMap<String, Action>,
     /// Admit every name: some Ingress has host-less rules or a default backend.
     pub catch_all: bool,
+    /// What happens when there is no name to look up.
+    pub unnamed: UnnamedPolicy,
 }
 
 impl SniPolicy {
     /// Exact name first, then the wildcard one label up.
-    pub fn lookup(&self, name: &str) -> Option<HostAction> {
+    pub fn lookup(&self, name: &str) -> Option<Action> {
         if let Some(action) = self.names.get(name) {
             return Some(*action);
         }
@@ -44,52 +42,11 @@ impl SniPolicy {
         }
         self.names.get(&format!("*.{parent}")).copied()
     }
-}
 
-/// What happens to a connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Verdict {
-    Pass,
-    Drop,
-    Passthrough,
-}
-
-/// Why; these are the gate's counter labels, and the kernel counts the same six.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum GateReason {
-    Pass,
-    Unknown,
-    NoSni,
-    Malformed,
-    NotTls,
-    Passthrough,
-}
-
-impl GateReason {
-    pub const ALL: [GateReason; 6] = [
-        GateReason::Pass,
-        GateReason::Unknown,
-        GateReason::NoSni,
-        GateReason::Malformed,
-        GateReason::NotTls,
-        GateReason::Passthrough,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GateReason::Pass => "pass",
-            GateReason::Unknown => "unknown",
-            GateReason::NoSni => "no_sni",
-            GateReason::Malformed => "malformed",
-            GateReason::NotTls => "not_tls",
-            GateReason::Passthrough => "passthrough",
-        }
-    }
-}
-
-impl fmt::Display for GateReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+    /// The policy with `name` (lower-cased) added: for tests and callers building by hand.
+    pub fn with_host(mut self, name: &str, action: Action) -> SniPolicy {
+        self.names.insert(name.to_ascii_lowercase(), action);
+        self
     }
 }
 
@@ -98,6 +55,16 @@ impl fmt::Display for GateReason {
 pub enum Admit {
     Accept,
     Reject,
+}
+
+impl Admit {
+    /// The gate's action for a connection in this case.
+    pub fn action(self) -> Action {
+        match self {
+            Admit::Accept => Action::Pass,
+            Admit::Reject => Action::Drop,
+        }
+    }
 }
 
 /// The configured verdicts for first records that name no host.
@@ -123,31 +90,22 @@ impl Default for UnnamedPolicy {
     }
 }
 
-/// The decision for one connection's first record.
-pub fn decide(
-    policy: &SniPolicy,
-    unnamed: &UnnamedPolicy,
-    hello: &Result<ClientHello<'_>, Reject>,
-) -> (Verdict, GateReason) {
+/// The decision for one connection's first record: what to do, and why.
+pub fn decide(policy: &SniPolicy, hello: &Result<ClientHello<'_>, Reject>) -> (Action, Reason) {
     match client_hello::gate(hello) {
         Ok(name) => match policy.lookup(name.as_str()) {
-            Some(HostAction::Terminate) => (Verdict::Pass, GateReason::Pass),
-            Some(HostAction::Passthrough) => (Verdict::Passthrough, GateReason::Passthrough),
-            None if policy.catch_all => (Verdict::Pass, GateReason::Pass),
-            None => (Verdict::Drop, GateReason::Unknown),
+            Some(Action::Passthrough) => (Action::Passthrough, Reason::Passthrough),
+            Some(_) => (Action::Pass, Reason::Pass),
+            None if policy.catch_all => (Action::Pass, Reason::Pass),
+            None => (Action::Drop, Reason::Unknown),
         },
         Err(reason) => {
-            let (admit, reason) = match reason {
-                Reason::NoSni => (unnamed.no_sni, GateReason::NoSni),
-                Reason::Malformed => (unnamed.malformed, GateReason::Malformed),
-                Reason::NotTls => (unnamed.not_tls, GateReason::NotTls),
+            let admit = match reason {
+                Reason::NoSni => policy.unnamed.no_sni,
+                Reason::NotTls => policy.unnamed.not_tls,
+                _ => policy.unnamed.malformed,
             };
-            let verdict = if admit == Admit::Accept {
-                Verdict::Pass
-            } else {
-                Verdict::Drop
-            };
-            (verdict, reason)
+            (admit.action(), reason)
         }
     }
 }
@@ -156,10 +114,11 @@ pub fn decide(
 mod tests {
     use super::*;
 
-    fn policy(names: &[(&str, HostAction)], catch_all: bool) -> SniPolicy {
+    fn policy(names: &[(&str, Action)], catch_all: bool) -> SniPolicy {
         SniPolicy {
             names: names.iter().map(|(n, a)| (n.to_string(), *a)).collect(),
             catch_all,
+            unnamed: UnnamedPolicy::default(),
         }
     }
 
@@ -167,14 +126,14 @@ mod tests {
     fn lookup_table() {
         let p = policy(
             &[
-                ("a.example.com", HostAction::Terminate),
-                ("*.w.example.com", HostAction::Passthrough),
+                ("a.example.com", Action::Pass),
+                ("*.w.example.com", Action::Passthrough),
             ],
             false,
         );
         let cases = [
-            ("a.example.com", Some(HostAction::Terminate)),
-            ("x.w.example.com", Some(HostAction::Passthrough)),
+            ("a.example.com", Some(Action::Pass)),
+            ("x.w.example.com", Some(Action::Passthrough)),
             ("y.x.w.example.com", None),
             ("w.example.com", None),
             ("b.example.com", None),
@@ -187,34 +146,31 @@ mod tests {
 
     #[test]
     fn unnamed_cases_follow_configuration() {
-        let p = policy(&[], false);
-        let strict = UnnamedPolicy {
+        let with = |unnamed: UnnamedPolicy| SniPolicy {
+            unnamed,
+            ..policy(&[], false)
+        };
+        let strict = with(UnnamedPolicy {
             no_sni: Admit::Reject,
             malformed: Admit::Reject,
             not_tls: Admit::Reject,
-        };
-        let lax = UnnamedPolicy {
+        });
+        let lax = with(UnnamedPolicy {
             no_sni: Admit::Accept,
             malformed: Admit::Accept,
             not_tls: Admit::Accept,
-        };
+        });
         let not_tls: Result<ClientHello<'_>, Reject> = Err(Reject::NotTls);
         let malformed: Result<ClientHello<'_>, Reject> = Err(Reject::NotClientHello);
+        assert_eq!(decide(&strict, &not_tls), (Action::Drop, Reason::NotTls));
+        assert_eq!(decide(&lax, &not_tls), (Action::Pass, Reason::NotTls));
         assert_eq!(
-            decide(&p, &strict, &not_tls),
-            (Verdict::Drop, GateReason::NotTls)
+            decide(&strict, &malformed),
+            (Action::Drop, Reason::Malformed)
         );
         assert_eq!(
-            decide(&p, &lax, &not_tls),
-            (Verdict::Pass, GateReason::NotTls)
-        );
-        assert_eq!(
-            decide(&p, &strict, &malformed),
-            (Verdict::Drop, GateReason::Malformed)
-        );
-        assert_eq!(
-            decide(&p, &UnnamedPolicy::default(), &malformed),
-            (Verdict::Drop, GateReason::Malformed)
+            decide(&policy(&[], false), &malformed),
+            (Action::Drop, Reason::Malformed)
         );
     }
 }

@@ -765,11 +765,11 @@ spec:
     assert_eq!(target("other.example.com"), None);
     assert_eq!(
         snap.sni.lookup("db.example.com"),
-        Some(sni::HostAction::Passthrough)
+        Some(sni::Action::Passthrough)
     );
     assert_eq!(
         snap.sni.lookup("x.mtls.example.com"),
-        Some(sni::HostAction::Passthrough)
+        Some(sni::Action::Passthrough)
     );
     // The host-less rule still serves plain HTTP, so the gate admits every name.
     assert!(snap.sni.catch_all);

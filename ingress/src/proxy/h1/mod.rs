@@ -31,7 +31,6 @@
 mod deadline;
 mod exchange;
 pub mod response;
-pub mod rewind;
 pub mod streams;
 mod tunnel;
 
@@ -44,10 +43,10 @@ use http::{StatusCode, Version as HttpVersion};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::proxy::rewind::Rewind;
 use deadline::Deadline;
 use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
-use rewind::Rewind;
 
 use super::phase::route::Refusal;
 use super::settings::HttpSettings;

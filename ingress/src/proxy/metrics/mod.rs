@@ -33,7 +33,7 @@ pub mod passthrough;
 use crate::gate::{Gate, counter};
 use crate::publish::PublishHook;
 use crate::snapshot::address::Refusal;
-use crate::snapshot::sni::GateReason;
+use crate::snapshot::sni::Reason;
 use crate::snapshot::{Route, RouteLabels, Snapshot};
 use passthrough::PassthroughMetrics;
 
@@ -214,7 +214,7 @@ impl ProxyMetrics {
             .inc();
     }
 
-    pub fn count_gate(&self, reason: GateReason) {
+    pub fn count_gate(&self, reason: Reason) {
         self.sni_gate
             .get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
@@ -334,14 +334,11 @@ struct SniGateTotals {
 }
 
 /// The reasons a connection can be reset before accept, with their kernel counters.
-const BEFORE_ACCEPT: [(GateReason, u32); 4] = [
-    (GateReason::Unknown, counter::RESET_BEFORE_ACCEPT_UNKNOWN),
-    (GateReason::NoSni, counter::RESET_BEFORE_ACCEPT_NO_SNI),
-    (
-        GateReason::Malformed,
-        counter::RESET_BEFORE_ACCEPT_MALFORMED,
-    ),
-    (GateReason::NotTls, counter::RESET_BEFORE_ACCEPT_NOT_TLS),
+const BEFORE_ACCEPT: [(Reason, u32); 4] = [
+    (Reason::Unknown, counter::RESET_BEFORE_ACCEPT_UNKNOWN),
+    (Reason::NoSni, counter::RESET_BEFORE_ACCEPT_NO_SNI),
+    (Reason::Malformed, counter::RESET_BEFORE_ACCEPT_MALFORMED),
+    (Reason::NotTls, counter::RESET_BEFORE_ACCEPT_NOT_TLS),
 ];
 
 impl SniGateTotals {
@@ -383,7 +380,7 @@ impl Collector for SniGateTotals {
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
-        for reason in GateReason::ALL {
+        for reason in Reason::ALL {
             let labels = ReasonLabels {
                 reason: reason.as_str(),
             };

@@ -17,31 +17,28 @@
 //! Rejected connections are reset (SO_LINGER 0) rather than answered with a TLS alert, so a
 //! client sees the same thing whether the kernel gate or this code rejected it.
 
-use std::io;
 use std::os::fd::AsFd;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::client_hello::{self, Peek};
-use crate::gate::{Admission, Gate, Reason as KernelReason, Screened};
+use crate::gate::{Admission, Gate, Screened};
 use crate::proxy::ConnInfo;
 use crate::proxy::listener::Handshake;
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::passthrough::{Passthrough, PassthroughSettings};
+use crate::proxy::rewind::Rewind;
 use crate::publish::Published;
-use crate::snapshot::sni::{self, GateReason, UnnamedPolicy, Verdict};
+use crate::snapshot::sni::{self, Action, Reason};
 
 pub struct TlsHandshake {
     pub acceptor: TlsAcceptor,
     pub published: Arc<Published>,
-    pub unnamed: UnnamedPolicy,
     /// How long a client may take to send its ClientHello and finish the handshake.
     pub handshake_timeout: Duration,
     pub metrics: Arc<ProxyMetrics>,
@@ -54,8 +51,8 @@ pub struct TlsHandshake {
 enum FirstRecord {
     Decided {
         bytes: Vec<u8>,
-        verdict: Verdict,
-        reason: GateReason,
+        verdict: Action,
+        reason: Reason,
         sni: Option<String>,
     },
     /// The client went away or sent nothing in time.
@@ -63,7 +60,7 @@ enum FirstRecord {
 }
 
 impl Handshake for TlsHandshake {
-    type Io = TlsStream<Recorded<TcpStream>>;
+    type Io = TlsStream<Rewind<TcpStream>>;
     /// eBPF mode: the socket's cookie and, usually, the kernel's verdict already.
     type Screened = Option<Screened>;
 
@@ -82,7 +79,7 @@ impl Handshake for TlsHandshake {
                 early: Some(Admission::Drop(kernel)),
                 ..
             }) => {
-                let reason = reason_of(kernel.reason);
+                let reason = kernel.reason;
                 self.metrics.count_gate(reason);
                 tracing::debug!(peer = %conn.peer, %reason, "connection rejected by the kernel gate");
                 let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
@@ -122,13 +119,14 @@ impl Handshake for TlsHandshake {
             } => {
                 self.metrics.count_gate(reason);
                 match verdict {
-                    Verdict::Pass => (bytes, sni),
-                    Verdict::Passthrough => {
+                    Action::Pass => (bytes, sni),
+                    Action::Passthrough => {
                         self.pass_through(stream, bytes, sni.as_deref(), &conn)
                             .await;
                         return None;
                     }
-                    Verdict::Drop => {
+                    // Userspace never defers; a deferral reaching here is treated as a refusal.
+                    Action::Drop | Action::Defer => {
                         tracing::debug!(peer = %conn.peer, %reason, sni = sni.as_deref().unwrap_or("-"), "connection rejected");
                         self.close(stream);
                         return None;
@@ -137,11 +135,7 @@ impl Handshake for TlsHandshake {
             }
         };
         conn.sni = sni;
-        let recorded = Recorded {
-            prefix: bytes,
-            read: 0,
-            inner: stream,
-        };
+        let recorded = Rewind::new(bytes.into(), stream);
         let result = |r: &'static str| crate::proxy::metrics::ResultLabels { result: r };
         match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(recorded)).await {
             Ok(Ok(tls)) => {
@@ -190,7 +184,7 @@ impl TlsHandshake {
             None => gate.admit(stream).await,
         };
         let (verdict, kernel) = match admission {
-            Ok(Admission::Drop(v)) => (Verdict::Drop, v),
+            Ok(Admission::Drop(v)) => (Action::Drop, v),
             // Passed before accept: the TC hook judged a segment before TCP's checksum and
             // sequence checks, so it may not be the one TCP delivered. The name is read again
             // from the bytes that did arrive, with the snapshot's policy; a parse is cheap.
@@ -200,8 +194,8 @@ impl TlsHandshake {
                 }
                 return self.userspace_first_record(stream, Vec::new()).await;
             }
-            Ok(Admission::Pass(v)) => (Verdict::Pass, v),
-            Ok(Admission::Passthrough(v)) => (Verdict::Passthrough, v),
+            Ok(Admission::Pass(v)) => (Action::Pass, v),
+            Ok(Admission::Passthrough(v)) => (Action::Passthrough, v),
             // The kernel could not decide: it holds the record like a pass; decide here.
             Ok(Admission::Deferred(v)) => {
                 return match gate.take_first_record(stream, &v).await {
@@ -223,8 +217,8 @@ impl TlsHandshake {
                 return FirstRecord::Closed;
             }
         };
-        let reason = reason_of(kernel.reason);
-        if verdict == Verdict::Drop {
+        let reason = kernel.reason;
+        if verdict == Action::Drop {
             return FirstRecord::Decided {
                 bytes: Vec::new(),
                 verdict,
@@ -280,7 +274,7 @@ impl TlsHandshake {
                 Peek::NeedMore(_) => None,
                 Peek::Done(hello) => {
                     let snapshot = self.published.load();
-                    let (verdict, reason) = sni::decide(&snapshot.sni, &self.unnamed, &hello);
+                    let (verdict, reason) = sni::decide(&snapshot.sni, &hello);
                     let name = hello
                         .as_ref()
                         .ok()
@@ -329,105 +323,8 @@ impl TlsHandshake {
     }
 }
 
-fn reason_of(reason: KernelReason) -> GateReason {
-    match reason {
-        KernelReason::Pass => GateReason::Pass,
-        KernelReason::Passthrough => GateReason::Passthrough,
-        KernelReason::Unknown => GateReason::Unknown,
-        KernelReason::NoSni => GateReason::NoSni,
-        KernelReason::Malformed => GateReason::Malformed,
-        KernelReason::NotTls => GateReason::NotTls,
-    }
-}
-
 /// Closes with an RST: SO_LINGER 0 makes close(2) abort the connection instead of a FIN.
 pub fn reset(stream: TcpStream) {
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     drop(stream);
-}
-
-/// A socket whose first bytes were already read: they are replayed before the socket's own.
-pub struct Recorded<S> {
-    prefix: Vec<u8>,
-    read: usize,
-    inner: S,
-}
-
-impl<S> Recorded<S> {
-    pub fn new(prefix: Vec<u8>, inner: S) -> Self {
-        Self {
-            prefix,
-            read: 0,
-            inner,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Recorded<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if let Some(rest) = this.prefix.get(this.read..).filter(|r| !r.is_empty()) {
-            let n = rest.len().min(buf.remaining());
-            buf.put_slice(&rest[..n]);
-            this.read += n;
-            if this.read == this.prefix.len() {
-                this.prefix = Vec::new();
-                this.read = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Recorded<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn recorded_bytes_come_first() {
-        let (client, mut server) = tokio::io::duplex(64);
-        let mut recorded = Recorded::new(b"hello ".to_vec(), client);
-        tokio::io::AsyncWriteExt::write_all(&mut server, b"world")
-            .await
-            .unwrap();
-        drop(server);
-        let mut out = String::new();
-        recorded.read_to_string(&mut out).await.unwrap();
-        assert_eq!(out, "hello world");
-    }
 }

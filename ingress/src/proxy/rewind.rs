@@ -1,5 +1,6 @@
-//! A stream with bytes already read put back in front, so hyper can take over a connection
-//! whose next request the fast path has read but will not handle.
+//! A stream with bytes already read put back in front: the first TLS record read to decide a
+//! connection, handed back to rustls (or to a passthrough backend's copy); the bytes an HTTP/1.x
+//! connection read before it turned out to speak HTTP/2, handed back to hyper.
 
 use std::io;
 use std::pin::Pin;
@@ -29,6 +30,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // Free the buffer now: the connection may live for hours.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
