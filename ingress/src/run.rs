@@ -292,22 +292,23 @@ async fn start_kube(
         kube_args.lease_duration,
     );
     tokio::spawn(async move {
-        let address = match (&kube_args.publish_address, &kube_args.node_name) {
-            (Some(address), _) => Some(report::address::PublishAddress::parse(address)),
-            (None, Some(node)) => report::address::from_node(client.clone(), node).await,
-            (None, None) => {
-                tracing::warn!(
-                    "neither --publish-address nor NODE_NAME is set; Ingress status will not be written"
-                );
-                None
-            }
+        let source = if kube_args.update_status {
+            report::address::AddressSource::choose(
+                kube_args.publish_address.as_deref(),
+                kube_args.publish_service.as_ref(),
+                kube_args.node_name.as_deref(),
+            )
+        } else {
+            tracing::info!("--update-status=false: Ingress status is left to someone else");
+            report::address::AddressSource::Fixed(Vec::new())
         };
+        let addresses = source.follow(client.clone());
         report::Reporter {
             client,
             published,
             metrics: report_metrics,
             lease,
-            address,
+            addresses,
             identity,
         }
         .run()
