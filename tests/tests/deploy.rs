@@ -206,7 +206,8 @@ fn the_loadbalancer_overlay_is_a_deployment_behind_a_local_service() {
         Some(true),
         "the pod's own network namespace"
     );
-    let anti = pod.clone()
+    let anti = pod
+        .clone()
         .affinity
         .unwrap()
         .pod_anti_affinity
