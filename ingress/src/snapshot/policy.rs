@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   phase (proxy::phase)   reads
-//!   access                 AccessPolicy     refused (an access control that cannot be honoured)
+//!   access                 AccessPolicy     refused (an access control that cannot be honoured),
+//!                                           source ranges (allow- and deny-lists)
 //!   redirect               RedirectPolicy   ssl-redirect, force-ssl-redirect, the host's TLS
 //!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
 //! ```
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::annotations::Options;
+use super::sources::SourcePolicy;
 
 /// Everything per route, by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,6 +31,8 @@ pub struct AccessPolicy {
     /// (`--unsupported-access-annotations=refuse`), so every request is answered 503 rather
     /// than served unprotected.
     pub refused: Option<Arc<str>>,
+    /// `allowlist-source-range` / `denylist-source-range`: who may, by source address (403).
+    pub sources: SourcePolicy,
 }
 
 /// Redirects made before the upstream is asked.
@@ -65,6 +69,7 @@ impl RoutePolicy {
         RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
+                sources: SourcePolicy::default(),
             },
             redirect: RedirectPolicy {
                 to_https: options.force_ssl_redirect
@@ -75,6 +80,14 @@ impl RoutePolicy {
                 upgrades: options.upgrades.clone(),
             },
         }
+    }
+}
+
+impl RoutePolicy {
+    /// The same policy with the Ingress's source ranges.
+    pub fn with_sources(mut self, sources: &SourcePolicy) -> RoutePolicy {
+        self.access.sources = sources.clone();
+        self
     }
 }
 

@@ -9,7 +9,8 @@
 //!   tls       (tls.rs)       a host the connection's certificate was not chosen for → 421
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
-//!   access    (access.rs)    the route's access policy: a refused Ingress → 503
+//!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
+//!                            outside its source ranges → 403
 //!   redirect  (redirect.rs)  plain HTTP on a route that wants HTTPS → 308
 //!   upstream  (upstream.rs)  endpoint, response timeout, upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
@@ -145,7 +146,7 @@ impl Proxy {
             }
             Err(refusal) => return refused(refusal, Some(target)),
         };
-        let decision = access::check(&route.policy.access)
+        let decision = access::check(&route.policy.access, conn)
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| upstream::forward(&route, self.settings.response_timeout));
         Phased {

@@ -102,7 +102,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("affinity", Upstream),
     no("affinity-canary-behavior", Upstream),
     no("affinity-mode", Upstream),
-    no("allowlist-source-range", AccessControl),
+    yes("allowlist-source-range", AccessControl),
     no("app-root", Routing),
     no("auth-always-set-cookie", AccessControl),
     no("auth-cache-duration", AccessControl),
@@ -149,7 +149,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("custom-headers", Response),
     no("custom-http-errors", Response),
     no("default-backend", Routing),
-    no("denylist-source-range", AccessControl),
+    yes("denylist-source-range", AccessControl),
     no("disable-proxy-intercept-errors", Response),
     no("enable-access-log", Observability),
     no("enable-cors", Response),
@@ -239,7 +239,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("upstream-vhost", Upstream),
     no("use-port-in-redirects", Routing),
     no("use-regex", Routing),
-    no("whitelist-source-range", AccessControl),
+    yes("whitelist-source-range", AccessControl),
     no("x-forwarded-prefix", Routing),
 ];
 
@@ -343,7 +343,8 @@ mod tests {
         for name in access {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
-            assert_eq!(entry.status, Status::Unsupported, "{name}");
+            let supported = name.ends_with("-source-range");
+            assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
         for a in ANNOTATIONS {
@@ -379,10 +380,13 @@ mod tests {
         assert_eq!(
             supported,
             [
+                "allowlist-source-range",
+                "denylist-source-range",
                 "force-ssl-redirect",
                 "proxy-read-timeout",
                 "ssl-passthrough",
-                "ssl-redirect"
+                "ssl-redirect",
+                "whitelist-source-range"
             ]
         );
         let documented = ANNOTATIONS.len();
