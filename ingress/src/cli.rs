@@ -421,6 +421,16 @@ pub struct ListenArgs {
     /// host, Service, endpoint and Secret name).
     #[arg(long, env = "INGRESS_ADMIN_REMOTE_ACCESS", value_enum, default_value_t = RemoteAccess::Metrics)]
     pub admin_remote_access: RemoteAccess,
+    /// Every connection on the HTTP and HTTPS ports starts with a PROXY protocol header (v1 or
+    /// v2) from a load balancer, naming the real client; one without is closed. ingress-nginx's
+    /// `use-proxy-protocol`. The kernel gate cannot read past the header yet, so the SNI gate
+    /// runs in userspace (`--mode ebpf` refuses to start with it).
+    #[arg(long, env = "INGRESS_USE_PROXY_PROTOCOL", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub use_proxy_protocol: bool,
+    /// How long a connection has to send its PROXY protocol header (ingress-nginx's
+    /// `proxy-protocol-header-timeout`).
+    #[arg(long, env = "INGRESS_PROXY_PROTOCOL_HEADER_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub proxy_protocol_header_timeout: Duration,
 }
 
 #[derive(Args, Debug, Clone)]
