@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     // The kernel's programs and maps, which consumers drive.
     &["gate"],
     // Consumers of the published snapshot.
-    &["proxy", "mapsync", "report", "check"],
+    &["proxy", "mapsync", "report", "check", "migration"],
     &["telemetry"],
     &["admin"],
     &["cli"],

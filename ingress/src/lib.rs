@@ -11,6 +11,7 @@ pub mod diagnostics;
 pub mod errors;
 pub mod gate;
 pub mod mapsync;
+pub mod migration;
 pub mod object;
 pub mod proxy;
 pub mod publish;

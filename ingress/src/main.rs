@@ -3,10 +3,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
-use ingress::check;
 use ingress::cli::{CheckArgs, CheckOutput, Cli, Command};
 use ingress::snapshot::Snapshot;
 use ingress::source::manifests;
+use ingress::{check, migration};
 
 // The proxy allocates per request (headers, buffers); mimalloc's thread-local free lists cost
 // less per allocation than glibc's arenas on this path.
@@ -89,9 +89,26 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let settings = ingress::run::build_settings(&args.source, &args.tls, &args.policy)?;
     let snapshot = Snapshot::build(&store, &settings, 1);
     let report = check::report(&snapshot);
+    let migration = migration::report(&store, &snapshot, settings.unsupported_access);
     match args.output {
-        CheckOutput::Text => print!("{}", check::render_text(&report)),
-        CheckOutput::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        CheckOutput::Text => print!(
+            "{}{}",
+            check::render_text(&report),
+            migration::render_text(&migration)
+        ),
+        CheckOutput::Json => {
+            #[derive(serde::Serialize)]
+            struct Checked<'a> {
+                #[serde(flatten)]
+                routes: check::Report<'a>,
+                migration: migration::Migration,
+            }
+            let checked = Checked {
+                routes: report,
+                migration,
+            };
+            println!("{}", serde_json::to_string_pretty(&checked)?);
+        }
     }
     Ok(if snapshot.has_errors() {
         ExitCode::FAILURE

@@ -152,6 +152,30 @@ async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress(
         .find(|l| l.starts_with("shop.example.com") && l.contains("/admin"))
         .unwrap_or_else(|| panic!("no /admin row in\n{text}"));
     assert!(row.contains("refused (503)"), "{row}");
+
+    // The migration report says the same per annotation, for people and for scripts.
+    assert!(
+        text.contains("refused  nginx.ingress.kubernetes.io/auth-url [access-control]"),
+        "{text}"
+    );
+    let out = Command::new(binary())
+        .args(["check", "--output", "json", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let migration = &json["migration"];
+    assert_eq!(migration["summary"]["ingresses"], 3, "{migration}");
+    assert_eq!(migration["summary"]["ingresses_refused"], 1, "{migration}");
+    let guarded = migration["ingresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ingress"] == "t/guarded")
+        .expect("t/guarded");
+    assert_eq!(guarded["served"], false);
+    assert_eq!(guarded["annotations"][0]["outcome"], "refused");
+    assert_eq!(guarded["annotations"][0]["category"], "access-control");
 }
 
 /// Source ranges as ingress-nginx applies them, judged on the client's address (127.0.0.1
