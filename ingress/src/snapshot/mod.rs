@@ -36,7 +36,7 @@ use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
-use policy::RoutePolicy;
+use policy::{HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -107,6 +107,11 @@ pub struct VirtualHost {
     /// The `defaultBackend` of the oldest Ingress with rules for this host: where its unmatched
     /// paths go.
     pub default_backend: Option<Arc<Route>>,
+    /// What applies to every request for this host before a route is chosen.
+    pub policy: HostPolicy,
+    /// Whether its paths are matched in ingress-nginx's regex mode (`use-regex` or
+    /// `rewrite-target` on one of its Ingresses).
+    pub nginx_regex: bool,
 }
 
 /// A backend as one Ingress uses it.
@@ -130,13 +135,17 @@ pub struct RouteLabels {
 }
 
 impl Snapshot {
-    /// The route for a request, or `None` for a 404.
-    pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
-        let vhost = match host {
+    /// The host a request names, as routing picks it (exact, wildcard, then the host-less rules).
+    pub fn host(&self, host: Option<&str>) -> Option<&Arc<VirtualHost>> {
+        match host {
             Some(h) => self.hosts.lookup(h),
             None => self.hosts.any(),
-        };
-        if let Some(vhost) = vhost {
+        }
+    }
+
+    /// The route for a request, or `None` for a 404.
+    pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+        if let Some(vhost) = self.host(host) {
             if let Some(rule) = vhost.paths.find(path) {
                 return Some(&rule.target);
             }
@@ -195,8 +204,6 @@ impl Snapshot {
         }
         let tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
-        diagnostics.sort();
-        diagnostics.dedup();
         let mut hosts = HostTable::default();
         let mut sni = sni::SniPolicy {
             catch_all: builder.default_backend.is_some(),
@@ -213,10 +220,17 @@ impl Snapshot {
                 }
                 HostPattern::Any => sni.catch_all = true,
             }
+            let paths = if host.nginx_regex {
+                PathMatcher::nginx_regex(nginx_regex_rules(&pattern, host.rules, &mut diagnostics))
+            } else {
+                PathMatcher::new(host.rules)
+            };
             let vhost = VirtualHost {
                 pattern: pattern.clone(),
-                paths: PathMatcher::new(host.rules),
+                paths,
                 default_backend: host.default_backend,
+                policy: host.policy,
+                nginx_regex: host.nginx_regex,
             };
             hosts.insert(pattern, Arc::new(vhost));
         }
@@ -234,6 +248,8 @@ impl Snapshot {
             }
             passthrough.insert(pattern, route);
         }
+        diagnostics.sort();
+        diagnostics.dedup();
         Snapshot {
             generation,
             hosts,
@@ -248,6 +264,29 @@ impl Snapshot {
             passthrough,
         }
     }
+}
+
+/// A host's rules recompiled for ingress-nginx's regex mode; a path that is not a valid regex
+/// there is diagnosed and not served.
+fn nginx_regex_rules(
+    pattern: &HostPattern,
+    rules: Vec<PathRule<Arc<Route>>>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<PathRule<Arc<Route>>> {
+    rules
+        .into_iter()
+        .filter_map(|rule| match path::compile_nginx_regex(&rule.path) {
+            Ok(kind) => Some(PathRule { kind, ..rule }),
+            Err(err) => {
+                diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::InvalidRegex,
+                    Subject::object(Kind::Ingress, &rule.target.ingress),
+                    format!("host {pattern} uses regex paths (use-regex or rewrite-target on one of its Ingresses): {err}; this path is not served"),
+                ));
+                None
+            }
+        })
+        .collect()
 }
 
 /// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
@@ -282,6 +321,9 @@ struct HostBuilder {
     /// (path, type) to the Ingress that defined it first.
     seen: HashMap<(String, &'static str), ObjectKey>,
     default_backend: Option<Arc<Route>>,
+    policy: HostPolicy,
+    /// `use-regex`, or a `rewrite-target` that differs from its path, on one of its Ingresses.
+    nginx_regex: bool,
 }
 
 impl Builder<'_> {
@@ -293,6 +335,13 @@ impl Builder<'_> {
                 DiagnosticKind::InvalidAnnotation,
                 subject.clone(),
                 message,
+            ));
+        }
+        if options.x_forwarded_prefix.is_some() && options.rewrite_target.is_none() {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                "x-forwarded-prefix is only sent with a rewritten request (as in ingress-nginx); without rewrite-target it has no effect",
             ));
         }
         let refused = self.judge_unsupported(&subject, ingress);
@@ -349,6 +398,20 @@ impl Builder<'_> {
             if host.default_backend.is_none() {
                 host.default_backend = default_route.clone();
             }
+            host.nginx_regex |= options.use_regex;
+            if let Some(app_root) = &options.app_root {
+                match &host.policy.app_root {
+                    None => host.policy.app_root = Some(app_root.clone()),
+                    Some(existing) if existing != app_root => {
+                        self.diagnostics.push(Diagnostic::warning(
+                            DiagnosticKind::ConflictingRule,
+                            subject.clone(),
+                            format!("host {pattern} already has app-root {existing} from an older Ingress; this one's {app_root} is ignored"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
             let paths = rule
                 .http
                 .as_ref()
@@ -390,9 +453,26 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
-                let policy = &policies[usize::from(tls)];
+                let mut policy = policies[usize::from(tls)].clone();
+                match Rewrite::for_path(&options, &path) {
+                    None => {}
+                    Some(Ok(rewrite)) => {
+                        host.nginx_regex = true;
+                        policy = Arc::new(RoutePolicy {
+                            rewrite: RewritePolicy {
+                                target: Some(rewrite),
+                            },
+                            ..(*policy).clone()
+                        });
+                    }
+                    Some(Err(err)) => self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        format!("host {pattern} path {path}: rewrite-target needs the path as a regex, and it is not one ({err}); requests on it are not rewritten"),
+                    )),
+                }
                 let Some(route) =
-                    self.route(key, &http_path.backend, policy, tls, refused.is_some())
+                    self.route(key, &http_path.backend, &policy, tls, refused.is_some())
                 else {
                     continue;
                 };

@@ -5,21 +5,94 @@
 //! ```text
 //!   phase (proxy::phase)   reads
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured)
-//!   redirect               RedirectPolicy   ssl-redirect, force-ssl-redirect, the host's TLS
+//!   redirect               HostPolicy       app-root (per host: before any route is chosen)
+//!                          RedirectPolicy   ssl-redirect, force-ssl-redirect, the host's TLS
+//!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
 //! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use regex::Regex;
+
 use super::annotations::Options;
+use super::annotations::rewrite::Template;
 
 /// Everything per route, by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoutePolicy {
     pub access: AccessPolicy,
     pub redirect: RedirectPolicy,
+    pub rewrite: RewritePolicy,
     pub upstream: UpstreamPolicy,
+}
+
+/// What a host does before any of its routes is chosen: ingress-nginx writes these into the
+/// `server` block, so they apply to every request for the host, whichever Ingress set them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostPolicy {
+    /// `app-root`: a request whose path is exactly `/` is redirected (302) here, on the same
+    /// scheme and `Host`, query dropped, as ingress-nginx's `return 302 $scheme://$http_host…`.
+    pub app_root: Option<Arc<str>>,
+}
+
+/// How the target sent upstream differs from the one the client sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RewritePolicy {
+    /// `rewrite-target`: the whole path is replaced, the query kept.
+    pub target: Option<Rewrite>,
+}
+
+/// `rewrite-target` on one path: when `regex` (the Ingress path, case-insensitive, unanchored,
+/// as nginx's `rewrite "(?i)PATH" TARGET`) matches the request path, the upstream is sent
+/// `template` expanded with its groups, and `X-Forwarded-Prefix` if the Ingress asks.
+#[derive(Clone, Debug)]
+pub struct Rewrite {
+    pub regex: Regex,
+    pub template: Arc<Template>,
+    pub forwarded_prefix: Option<Arc<str>>,
+}
+
+impl PartialEq for Rewrite {
+    fn eq(&self, other: &Self) -> bool {
+        self.regex.as_str() == other.regex.as_str()
+            && self.template == other.template
+            && self.forwarded_prefix == other.forwarded_prefix
+    }
+}
+
+impl Eq for Rewrite {}
+
+impl Rewrite {
+    /// The rewrite of requests routed by `path` for an Ingress with `options`: `None` without
+    /// `rewrite-target`, or when it equals the path (ingress-nginx then does not rewrite).
+    pub fn for_path(options: &Options, path: &str) -> Option<Result<Rewrite, regex::Error>> {
+        let template = options.rewrite_target.as_ref()?;
+        if template.as_str() == path {
+            return None;
+        }
+        Some(
+            regex::RegexBuilder::new(&format!("(?i){path}"))
+                .size_limit(super::path::REGEX_SIZE_LIMIT)
+                .build()
+                .map(|regex| Rewrite {
+                    regex,
+                    template: template.clone(),
+                    forwarded_prefix: options.x_forwarded_prefix.clone(),
+                }),
+        )
+    }
+
+    /// The path sent upstream for `path`, or `None` when the regex does not match it (nginx's
+    /// `rewrite` then leaves it alone).
+    pub fn apply(&self, path: &str) -> Option<String> {
+        let captures = self.regex.captures(path)?;
+        Some(
+            self.template
+                .expand(|n| captures.get(n).map(|m| m.as_str())),
+        )
+    }
 }
 
 /// Who may reach the backend.
@@ -70,6 +143,7 @@ impl RoutePolicy {
                 to_https: options.force_ssl_redirect
                     || (tls && options.ssl_redirect.unwrap_or(true)),
             },
+            rewrite: RewritePolicy::default(),
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),
@@ -102,6 +176,50 @@ mod tests {
             let policy = RoutePolicy::new(&options(ssl, force), tls, None);
             assert_eq!(policy.redirect.to_https, want, "{ssl:?} {force} {tls}");
         }
+    }
+
+    #[test]
+    fn rewrite_target_expands_the_paths_groups_case_insensitively() {
+        let options = |target: &str| Options {
+            rewrite_target: Some(Arc::new(Template::parse(target).unwrap())),
+            x_forwarded_prefix: Some(Arc::from("/p")),
+            ..Options::default()
+        };
+        // (Ingress path, rewrite-target, request path, sent upstream)
+        let cases = [
+            ("/something(/|$)(.*)", "/$2", "/something", Some("/")),
+            ("/something(/|$)(.*)", "/$2", "/something/", Some("/")),
+            ("/something(/|$)(.*)", "/$2", "/something/new", Some("/new")),
+            ("/something(/|$)(.*)", "/$2", "/SomeThing/New", Some("/New")),
+            (
+                "/api/(v[0-9]+)/(.*)",
+                "/$2/$1",
+                "/api/v2/users",
+                Some("/users/v2"),
+            ),
+            ("/old", "/new", "/old/page", Some("/new")),
+            // Unanchored, like nginx's `rewrite`: a match later in the path counts too.
+            ("/x", "/y", "/a/x", Some("/y")),
+            ("/old", "/new", "/other", None),
+        ];
+        for (path, target, request, want) in cases {
+            let rewrite = Rewrite::for_path(&options(target), path)
+                .expect("a rewrite")
+                .expect("a valid regex");
+            assert_eq!(
+                rewrite.apply(request).as_deref(),
+                want,
+                "{path} {target} {request}"
+            );
+            assert_eq!(rewrite.forwarded_prefix.as_deref(), Some("/p"));
+        }
+        // The target equal to the path, or no target: no rewrite.
+        assert!(Rewrite::for_path(&options("/same"), "/same").is_none());
+        assert!(Rewrite::for_path(&Options::default(), "/a").is_none());
+        assert!(matches!(
+            Rewrite::for_path(&options("/x"), "/a("),
+            Some(Err(_))
+        ));
     }
 
     #[test]

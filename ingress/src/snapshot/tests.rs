@@ -813,7 +813,7 @@ fn unsupported_annotations_table() {
     )> = vec![
         (vec![], Refuse, true, vec![]),
         (vec![(n("ssl-redirect"), "false")], Refuse, true, vec![]),
-        (vec![(n("rewrite-target"), "/")], Refuse, true, vec![warn]),
+        (vec![(n("mirror-target"), "/m")], Refuse, true, vec![warn]),
         (
             vec![(n("configuration-snippet"), "x")],
             Refuse,
@@ -896,7 +896,7 @@ fn unsupported_annotations_table() {
             vec![warn],
         ),
         (
-            vec![(n("limit-rps"), "5"), (n("rewrite-target"), "/")],
+            vec![(n("limit-rps"), "5"), (n("mirror-target"), "/m")],
             Refuse,
             false,
             vec![error, warn],
@@ -1032,4 +1032,272 @@ fn a_refused_passthrough_ingress_is_refused_too() {
         .lookup_named("tunnel.example.com")
         .expect("passthrough route");
     assert!(route.policy.access.refused.is_some());
+}
+
+/// An Ingress `name` (created on day `day`) with `annotations` and `paths` as (type, path,
+/// service) on `host`, services from [`SERVICES`] on port 80/8080.
+fn ingress_with(
+    name: &str,
+    day: u8,
+    host: &str,
+    annotations: &[(&str, &str)],
+    paths: &[(&str, &str, &str)],
+) -> String {
+    let mut out = format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"2024-01-{day:02}T00:00:00Z\"\n"
+    );
+    if !annotations.is_empty() {
+        out.push_str("  annotations:\n");
+        for (k, v) in annotations {
+            out.push_str(&format!("    nginx.ingress.kubernetes.io/{k}: {v:?}\n"));
+        }
+    }
+    out.push_str(&format!(
+        "spec:\n  ingressClassName: ingress\n  rules:\n  - host: {host}\n    http:\n      paths:\n"
+    ));
+    for (ty, path, service) in paths {
+        let port = if *service == "api" { 8080 } else { 80 };
+        out.push_str(&format!(
+            "      - {{path: {path:?}, pathType: {ty}, backend: {{service: {{name: {service}, port: {{number: {port}}}}}}}}}\n"
+        ));
+    }
+    out
+}
+
+/// ingress-nginx's regex mode: `use-regex` or `rewrite-target` on one Ingress of a host makes
+/// every path of that host, from every Ingress, a case-insensitive prefix regex; other hosts
+/// keep this project's Kubernetes semantics.
+#[test]
+fn use_regex_and_rewrite_target_turn_the_whole_host_to_regex_paths() {
+    let i = "ImplementationSpecific";
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "plain",
+            1,
+            "shop.example.com",
+            &[],
+            &[("Prefix", "/static", "web"), ("Exact", "/exact", "web")],
+        ),
+        ingress_with(
+            "regex",
+            2,
+            "shop.example.com",
+            &[("use-regex", "true")],
+            &[(i, "/api/v[0-9]+", "api")],
+        ),
+        ingress_with(
+            "other",
+            3,
+            "other.example.com",
+            &[],
+            &[("Prefix", "/static", "web"), ("Exact", "/exact", "web")],
+        ),
+        ingress_with(
+            "rewritten",
+            4,
+            "rw.example.com",
+            &[
+                ("rewrite-target", "/$2"),
+                ("x-forwarded-prefix", "/something"),
+            ],
+            &[
+                (i, "/something(/|$)(.*)", "api"),
+                ("Prefix", "/same", "web"),
+            ],
+        ),
+        ingress_with(
+            "plain-rw",
+            5,
+            "rw.example.com",
+            &[],
+            &[("Prefix", "/docs", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let web = "shop/web:80";
+    let api = "shop/api:8080";
+    // (host, path, routed to, sent upstream when rewritten)
+    let cases = [
+        ("shop.example.com", "/static/x", web, None),
+        ("shop.example.com", "/STATIC/x", web, None),
+        ("shop.example.com", "/staticfoo", web, None),
+        ("shop.example.com", "/exact/more", web, None),
+        ("shop.example.com", "/EXACT", web, None),
+        ("shop.example.com", "/API/V2/users", api, None),
+        ("shop.example.com", "/x/api/v2", "404", None),
+        ("other.example.com", "/static/x", web, None),
+        ("other.example.com", "/STATIC/x", "404", None),
+        ("other.example.com", "/staticfoo", "404", None),
+        ("other.example.com", "/exact/more", "404", None),
+        ("rw.example.com", "/something", api, Some("/")),
+        (
+            "rw.example.com",
+            "/something/new/page",
+            api,
+            Some("/new/page"),
+        ),
+        ("rw.example.com", "/SOMETHING/New", api, Some("/New")),
+        // The other Ingress's path on the host becomes a regex too, without a rewrite.
+        ("rw.example.com", "/DOCS/x", web, None),
+        ("rw.example.com", "/docsy", web, None),
+        // `/same` rewritten to /$2 with no group 2: `/`.
+        ("rw.example.com", "/same/x", web, Some("/")),
+    ];
+    for (host, path, want, rewritten) in cases {
+        assert_eq!(routed(&snap, host, path), want, "{host}{path}");
+        if let Some(route) = snap.route(Some(host), path) {
+            let got = route
+                .policy
+                .rewrite
+                .target
+                .as_ref()
+                .and_then(|r| r.apply(path));
+            assert_eq!(got.as_deref(), rewritten, "{host}{path}");
+        }
+    }
+    let prefix = snap
+        .route(Some("rw.example.com"), "/something/x")
+        .and_then(|r| r.policy.rewrite.target.clone())
+        .and_then(|r| r.forwarded_prefix);
+    assert_eq!(prefix.as_deref(), Some("/something"));
+    for (host, regex) in [
+        ("shop.example.com", true),
+        ("other.example.com", false),
+        ("rw.example.com", true),
+    ] {
+        assert_eq!(
+            snap.host(Some(host)).map(|h| h.nginx_regex),
+            Some(regex),
+            "{host}"
+        );
+    }
+}
+
+#[test]
+fn path_annotation_problems_are_diagnosed_and_not_applied() {
+    let i = "ImplementationSpecific";
+    // (annotations, paths, diagnostics, whether the host is in regex mode)
+    type Case<'a> = (
+        Vec<(&'a str, &'a str)>,
+        Vec<(&'a str, &'a str, &'a str)>,
+        Vec<DiagnosticKind>,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            vec![("rewrite-target", "/$uri")],
+            vec![("Prefix", "/a", "web")],
+            vec![DiagnosticKind::InvalidAnnotation],
+            false,
+        ),
+        (
+            vec![("use-regex", "yes")],
+            vec![("Prefix", "/a", "web")],
+            vec![DiagnosticKind::InvalidAnnotation],
+            false,
+        ),
+        // A rewrite-target equal to the path is no rewrite, and no regex mode.
+        (
+            vec![("rewrite-target", "/a")],
+            vec![("Prefix", "/a", "web")],
+            vec![],
+            false,
+        ),
+        // x-forwarded-prefix alone does nothing in ingress-nginx: said so.
+        (
+            vec![("x-forwarded-prefix", "/a")],
+            vec![("Prefix", "/a", "web")],
+            vec![DiagnosticKind::InvalidAnnotation],
+            false,
+        ),
+        // A path the regex syntax refuses: not served in regex mode.
+        (
+            vec![("use-regex", "true")],
+            vec![(i, "/ok", "web"), ("Prefix", "/a(", "web")],
+            vec![DiagnosticKind::InvalidRegex],
+            true,
+        ),
+    ];
+    for (annotations, paths, want, regex) in cases {
+        let yaml = format!(
+            "{SERVICES}{}",
+            ingress_with("x", 1, "x.example.com", &annotations, &paths)
+        );
+        let snap = build(&yaml);
+        assert_eq!(
+            kinds(&snap),
+            want,
+            "{annotations:?}: {:?}",
+            snap.diagnostics
+        );
+        let vhost = snap.host(Some("x.example.com")).expect("host");
+        assert_eq!(vhost.nginx_regex, regex, "{annotations:?}");
+        for rule in vhost.paths.rules() {
+            assert!(
+                rule.target.policy.rewrite.target.is_none(),
+                "{annotations:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn app_root_is_the_hosts_and_the_oldest_ingress_wins() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "first",
+            1,
+            "app.example.com",
+            &[("app-root", "/app1")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "second",
+            2,
+            "app.example.com",
+            &[("app-root", "/app2")],
+            &[("Prefix", "/api", "api")],
+        ),
+        ingress_with(
+            "bad",
+            3,
+            "bad.example.com",
+            &[("app-root", "app")],
+            &[("Prefix", "/", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    let app_root = |host: &str| {
+        snap.host(Some(host))
+            .and_then(|h| h.policy.app_root.as_deref().map(str::to_string))
+    };
+    assert_eq!(app_root("app.example.com").as_deref(), Some("/app1"));
+    assert_eq!(app_root("bad.example.com"), None);
+    let got: Vec<(Severity, DiagnosticKind, String)> = snap
+        .diagnostics
+        .iter()
+        .map(|d| (d.severity, d.kind, d.subject.to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Severity::Error,
+                DiagnosticKind::InvalidAnnotation,
+                "Ingress shop/bad".to_string()
+            ),
+            (
+                Severity::Warning,
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/second".to_string()
+            ),
+        ],
+        "{:?}",
+        snap.diagnostics
+    );
 }

@@ -238,7 +238,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 host.map(str::to_string),
             )
         });
-        let phased = proxy.request_phases(self.conn, host, &req.target);
+        let authority = req.authority.as_ref().map(|a| a.raw);
+        let phased = proxy.request_phases(self.conn, host, authority, &req.target);
         let (action, route) = (phased.decision, phased.route);
         let mut upgrade = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
@@ -259,6 +260,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     body: req.body.into(),
                     upgrade: upgrade.is_some(),
                     new_request_id: super::forward::new_request_id(),
+                    forwarded_prefix: forward.forwarded_prefix.as_deref(),
                 },
             );
         }
@@ -332,11 +334,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 ctx.close |= !self.skip_body(prepared.body);
                 let (code, location, outcome) = match local {
                     Decision::Respond(code) => (code, None, Outcome::LOCAL),
-                    Decision::Redirect(location) => (
-                        StatusCode::PERMANENT_REDIRECT,
-                        Some(location),
-                        Outcome::LOCAL,
-                    ),
+                    Decision::Redirect(code, location) => (code, Some(location), Outcome::LOCAL),
                     Decision::Refuse(refusal) => (refusal.status, None, Outcome::refused(refusal)),
                     Decision::Fail(error) => (
                         error.status(),

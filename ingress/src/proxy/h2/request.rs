@@ -124,11 +124,13 @@ impl Proxy {
             target,
             route,
             decision,
-        } = self.request_phases(conn, Some(&host), &original);
+        } = self.request_phases(conn, Some(&host), Some(&authority_raw), &original);
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
         let (response, outcome) = match decision {
             Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
-            Decision::Redirect(location) => (respond::redirect(&location), Outcome::LOCAL),
+            Decision::Redirect(code, location) => {
+                (respond::redirect(code, &location), Outcome::LOCAL)
+            }
             Decision::Refuse(refusal) => {
                 (respond::status(refusal.status), Outcome::refused(refusal))
             }
@@ -173,6 +175,7 @@ impl Proxy {
             key,
             in_flight,
             timeout,
+            forwarded_prefix,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -182,6 +185,11 @@ impl Proxy {
             request,
             &self.settings.headers,
         );
+        if let Some(prefix) = forwarded_prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
+            parts
+                .headers
+                .insert(forward::X_FORWARDED_PREFIX.clone(), prefix);
+        }
         // The upstream is spoken to in origin form with the normalised path that was routed.
         parts.uri = match Uri::try_from(target) {
             Ok(uri) => uri,

@@ -10,7 +10,9 @@
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503
-//!   redirect  (redirect.rs)  plain HTTP on a route that wants HTTPS → 308
+//!   redirect  (redirect.rs)  app-root: `/` on a host that has one → 302 (before routing);
+//!                            plain HTTP on a route that wants HTTPS → 308
+//!   rewrite   (rewrite.rs)   rewrite-target: the path sent upstream; X-Forwarded-Prefix
 //!   upstream  (upstream.rs)  endpoint, response timeout, upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; metrics and the access log
@@ -23,6 +25,7 @@ pub mod access;
 pub mod identity;
 pub mod redirect;
 pub mod response;
+pub mod rewrite;
 pub mod route;
 pub mod tls;
 pub mod upstream;
@@ -45,8 +48,8 @@ use route::Refusal;
 pub(crate) enum Decision {
     /// Answer locally with this status (404).
     Respond(StatusCode),
-    /// Redirect to this location (308).
-    Redirect(String),
+    /// Redirect to this location with this status (3xx).
+    Redirect(StatusCode, String),
     /// Refused before routing (400, 421, ...): answered, and an HTTP/1.x connection closes.
     Refuse(Refusal),
     /// Not forwarded, with the error that says why (503 for a refused route or no endpoint).
@@ -63,6 +66,8 @@ pub(crate) struct Forward {
     pub(crate) timeout: Duration,
     /// The protocols this route lets a client switch to (`Upgrade`).
     pub(crate) upgrades: Arc<[String]>,
+    /// `X-Forwarded-Prefix` for the upstream (a rewritten request's `x-forwarded-prefix`).
+    pub(crate) forwarded_prefix: Option<Arc<str>>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -111,11 +116,13 @@ pub(crate) struct Record<'a> {
 
 impl Proxy {
     /// Runs the request phases for a request naming `host` (validated; `None` for an HTTP/1.0
-    /// request without one) and `raw_target` (as the client sent it).
+    /// request without one) and `raw_target` (as the client sent it); `authority` is the
+    /// `Host` (or `:authority`) as sent, port included, for redirects that keep it.
     pub(crate) fn request_phases<'t>(
         &self,
         conn: &ConnInfo,
         host: Option<&str>,
+        authority: Option<&str>,
         raw_target: &'t str,
     ) -> Phased<'t> {
         let refused = |refusal: Refusal, target: Option<Target<'t>>| Phased {
@@ -123,7 +130,7 @@ impl Proxy {
             route: None,
             decision: Decision::Refuse(refusal),
         };
-        let target = match target::parse(raw_target, &self.settings.paths) {
+        let mut target = match target::parse(raw_target, &self.settings.paths) {
             Ok(target) => target,
             Err(err) => {
                 tracing::debug!(peer = %conn.peer, %err, "request target refused");
@@ -133,6 +140,16 @@ impl Proxy {
         let snapshot = self.published.load();
         if let Err(refusal) = tls::check(&snapshot.tls, conn, host, self.settings.no_sni_requests) {
             return refused(refusal, Some(target));
+        }
+        if let Some(decision) = snapshot
+            .host(host)
+            .and_then(|vhost| redirect::app_root(&vhost.policy, conn, authority, &target))
+        {
+            return Phased {
+                target: Some(target),
+                route: None,
+                decision,
+            };
         }
         let route = match route::find(&snapshot, host, &target) {
             Ok(Some(route)) => route.clone(),
@@ -147,7 +164,10 @@ impl Proxy {
         };
         let decision = access::check(&route.policy.access)
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
-            .unwrap_or_else(|| upstream::forward(&route, self.settings.response_timeout));
+            .unwrap_or_else(|| {
+                let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
+                upstream::forward(&route, self.settings.response_timeout, prefix)
+            });
         Phased {
             target: Some(target),
             route: Some(route),

@@ -1,12 +1,36 @@
 //! The redirect phase: answers made from the route's policy instead of the upstream's.
 //!
-//! Today: plain HTTP on a route that wants HTTPS (`ssl-redirect`, `force-ssl-redirect`) gets a
-//! 308 to the same host and target on the HTTPS port.
+//! - `app-root` (the host's policy, before routing): a request for exactly `/` gets a 302 to
+//!   `$scheme://$http_host<app-root>`, the query dropped, as ingress-nginx's server block does.
+//! - plain HTTP on a route that wants HTTPS (`ssl-redirect`, `force-ssl-redirect`) gets a 308 to
+//!   the same host and target on the HTTPS port.
+
+use http::StatusCode;
+use ingress_wire::target::Target;
 
 use super::Decision;
 use super::identity::ConnInfo;
 use crate::proxy::Proxy;
-use crate::snapshot::policy::RedirectPolicy;
+use crate::snapshot::policy::{HostPolicy, RedirectPolicy};
+
+/// `Some` redirect when the host's `app-root` applies to the request.
+pub(crate) fn app_root(
+    policy: &HostPolicy,
+    conn: &ConnInfo,
+    authority: Option<&str>,
+    target: &Target<'_>,
+) -> Option<Decision> {
+    let root = policy.app_root.as_deref()?;
+    if target.path != "/" {
+        return None;
+    }
+    let scheme = if conn.https { "https" } else { "http" };
+    let authority = authority?;
+    Some(Decision::Redirect(
+        StatusCode::FOUND,
+        format!("{scheme}://{authority}{root}"),
+    ))
+}
 
 /// `Some` redirect when the request is answered with one.
 pub(crate) fn check(
@@ -24,5 +48,8 @@ pub(crate) fn check(
         443 => String::new(),
         p => format!(":{p}"),
     };
-    Some(Decision::Redirect(format!("https://{host}{port}{target}")))
+    Some(Decision::Redirect(
+        StatusCode::PERMANENT_REDIRECT,
+        format!("https://{host}{port}{target}"),
+    ))
 }

@@ -13,7 +13,11 @@ use crate::snapshot::Route;
 use crate::snapshot::backend::Target;
 
 /// The forward for a request on `route`, or the failure that replaces it.
-pub(crate) fn forward(route: &Arc<Route>, default_timeout: Duration) -> Decision {
+pub(crate) fn forward(
+    route: &Arc<Route>,
+    default_timeout: Duration,
+    forwarded_prefix: Option<Arc<str>>,
+) -> Decision {
     let (key, in_flight) = match &route.backend.target {
         Target::Endpoints(_) => match route.backend.pick() {
             Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
@@ -28,5 +32,6 @@ pub(crate) fn forward(route: &Arc<Route>, default_timeout: Duration) -> Decision
         in_flight,
         timeout: policy.read_timeout.unwrap_or(default_timeout),
         upgrades: policy.upgrades.clone(),
+        forwarded_prefix,
     })
 }

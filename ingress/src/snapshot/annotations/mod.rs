@@ -6,6 +6,7 @@
 //! [`unsupported`].
 
 pub mod registry;
+pub mod rewrite;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,6 +32,16 @@ pub struct Options {
     /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
     /// passes every `Upgrade` on.
     pub upgrades: Arc<[String]>,
+    /// `use-regex`: the paths are regular expressions, and every path of each host this Ingress
+    /// names becomes a case-insensitive prefix regex (ingress-nginx's location modifier `~*`).
+    pub use_regex: bool,
+    /// `rewrite-target`: the path the upstream is sent, made from the route's regex captures.
+    /// Like `use-regex`, it turns its hosts' paths into regexes.
+    pub rewrite_target: Option<Arc<rewrite::Template>>,
+    /// `app-root`: where a request for `/` on the hosts this Ingress names is redirected (302).
+    pub app_root: Option<Arc<str>>,
+    /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` sent upstream with a rewritten request.
+    pub x_forwarded_prefix: Option<Arc<str>>,
 }
 
 impl Default for Options {
@@ -41,6 +52,10 @@ impl Default for Options {
             ssl_passthrough: false,
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
+            use_regex: false,
+            rewrite_target: None,
+            app_root: None,
+            x_forwarded_prefix: None,
         }
     }
 }
@@ -68,7 +83,25 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.ssl_redirect = bool_of("ssl-redirect");
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
+    options.use_regex = bool_of("use-regex").unwrap_or(false);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    if let Some((key, value)) = lookup(annotations, "rewrite-target") {
+        match rewrite::Template::parse(value) {
+            Ok(template) => options.rewrite_target = Some(Arc::new(template)),
+            Err(err) => errors.push(format!("{key}: {err}; requests are not rewritten")),
+        }
+    }
+    for (name, slot) in [
+        ("app-root", &mut options.app_root),
+        ("x-forwarded-prefix", &mut options.x_forwarded_prefix),
+    ] {
+        if let Some((key, value)) = lookup(annotations, name) {
+            match rewrite::literal_path(value) {
+                Ok(path) => *slot = Some(Arc::from(path)),
+                Err(err) => errors.push(format!("{key}: {err}")),
+            }
+        }
+    }
     if let Some(value) = annotations.get(&format!("{PREFIX}upgrades")) {
         match upgrade_list(value) {
             Some(list) => options.upgrades = list,
@@ -194,7 +227,8 @@ mod tests {
         let cases: Vec<(String, Option<(Category, bool)>)> = vec![
             (n("ssl-redirect"), None),
             (o("proxy-read-timeout"), None),
-            (n("rewrite-target"), Some((Category::Routing, true))),
+            (n("rewrite-target"), None),
+            (n("canary"), Some((Category::Routing, true))),
             (
                 n("whitelist-source-range"),
                 Some((Category::AccessControl, true)),
@@ -290,6 +324,31 @@ mod tests {
                 0,
             ),
             (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            (
+                vec![
+                    (n("use-regex"), "true"),
+                    (n("rewrite-target"), "/$2"),
+                    (n("app-root"), "/app"),
+                    (n("x-forwarded-prefix"), "/shop"),
+                ],
+                Options {
+                    use_regex: true,
+                    rewrite_target: Some(Arc::new(rewrite::Template::parse("/$2").unwrap())),
+                    app_root: Some(Arc::from("/app")),
+                    x_forwarded_prefix: Some(Arc::from("/shop")),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("use-regex"), "True")], Options::default(), 1),
+            (vec![(n("rewrite-target"), "/$uri")], Options::default(), 1),
+            (vec![(n("rewrite-target"), "")], Options::default(), 1),
+            (vec![(n("app-root"), "app")], Options::default(), 1),
+            (
+                vec![(n("x-forwarded-prefix"), "/a\r\nX-Evil: 1")],
+                Options::default(),
+                1,
+            ),
             // Not an ingress-nginx annotation: its prefix does nothing here.
             (vec![(n("upgrades"), "h2c")], Options::default(), 0),
             (

@@ -103,7 +103,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("affinity-canary-behavior", Upstream),
     no("affinity-mode", Upstream),
     no("allowlist-source-range", AccessControl),
-    no("app-root", Routing),
+    yes("app-root", Routing),
     no("auth-always-set-cookie", AccessControl),
     no("auth-cache-duration", AccessControl),
     no("auth-cache-key", AccessControl),
@@ -212,7 +212,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("proxy-ssl-verify", Tls),
     no("proxy-ssl-verify-depth", Tls),
     no("relative-redirects", Routing),
-    no("rewrite-target", Routing),
+    yes("rewrite-target", Routing),
     no("satisfy", AccessControl),
     no("server-alias", Routing),
     no("server-snippet", Snippet),
@@ -238,9 +238,9 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("upstream-hash-by-subset-size", Upstream),
     no("upstream-vhost", Upstream),
     no("use-port-in-redirects", Routing),
-    no("use-regex", Routing),
+    yes("use-regex", Routing),
     no("whitelist-source-range", AccessControl),
-    no("x-forwarded-prefix", Routing),
+    yes("x-forwarded-prefix", Routing),
 ];
 
 /// This project's own annotations, honoured only under `ingress.rs/` (ingress-nginx has no
@@ -379,10 +379,14 @@ mod tests {
         assert_eq!(
             supported,
             [
+                "app-root",
                 "force-ssl-redirect",
                 "proxy-read-timeout",
+                "rewrite-target",
                 "ssl-passthrough",
-                "ssl-redirect"
+                "ssl-redirect",
+                "use-regex",
+                "x-forwarded-prefix",
             ]
         );
         let documented = ANNOTATIONS.len();
