@@ -190,6 +190,7 @@ impl Snapshot {
     /// Builds a snapshot. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
+            rank: 0,
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store, &settings.backends),
             unsupported_access: settings.unsupported_access,
@@ -199,7 +200,8 @@ impl Snapshot {
             default_backend: None,
         };
         let owned = owned_ingresses(store, &settings.class);
-        for (key, ingress) in &owned {
+        for (rank, (key, ingress)) in owned.iter().enumerate() {
+            builder.rank = rank;
             builder.add_ingress(key, ingress);
         }
         let tls = builder.tls.finish(&mut builder.diagnostics);
@@ -210,16 +212,9 @@ impl Snapshot {
             unnamed: settings.unnamed,
             ..Default::default()
         };
+        let extra = extra_names(&builder.hosts, &mut diagnostics);
+        let mut built: BTreeMap<HostPattern, Arc<VirtualHost>> = BTreeMap::new();
         for (pattern, host) in builder.hosts {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Pass);
-                }
-                HostPattern::Wildcard(parent) => {
-                    sni.names.insert(format!("*.{parent}"), sni::Action::Pass);
-                }
-                HostPattern::Any => sni.catch_all = true,
-            }
             let paths = if host.nginx_regex {
                 PathMatcher::nginx_regex(nginx_regex_rules(&pattern, host.rules, &mut diagnostics))
             } else {
@@ -232,7 +227,37 @@ impl Snapshot {
                 policy: host.policy,
                 nginx_regex: host.nginx_regex,
             };
-            hosts.insert(pattern, Arc::new(vhost));
+            built.insert(pattern, Arc::new(vhost));
+        }
+        for (name, extra) in extra {
+            let vhost = match extra {
+                ExtraName::Alias(of) => built.get(&of).cloned(),
+                ExtraName::WwwRedirect(to) => Some(Arc::new(VirtualHost {
+                    pattern: name.clone(),
+                    paths: PathMatcher::default(),
+                    default_backend: None,
+                    policy: HostPolicy {
+                        www_redirect: Some(to.into()),
+                        ..HostPolicy::default()
+                    },
+                    nginx_regex: false,
+                })),
+            };
+            if let Some(vhost) = vhost {
+                built.insert(name, vhost);
+            }
+        }
+        for (pattern, vhost) in built {
+            match &pattern {
+                HostPattern::Exact(name) => {
+                    sni.names.insert(name.clone(), sni::Action::Pass);
+                }
+                HostPattern::Wildcard(parent) => {
+                    sni.names.insert(format!("*.{parent}"), sni::Action::Pass);
+                }
+                HostPattern::Any => sni.catch_all = true,
+            }
+            hosts.insert(pattern, vhost);
         }
         let mut passthrough = HostTable::default();
         for (pattern, route) in builder.passthrough {
@@ -264,6 +289,80 @@ impl Snapshot {
             passthrough,
         }
     }
+}
+
+/// A name served for another host's sake.
+enum ExtraName {
+    /// `server-alias`: the same virtual host as this one.
+    Alias(HostPattern),
+    /// `from-to-www-redirect`: a host that only redirects to this name.
+    WwwRedirect(String),
+}
+
+/// The names `server-alias` and `from-to-www-redirect` add, as ingress-nginx adds them: never
+/// a name an Ingress rule declares; of two claims on one name, the older Ingress's wins.
+fn extra_names(
+    hosts: &BTreeMap<HostPattern, HostBuilder>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> BTreeMap<HostPattern, ExtraName> {
+    let mut extra = BTreeMap::new();
+    let subject = |key: &ObjectKey| Subject::object(Kind::Ingress, key);
+    let mut claims: Vec<(usize, &HostPattern, &HostBuilder)> = hosts
+        .iter()
+        .flat_map(|(pattern, host)| {
+            let alias = host.aliases.as_ref().map(|(rank, ..)| *rank);
+            let www = host.www.as_ref().map(|(rank, _)| *rank);
+            [alias, www]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(|rank| (rank, pattern, host))
+        })
+        .collect();
+    claims.sort_by_key(|(rank, pattern, _)| (*rank, *pattern));
+    for (_, pattern, host) in claims {
+        if let Some((_, key, aliases)) = &host.aliases {
+            for alias in aliases {
+                if alias == pattern || hosts.contains_key(alias) {
+                    continue;
+                }
+                match extra.get(alias) {
+                    None => {
+                        extra.insert(alias.clone(), ExtraName::Alias(pattern.clone()));
+                    }
+                    Some(_) => diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::ConflictingRule,
+                        subject(key),
+                        format!("server-alias {alias} of host {pattern} is already an alias of another host; it is not added"),
+                    )),
+                }
+            }
+        }
+        let Some((_, key)) = &host.www else { continue };
+        let HostPattern::Exact(to) = pattern else {
+            diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject(key),
+                format!("from-to-www-redirect applies to plain host names, not to {pattern}; no redirect is made for it"),
+            ));
+            continue;
+        };
+        let from = match to.strip_prefix("www.") {
+            Some(bare) => bare.to_string(),
+            None => format!("www.{to}"),
+        };
+        let from_pattern = HostPattern::Exact(from.clone());
+        if hosts.contains_key(&from_pattern) || extra.contains_key(&from_pattern) {
+            diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::ConflictingRule,
+                subject(key),
+                format!("from-to-www-redirect: {from} is already served, so it does not redirect to {to}"),
+            ));
+            continue;
+        }
+        extra.insert(from_pattern, ExtraName::WwwRedirect(to.clone()));
+    }
+    extra
 }
 
 /// A host's rules recompiled for ingress-nginx's regex mode; a path that is not a valid regex
@@ -305,6 +404,8 @@ fn owned_ingresses<'s>(
 }
 
 struct Builder<'s> {
+    /// The age rank of the Ingress being added (0 is the oldest).
+    rank: usize,
     diagnostics: Vec<Diagnostic>,
     resolver: Resolver<'s>,
     unsupported_access: UnsupportedAccess,
@@ -324,6 +425,11 @@ struct HostBuilder {
     policy: HostPolicy,
     /// `use-regex`, or a `rewrite-target` that differs from its path, on one of its Ingresses.
     nginx_regex: bool,
+    /// `server-alias` of the oldest Ingress that sets one for this host, with that Ingress's
+    /// age rank (0 is the oldest).
+    aliases: Option<(usize, ObjectKey, Vec<HostPattern>)>,
+    /// The oldest Ingress that asks for `from-to-www-redirect` on this host, with its rank.
+    www: Option<(usize, ObjectKey)>,
 }
 
 impl Builder<'_> {
@@ -399,6 +505,17 @@ impl Builder<'_> {
                 host.default_backend = default_route.clone();
             }
             host.nginx_regex |= options.use_regex;
+            if options.from_to_www && host.www.is_none() {
+                host.www = Some((self.rank, key.clone()));
+            }
+            if !options.server_alias.is_empty() && host.aliases.is_none() {
+                let aliases = options
+                    .server_alias
+                    .iter()
+                    .filter_map(|a| host::parse_pattern(Some(a)).ok())
+                    .collect();
+                host.aliases = Some((self.rank, key.clone(), aliases));
+            }
             if let Some(app_root) = &options.app_root {
                 match &host.policy.app_root {
                     None => host.policy.app_root = Some(app_root.clone()),

@@ -5,8 +5,11 @@
 //! ```text
 //!   phase (proxy::phase)   reads
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured)
-//!   redirect               HostPolicy       app-root (per host: before any route is chosen)
-//!                          RedirectPolicy   ssl-redirect, force-ssl-redirect, the host's TLS
+//!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
+//!                                           route is chosen)
+//!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
+//!                                           force-ssl-redirect (the host's TLS),
+//!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
 //! ```
@@ -16,8 +19,8 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use super::annotations::Options;
 use super::annotations::rewrite::Template;
+use super::annotations::{Options, UrlRedirect};
 
 /// Everything per route, by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,6 +38,9 @@ pub struct HostPolicy {
     /// `app-root`: a request whose path is exactly `/` is redirected (302) here, on the same
     /// scheme and `Host`, query dropped, as ingress-nginx's `return 302 $scheme://$http_host…`.
     pub app_root: Option<Arc<str>>,
+    /// `from-to-www-redirect`: this host exists only to redirect (308) to that one, as
+    /// `<scheme>://<to>:<port><target, one trailing slash removed>`.
+    pub www_redirect: Option<Arc<str>>,
 }
 
 /// How the target sent upstream differs from the one the client sent.
@@ -105,11 +111,17 @@ pub struct AccessPolicy {
 }
 
 /// Redirects made before the upstream is asked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RedirectPolicy {
+    /// `temporal-redirect` or `permanent-redirect`: every request gets this redirect, HTTP or
+    /// HTTPS (nginx's `return CODE URL`, which runs before the HTTPS redirect).
+    pub to_url: Option<UrlRedirect>,
     /// Plain HTTP is redirected to HTTPS: `force-ssl-redirect`, or `ssl-redirect` (default on)
     /// when the Ingress lists the host under `spec.tls`.
     pub to_https: bool,
+    /// `preserve-trailing-slash`: the HTTPS redirect keeps a trailing `/` of the target
+    /// (ingress-nginx removes one by default, so `/` goes to `https://host`).
+    pub preserve_trailing_slash: bool,
 }
 
 /// How the upstream is spoken to.
@@ -140,8 +152,10 @@ impl RoutePolicy {
                 refused: refused.cloned(),
             },
             redirect: RedirectPolicy {
+                to_url: options.redirect.clone(),
                 to_https: options.force_ssl_redirect
                     || (tls && options.ssl_redirect.unwrap_or(true)),
+                preserve_trailing_slash: options.preserve_trailing_slash,
             },
             rewrite: RewritePolicy::default(),
             upstream: UpstreamPolicy {

@@ -1301,3 +1301,142 @@ fn app_root_is_the_hosts_and_the_oldest_ingress_wins() {
         snap.diagnostics
     );
 }
+
+/// `server-alias` serves more names as the same host; `from-to-www-redirect` adds a host that
+/// only redirects; neither takes a name an Ingress declares, and the oldest claim wins.
+#[test]
+fn server_aliases_and_www_redirect_hosts() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "aliased",
+            1,
+            "shop.example.com",
+            &[
+                (
+                    "server-alias",
+                    "store.example.com, *.shops.example.com, other.example.com",
+                ),
+                ("from-to-www-redirect", "true"),
+            ],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "other",
+            2,
+            "other.example.com",
+            &[],
+            &[("Prefix", "/", "api")],
+        ),
+        ingress_with(
+            "late-alias",
+            3,
+            "late.example.com",
+            &[("server-alias", "store.example.com")],
+            &[("Prefix", "/", "api")],
+        ),
+        ingress_with(
+            "www-first",
+            4,
+            "www.blog.example.com",
+            &[("from-to-www-redirect", "true")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "taken",
+            5,
+            "taken.example.com",
+            &[("from-to-www-redirect", "true")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "www-taken",
+            6,
+            "www.taken.example.com",
+            &[],
+            &[("Prefix", "/", "api")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    // (host, routed to, www redirect target)
+    let cases = [
+        ("shop.example.com", "shop/web:80", None),
+        ("store.example.com", "shop/web:80", None),
+        ("a.shops.example.com", "shop/web:80", None),
+        // Declared by an Ingress: never an alias.
+        ("other.example.com", "shop/api:8080", None),
+        ("www.shop.example.com", "404", Some("shop.example.com")),
+        ("blog.example.com", "404", Some("www.blog.example.com")),
+        ("www.blog.example.com", "shop/web:80", None),
+        ("www.taken.example.com", "shop/api:8080", None),
+        ("late.example.com", "shop/api:8080", None),
+    ];
+    for (host, want, www) in cases {
+        assert_eq!(routed(&snap, host, "/x"), want, "{host}");
+        let got = snap
+            .host(Some(host))
+            .and_then(|h| h.policy.www_redirect.as_deref().map(str::to_string));
+        assert_eq!(got.as_deref(), www, "{host}");
+    }
+    for name in [
+        "store.example.com",
+        "*.shops.example.com",
+        "www.shop.example.com",
+        "blog.example.com",
+    ] {
+        assert_eq!(snap.sni.names.get(name), Some(&sni::Action::Pass), "{name}");
+    }
+    let got: Vec<(DiagnosticKind, String)> = snap
+        .diagnostics
+        .iter()
+        .map(|d| (d.kind, d.subject.to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/late-alias".to_string()
+            ),
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/taken".to_string()
+            ),
+        ],
+        "{:?}",
+        snap.diagnostics
+    );
+}
+
+#[test]
+fn redirect_annotations_become_the_routes_redirect_policy() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "moved",
+            1,
+            "moved.example.com",
+            &[
+                ("permanent-redirect", "https://new.example.com/landing"),
+                ("permanent-redirect-code", "308"),
+                ("preserve-trailing-slash", "true"),
+            ],
+            &[("Prefix", "/", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let route = snap.route(Some("moved.example.com"), "/a").expect("route");
+    let redirect = &route.policy.redirect;
+    assert_eq!(
+        redirect.to_url,
+        Some(annotations::UrlRedirect {
+            code: 308,
+            url: Arc::from("https://new.example.com/landing")
+        })
+    );
+    assert!(redirect.preserve_trailing_slash);
+    assert!(!redirect.to_https);
+}

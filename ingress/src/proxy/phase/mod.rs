@@ -10,8 +10,9 @@
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503
-//!   redirect  (redirect.rs)  app-root: `/` on a host that has one → 302 (before routing);
-//!                            plain HTTP on a route that wants HTTPS → 308
+//!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
+//!                            the route's: permanent-/temporal-redirect → their code; plain
+//!                            HTTP on a route that wants HTTPS → 308
 //!   rewrite   (rewrite.rs)   rewrite-target: the path sent upstream; X-Forwarded-Prefix
 //!   upstream  (upstream.rs)  endpoint, response timeout, upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
@@ -143,7 +144,7 @@ impl Proxy {
         }
         if let Some(decision) = snapshot
             .host(host)
-            .and_then(|vhost| redirect::app_root(&vhost.policy, conn, authority, &target))
+            .and_then(|vhost| redirect::host(&vhost.policy, conn, authority, raw_target, &target))
         {
             return Phased {
                 target: Some(target),

@@ -42,6 +42,23 @@ pub struct Options {
     pub app_root: Option<Arc<str>>,
     /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` sent upstream with a rewritten request.
     pub x_forwarded_prefix: Option<Arc<str>>,
+    /// `preserve-trailing-slash`: the HTTPS redirect keeps a target's trailing `/`.
+    pub preserve_trailing_slash: bool,
+    /// `temporal-redirect` (with its code), else `permanent-redirect` (with its code): every
+    /// request is answered with a redirect to this URL instead of reaching the upstream.
+    pub redirect: Option<UrlRedirect>,
+    /// `from-to-www-redirect`: `www.HOST` redirects to `HOST` (or `HOST` to `www.HOST` for a
+    /// host that starts with `www.`).
+    pub from_to_www: bool,
+    /// `server-alias`: more names served exactly as each host of the Ingress.
+    pub server_alias: Vec<String>,
+}
+
+/// A redirect annotation: answer with `code` and `Location: url`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UrlRedirect {
+    pub code: u16,
+    pub url: Arc<str>,
 }
 
 impl Default for Options {
@@ -56,6 +73,10 @@ impl Default for Options {
             rewrite_target: None,
             app_root: None,
             x_forwarded_prefix: None,
+            preserve_trailing_slash: false,
+            redirect: None,
+            from_to_www: false,
+            server_alias: Vec::new(),
         }
     }
 }
@@ -84,6 +105,8 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
     options.use_regex = bool_of("use-regex").unwrap_or(false);
+    options.preserve_trailing_slash = bool_of("preserve-trailing-slash").unwrap_or(false);
+    options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
@@ -110,7 +133,66 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             )),
         }
     }
+    options.redirect = url_redirect(annotations, "temporal-redirect", 302, 307, &mut errors)
+        .or_else(|| url_redirect(annotations, "permanent-redirect", 301, 308, &mut errors));
+    if let Some((key, value)) = lookup(annotations, "server-alias") {
+        for alias in value.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            match super::host::parse_pattern(Some(alias)) {
+                Ok(super::host::HostPattern::Any) | Err(_) => errors.push(format!(
+                    "{key}: {alias:?} is not a host name or a *.wildcard (regular expressions are not supported); it is not served"
+                )),
+                Ok(_) => options.server_alias.push(alias.to_string()),
+            }
+        }
+    }
     (options, errors)
+}
+
+/// `NAME` and `NAME-code` as ingress-nginx reads them: an http(s) URL of the characters it
+/// allows, and a code in 300..=`max` (otherwise `default`, as ingress-nginx does). A code that
+/// is not a number disables the redirect, as in ingress-nginx.
+fn url_redirect(
+    annotations: &BTreeMap<String, String>,
+    name: &str,
+    default: u16,
+    max: u16,
+    errors: &mut Vec<String>,
+) -> Option<UrlRedirect> {
+    let (key, url) = lookup(annotations, name)?;
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._~/:,?&=".contains(&b);
+    let has_host = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .is_some_and(|host| !host.is_empty());
+    if !url.bytes().all(allowed) || !has_host {
+        errors.push(format!(
+            "{key}: {url:?} is not an http:// or https:// URL of letters, digits and -._~/:,?&=; no redirect is made"
+        ));
+        return None;
+    }
+    let code = match lookup(annotations, &format!("{name}-code")) {
+        None => default,
+        Some((code_key, value)) => match value.trim().parse::<u16>() {
+            Ok(code) if (300..=max).contains(&code) => code,
+            Ok(code) => {
+                errors.push(format!(
+                    "{code_key}: {code} is not in 300..={max}; {default} is used, as ingress-nginx does"
+                ));
+                default
+            }
+            Err(_) => {
+                errors.push(format!(
+                    "{code_key}: {value:?} is not a number; no redirect is made, as in ingress-nginx"
+                ));
+                return None;
+            }
+        },
+    };
+    Some(UrlRedirect {
+        code,
+        url: Arc::from(url),
+    })
 }
 
 /// What an Ingress with an access-control annotation this controller cannot honour gets.
@@ -341,6 +423,113 @@ mod tests {
                 0,
             ),
             (vec![(n("use-regex"), "True")], Options::default(), 1),
+            (
+                vec![
+                    (n("permanent-redirect"), "https://example.com/x?a=b&c=d"),
+                    (n("from-to-www-redirect"), "true"),
+                    (n("preserve-trailing-slash"), "true"),
+                    (n("server-alias"), "a.example.com, *.b.example.com,"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 301,
+                        url: Arc::from("https://example.com/x?a=b&c=d"),
+                    }),
+                    from_to_www: true,
+                    preserve_trailing_slash: true,
+                    server_alias: vec!["a.example.com".into(), "*.b.example.com".into()],
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![
+                    (n("permanent-redirect"), "http://example.com"),
+                    (n("permanent-redirect-code"), "308"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 308,
+                        url: Arc::from("http://example.com"),
+                    }),
+                    ..Default::default()
+                },
+                0,
+            ),
+            // Temporal wins over permanent; its codes stop at 307.
+            (
+                vec![
+                    (n("permanent-redirect"), "http://p.example"),
+                    (n("temporal-redirect"), "http://t.example/"),
+                    (n("temporal-redirect-code"), "308"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 302,
+                        url: Arc::from("http://t.example/"),
+                    }),
+                    ..Default::default()
+                },
+                1,
+            ),
+            (
+                vec![
+                    (n("temporal-redirect"), "http://t.example/"),
+                    (n("temporal-redirect-code"), "303"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 303,
+                        url: Arc::from("http://t.example/"),
+                    }),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![
+                    (n("permanent-redirect"), "http://p.example"),
+                    (n("permanent-redirect-code"), "moved"),
+                ],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "/relative")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "ftp://x.example")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "http://")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "http://x.example/$request_uri")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "http://x.example/a b")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(
+                    n("server-alias"),
+                    "ok.example.com,~^www\\d+\\.example\\.com$,Bad_Name",
+                )],
+                Options {
+                    server_alias: vec!["ok.example.com".into()],
+                    ..Default::default()
+                },
+                2,
+            ),
             (vec![(n("rewrite-target"), "/$uri")], Options::default(), 1),
             (vec![(n("rewrite-target"), "")], Options::default(), 1),
             (vec![(n("app-root"), "app")], Options::default(), 1),
