@@ -36,7 +36,7 @@ use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
-use policy::{HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
+use policy::{CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -200,9 +200,23 @@ impl Snapshot {
             default_backend: None,
         };
         let owned = owned_ingresses(store, &settings.class);
+        // Canaries after every main Ingress: a canary is attached to the main route with its
+        // host, path and type, whichever is older.
+        let mut canaries = Vec::new();
         for (rank, (key, ingress)) in owned.iter().enumerate() {
             builder.rank = rank;
+            if annotations::parse(ingress.metadata.annotations.as_ref())
+                .0
+                .canary
+                .is_some()
+            {
+                canaries.push((*key, *ingress));
+                continue;
+            }
             builder.add_ingress(key, ingress);
+        }
+        for (key, ingress) in canaries {
+            builder.add_canary(key, ingress);
         }
         let tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
@@ -600,6 +614,142 @@ impl Builder<'_> {
                         target: route,
                     });
                 }
+            }
+        }
+    }
+
+    /// A canary Ingress (`canary: "true"`): each of its paths becomes the canary of the main
+    /// route with the same host, path and type (ingress-nginx's rule); it serves nothing by
+    /// itself, and its other annotations have no effect (the main Ingress's apply).
+    fn add_canary(&mut self, key: &ObjectKey, ingress: &Ingress) {
+        let subject = Subject::object(Kind::Ingress, key);
+        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
+        for message in errors {
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
+        let Some(rules) = options.canary else { return };
+        for name in ingress.metadata.annotations.iter().flat_map(|a| a.keys()) {
+            let Some(short) = name
+                .strip_prefix(annotations::NGINX_PREFIX)
+                .or_else(|| name.strip_prefix(annotations::PREFIX))
+            else {
+                continue;
+            };
+            if !short.starts_with("canary") {
+                self.diagnostics.push(Diagnostic::warning(
+                    DiagnosticKind::UnsupportedAnnotation,
+                    subject.clone(),
+                    format!("{name} has no effect on a canary Ingress: canary traffic gets the main Ingress's annotations, as in ingress-nginx (which makes exceptions only for load-balance, upstream-hash-by and session affinity, not supported here)"),
+                ));
+            }
+        }
+        let Some(spec) = &ingress.spec else { return };
+        if spec.default_backend.is_some() {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::CanaryUnmatched,
+                subject.clone(),
+                "the defaultBackend of a canary Ingress is not supported as a canary; it is not used",
+            ));
+        }
+        let placeholder = Arc::new(RoutePolicy::default());
+        for rule in spec.rules.as_deref().unwrap_or_default() {
+            let pattern = match host::parse_pattern(rule.host.as_deref()) {
+                Ok(p) => p,
+                Err(err) => {
+                    self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidHost,
+                        subject.clone(),
+                        err.to_string(),
+                    ));
+                    continue;
+                }
+            };
+            let paths = rule
+                .http
+                .as_ref()
+                .map(|h| h.paths.as_slice())
+                .unwrap_or_default();
+            for http_path in paths {
+                let path = http_path.path.clone().unwrap_or_else(|| "/".into());
+                let ty = http_path.path_type.as_str();
+                let kind = match path::compile(&path, ty) {
+                    Ok(kind) => kind.as_str(),
+                    Err(err) => {
+                        self.diagnostics.push(Diagnostic::error(
+                            DiagnosticKind::InvalidPath,
+                            subject.clone(),
+                            format!("host {pattern}: {err}; this canary path is not used"),
+                        ));
+                        continue;
+                    }
+                };
+                let main = self
+                    .hosts
+                    .get(&pattern)
+                    .and_then(|h| h.seen.get(&(path.clone(), kind)))
+                    .cloned();
+                let Some(main) = main else {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::CanaryUnmatched,
+                        subject.clone(),
+                        format!("no main Ingress serves host {pattern} path {path} ({ty}); this canary path is not used"),
+                    ));
+                    continue;
+                };
+                let Some(canary) = self.route(key, &http_path.backend, &placeholder, false, false)
+                else {
+                    continue;
+                };
+                let Some(host) = self.hosts.get_mut(&pattern) else {
+                    continue;
+                };
+                let Some(rule) = host.rules.iter_mut().find(|r| {
+                    r.path == path && r.kind.as_str() == kind && r.target.ingress == main
+                }) else {
+                    continue;
+                };
+                let old = &rule.target;
+                let problem = if let Some(existing) = &old.policy.canary {
+                    Some(format!(
+                        "host {pattern} path {path} already has the canary Ingress {}; ingress-nginx uses one canary per path, so this one is not used",
+                        existing.ingress
+                    ))
+                } else if old.backend.service == canary.backend.service
+                    && old.backend.port == canary.backend.port
+                {
+                    Some(format!(
+                        "host {pattern} path {path}: the canary's backend is the main Ingress's own; it is not used"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(message) = problem {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::ConflictingRule,
+                        subject.clone(),
+                        message,
+                    ));
+                    continue;
+                }
+                let policy = RoutePolicy {
+                    canary: Some(Arc::new(CanaryPolicy {
+                        rules: rules.clone(),
+                        backend: canary.backend.clone(),
+                        ingress: key.clone(),
+                    })),
+                    ..(*old.policy).clone()
+                };
+                rule.target = Arc::new(Route {
+                    ingress: old.ingress.clone(),
+                    tls: old.tls,
+                    backend: old.backend.clone(),
+                    policy: Arc::new(policy),
+                    labels: old.labels.clone(),
+                });
             }
         }
     }

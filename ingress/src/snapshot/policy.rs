@@ -12,6 +12,8 @@
 //!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
+//!                          CanaryPolicy     a canary Ingress's backend and rules (header,
+//!                                           cookie, weight)
 //! ```
 
 use std::sync::Arc;
@@ -19,8 +21,11 @@ use std::time::Duration;
 
 use regex::Regex;
 
+use super::annotations::canary::Rules;
 use super::annotations::rewrite::Template;
 use super::annotations::{Options, UrlRedirect};
+use super::backend::Backend;
+use crate::store::ObjectKey;
 
 /// Everything per route, by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,7 +34,29 @@ pub struct RoutePolicy {
     pub redirect: RedirectPolicy,
     pub rewrite: RewritePolicy,
     pub upstream: UpstreamPolicy,
+    /// The canary of this route, when a canary Ingress names the same host, path and type.
+    pub canary: Option<Arc<CanaryPolicy>>,
 }
+
+/// A canary Ingress's alternative to a route's backend. Everything else about a request on
+/// the route (redirects, rewrites, timeouts) is the main Ingress's, as in ingress-nginx.
+#[derive(Debug)]
+pub struct CanaryPolicy {
+    pub rules: Arc<Rules>,
+    pub backend: Arc<Backend>,
+    /// The canary Ingress.
+    pub ingress: ObjectKey,
+}
+
+impl PartialEq for CanaryPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.rules == other.rules
+            && Arc::ptr_eq(&self.backend, &other.backend)
+            && self.ingress == other.ingress
+    }
+}
+
+impl Eq for CanaryPolicy {}
 
 /// What a host does before any of its routes is chosen: ingress-nginx writes these into the
 /// `server` block, so they apply to every request for the host, whichever Ingress set them.
@@ -158,6 +185,7 @@ impl RoutePolicy {
                 preserve_trailing_slash: options.preserve_trailing_slash,
             },
             rewrite: RewritePolicy::default(),
+            canary: None,
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),

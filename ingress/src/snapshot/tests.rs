@@ -1440,3 +1440,129 @@ fn redirect_annotations_become_the_routes_redirect_policy() {
     assert!(redirect.preserve_trailing_slash);
     assert!(!redirect.to_https);
 }
+
+/// ingress-nginx's canary rules: a canary Ingress is the alternative of the main route with the
+/// same host, path and type, whichever Ingress is older; it serves nothing by itself; one
+/// canary per path; its other annotations have no effect.
+#[test]
+fn canaries_attach_to_the_main_route_of_the_same_host_path_and_type() {
+    let canary = [("canary", "true"), ("canary-by-header", "X-Canary")];
+    let yaml = [
+        SERVICES.to_string(),
+        // Older than its main: still a canary.
+        ingress_with(
+            "early-canary",
+            1,
+            "shop.example.com",
+            &[canary[0], canary[1], ("rewrite-target", "/x")],
+            &[
+                ("Prefix", "/", "api"),
+                ("Prefix", "/only-canary", "api"),
+                ("Exact", "/info", "api"),
+            ],
+        ),
+        ingress_with(
+            "main",
+            2,
+            "shop.example.com",
+            &[("permanent-redirect", "http://elsewhere.example")],
+            &[("Prefix", "/", "web"), ("Prefix", "/info", "web")],
+        ),
+        ingress_with(
+            "second-canary",
+            3,
+            "shop.example.com",
+            &canary,
+            &[("Prefix", "/", "fallback")],
+        ),
+        ingress_with(
+            "lonely-canary",
+            4,
+            "lonely.example.com",
+            &canary,
+            &[("Prefix", "/", "api")],
+        ),
+        ingress_with(
+            "self-canary",
+            5,
+            "shop.example.com",
+            &canary,
+            &[("Prefix", "/info", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    let canary_of = |host: &str, path: &str| {
+        snap.route(Some(host), path).and_then(|r| {
+            r.policy
+                .canary
+                .as_ref()
+                .map(|c| (c.ingress.name.clone(), c.backend.service.name.clone()))
+        })
+    };
+    assert_eq!(
+        canary_of("shop.example.com", "/"),
+        Some(("early-canary".into(), "api".into()))
+    );
+    // The canary's annotations are not the route's: the main's redirect stays, no rewrite.
+    let route = snap.route(Some("shop.example.com"), "/").expect("route");
+    assert_eq!(route.ingress.name, "main");
+    assert!(route.policy.redirect.to_url.is_some());
+    assert!(route.policy.rewrite.target.is_none());
+    assert!(
+        !snap
+            .host(Some("shop.example.com"))
+            .expect("host")
+            .nginx_regex
+    );
+    // The Exact /info of the canary does not match the main's Prefix /info.
+    assert_eq!(canary_of("shop.example.com", "/info"), None);
+    // A canary path without a main serves nothing: it falls to the main's /.
+    assert_eq!(
+        routed(&snap, "shop.example.com", "/only-canary"),
+        "shop/web:80"
+    );
+    assert_eq!(routed(&snap, "lonely.example.com", "/"), "404");
+    assert!(snap.host(Some("lonely.example.com")).is_none());
+    let mut got: Vec<(DiagnosticKind, String)> = snap
+        .diagnostics
+        .iter()
+        .map(|d| (d.kind, d.subject.to_string()))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/second-canary".to_string()
+            ),
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/self-canary".to_string()
+            ),
+            (
+                DiagnosticKind::NoReadyEndpoints,
+                "Ingress shop/second-canary".to_string()
+            ),
+            (
+                DiagnosticKind::UnsupportedAnnotation,
+                "Ingress shop/early-canary".to_string()
+            ),
+            (
+                DiagnosticKind::CanaryUnmatched,
+                "Ingress shop/early-canary".to_string()
+            ),
+            (
+                DiagnosticKind::CanaryUnmatched,
+                "Ingress shop/early-canary".to_string()
+            ),
+            (
+                DiagnosticKind::CanaryUnmatched,
+                "Ingress shop/lonely-canary".to_string()
+            ),
+        ],
+        "{:?}",
+        snap.diagnostics
+    );
+}

@@ -239,7 +239,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             )
         });
         let authority = req.authority.as_ref().map(|a| a.raw);
-        let phased = proxy.request_phases(self.conn, host, authority, &req.target);
+        let phased = proxy.request_phases(self.conn, host, authority, &req.target, &req.headers);
         let (action, route) = (phased.decision, phased.route);
         let mut upgrade = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {

@@ -124,7 +124,13 @@ impl Proxy {
             target,
             route,
             decision,
-        } = self.request_phases(conn, Some(&host), Some(&authority_raw), &original);
+        } = self.request_phases(
+            conn,
+            Some(&host),
+            Some(&authority_raw),
+            &original,
+            req.headers(),
+        );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
         let (response, outcome) = match decision {
             Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),

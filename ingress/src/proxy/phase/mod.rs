@@ -14,6 +14,7 @@
 //!                            the route's: permanent-/temporal-redirect → their code; plain
 //!                            HTTP on a route that wants HTTPS → 308
 //!   rewrite   (rewrite.rs)   rewrite-target: the path sent upstream; X-Forwarded-Prefix
+//!   canary    (canary.rs)    a route with a canary: its header, cookie, weight → which backend
 //!   upstream  (upstream.rs)  endpoint, response timeout, upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; metrics and the access log
@@ -23,6 +24,7 @@
 //! configuration change never disturbs a request in flight.
 
 pub mod access;
+pub mod canary;
 pub mod identity;
 pub mod redirect;
 pub mod response;
@@ -44,6 +46,47 @@ use crate::snapshot::Route;
 use crate::snapshot::backend::InFlight;
 use identity::ConnInfo;
 use route::Refusal;
+
+/// The request's headers, as the phases that read them need them; each protocol path
+/// implements it over its own representation.
+pub(crate) trait RequestHeaders {
+    /// The first value of the header `name` (lower-case).
+    fn header(&self, name: &str) -> Option<&[u8]>;
+    /// The value of the cookie `name` in the `Cookie` headers.
+    fn cookie(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl RequestHeaders for http::HeaderMap {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn cookie(&self, name: &str) -> Option<&[u8]> {
+        canary::find_cookie(
+            self.get_all(http::header::COOKIE)
+                .iter()
+                .map(http::HeaderValue::as_bytes),
+            name,
+        )
+    }
+}
+
+impl RequestHeaders for &[httparse::Header<'_>] {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+
+    fn cookie(&self, name: &str) -> Option<&[u8]> {
+        canary::find_cookie(
+            self.iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+                .map(|h| h.value),
+            name,
+        )
+    }
+}
 
 /// What to do with a request; both HTTP paths act on it.
 pub(crate) enum Decision {
@@ -125,6 +168,7 @@ impl Proxy {
         host: Option<&str>,
         authority: Option<&str>,
         raw_target: &'t str,
+        headers: &dyn RequestHeaders,
     ) -> Phased<'t> {
         let refused = |refusal: Refusal, target: Option<Target<'t>>| Phased {
             target,
@@ -167,7 +211,8 @@ impl Proxy {
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| {
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
-                upstream::forward(&route, self.settings.response_timeout, prefix)
+                let backend = canary::backend(&route, headers);
+                upstream::forward(&route, backend, self.settings.response_timeout, prefix)
             });
         Phased {
             target: Some(target),

@@ -10,16 +10,18 @@ use super::{Decision, Forward};
 use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::Route;
-use crate::snapshot::backend::Target;
+use crate::snapshot::backend::{Backend, Target};
 
 /// The forward for a request on `route`, or the failure that replaces it.
+/// `backend` is the route's, or its canary's (the canary phase chose).
 pub(crate) fn forward(
     route: &Arc<Route>,
+    backend: &Backend,
     default_timeout: Duration,
     forwarded_prefix: Option<Arc<str>>,
 ) -> Decision {
-    let (key, in_flight) = match &route.backend.target {
-        Target::Endpoints(_) => match route.backend.pick() {
+    let (key, in_flight) = match &backend.target {
+        Target::Endpoints(_) => match backend.pick() {
             Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
             None => return Decision::Fail(UpstreamError::NoEndpoints),
         },

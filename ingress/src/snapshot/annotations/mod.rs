@@ -5,6 +5,7 @@
 //! Every other annotation under either prefix is judged by the table in [`registry`]: see
 //! [`unsupported`].
 
+pub mod canary;
 pub mod registry;
 pub mod rewrite;
 
@@ -52,6 +53,9 @@ pub struct Options {
     pub from_to_www: bool,
     /// `server-alias`: more names served exactly as each host of the Ingress.
     pub server_alias: Vec<String>,
+    /// `canary: "true"` and its rules: this Ingress's paths are alternatives of a main
+    /// Ingress's same host, path and type, and every other annotation is the main's.
+    pub canary: Option<Arc<canary::Rules>>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -77,6 +81,7 @@ impl Default for Options {
             redirect: None,
             from_to_www: false,
             server_alias: Vec::new(),
+            canary: None,
         }
     }
 }
@@ -107,6 +112,8 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.use_regex = bool_of("use-regex").unwrap_or(false);
     options.preserve_trailing_slash = bool_of("preserve-trailing-slash").unwrap_or(false);
     options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
+    let canary = bool_of("canary").unwrap_or(false);
+    options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
@@ -310,7 +317,8 @@ mod tests {
             (n("ssl-redirect"), None),
             (o("proxy-read-timeout"), None),
             (n("rewrite-target"), None),
-            (n("canary"), Some((Category::Routing, true))),
+            (n("canary"), None),
+            (n("mirror-target"), Some((Category::Upstream, true))),
             (
                 n("whitelist-source-range"),
                 Some((Category::AccessControl, true)),
