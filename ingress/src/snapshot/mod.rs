@@ -584,7 +584,7 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
-                let mut policy = policies[usize::from(tls)].clone();
+                let mut policy = policies[usize::from(tls)].for_path(&path);
                 match Rewrite::for_path(&options, &path) {
                     None => {}
                     Some(Ok(rewrite)) => {

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use regex::Regex;
 
+use super::annotations::affinity::Affinity;
 use super::annotations::canary::Rules;
 use super::annotations::rewrite::Template;
 use super::annotations::{Options, UrlRedirect};
@@ -159,6 +160,8 @@ pub struct UpstreamPolicy {
     pub read_timeout: Option<Duration>,
     /// The protocols a client may switch to with `Upgrade` (lower-case).
     pub upgrades: Arc<[String]>,
+    /// `affinity: cookie`, its cookie's path resolved (the route's path by default).
+    pub affinity: Option<Arc<Affinity>>,
 }
 
 impl Default for UpstreamPolicy {
@@ -166,11 +169,35 @@ impl Default for UpstreamPolicy {
         Self {
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
+            affinity: None,
         }
     }
 }
 
 impl RoutePolicy {
+    /// This policy for a route of `path`: the affinity cookie's path defaults to the route's
+    /// (ingress-nginx's location path; `/` when the path is not a plain path, such as a regex).
+    pub fn for_path(self: &Arc<Self>, path: &str) -> Arc<RoutePolicy> {
+        match &self.upstream.affinity {
+            Some(affinity) if affinity.path.is_none() => {
+                let plain = path
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b));
+                let mut policy = (**self).clone();
+                policy.upstream.affinity = Some(Arc::new(Affinity {
+                    path: Some(if plain {
+                        path.to_string()
+                    } else {
+                        "/".to_string()
+                    }),
+                    ..(**affinity).clone()
+                }));
+                Arc::new(policy)
+            }
+            _ => self.clone(),
+        }
+    }
+
     /// The policy of a route of an Ingress with `options`, for a host it lists under
     /// `spec.tls` or not, refused or not.
     pub fn new(options: &Options, tls: bool, refused: Option<&Arc<str>>) -> RoutePolicy {
@@ -189,6 +216,7 @@ impl RoutePolicy {
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),
+                affinity: options.affinity.clone(),
             },
         }
     }

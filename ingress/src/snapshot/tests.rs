@@ -1566,3 +1566,41 @@ fn canaries_attach_to_the_main_route_of_the_same_host_path_and_type() {
         snap.diagnostics
     );
 }
+
+#[test]
+fn affinity_cookie_path_defaults_to_the_routes_path() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "sticky",
+            1,
+            "sticky.example.com",
+            &[("affinity", "cookie")],
+            &[
+                ("Prefix", "/app", "web"),
+                ("ImplementationSpecific", "/re(.*)", "web"),
+            ],
+        ),
+        ingress_with(
+            "pathed",
+            2,
+            "pathed.example.com",
+            &[("affinity", "cookie"), ("session-cookie-path", "/p")],
+            &[("Prefix", "/app", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let path_of = |host: &str, path: &str| {
+        snap.route(Some(host), path)
+            .and_then(|r| r.policy.upstream.affinity.clone())
+            .and_then(|a| a.path.clone())
+    };
+    assert_eq!(
+        path_of("sticky.example.com", "/app/x").as_deref(),
+        Some("/app")
+    );
+    assert_eq!(path_of("sticky.example.com", "/rex").as_deref(), Some("/"));
+    assert_eq!(path_of("pathed.example.com", "/app").as_deref(), Some("/p"));
+}

@@ -316,12 +316,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Respond(StatusCode::NOT_FOUND),
         );
         let upgrade = prepared.upgrade.take();
+        let set_cookie = match &action {
+            Decision::Forward(forward) => forward.set_cookie.clone(),
+            _ => None,
+        };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
             close: prepared.close || self.stop.is_cancelled(),
             hsts,
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
+            set_cookie: set_cookie.as_deref().map(str::as_bytes),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {

@@ -65,6 +65,8 @@ pub struct ResponseContext<'a> {
     pub http10: bool,
     /// The protocol the request asked to switch to; only then is a 101 acceptable.
     pub upgrade: Option<&'a [u8]>,
+    /// A `Set-Cookie` the proxy adds to the upstream's response (a new affinity session).
+    pub set_cookie: Option<&'a [u8]>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -233,6 +235,9 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
         }
         if let (Some(hsts), false) = (ctx.hsts, has_hsts) {
             push(out, &[b"strict-transport-security: ", hsts, b"\r\n"]);
+        }
+        if let Some(cookie) = ctx.set_cookie {
+            push(out, &[b"set-cookie: ", cookie, b"\r\n"]);
         }
         if coded && !dechunk {
             write_codings(out, headers);

@@ -182,6 +182,7 @@ impl Proxy {
             in_flight,
             timeout,
             forwarded_prefix,
+            set_cookie,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -214,6 +215,9 @@ impl Proxy {
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_response_hop_by_hop(response.headers_mut());
+        if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+            response.headers_mut().append(header::SET_COOKIE, cookie);
+        }
         let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (
             response,

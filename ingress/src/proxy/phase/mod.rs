@@ -15,7 +15,8 @@
 //!                            HTTP on a route that wants HTTPS → 308
 //!   rewrite   (rewrite.rs)   rewrite-target: the path sent upstream; X-Forwarded-Prefix
 //!   canary    (canary.rs)    a route with a canary: its header, cookie, weight → which backend
-//!   upstream  (upstream.rs)  endpoint, response timeout, upgrades allowed → Forward
+//!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
+//!                            upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; metrics and the access log
 //! ```
@@ -24,6 +25,7 @@
 //! configuration change never disturbs a request in flight.
 
 pub mod access;
+pub mod affinity;
 pub mod canary;
 pub mod identity;
 pub mod redirect;
@@ -112,6 +114,8 @@ pub(crate) struct Forward {
     pub(crate) upgrades: Arc<[String]>,
     /// `X-Forwarded-Prefix` for the upstream (a rewritten request's `x-forwarded-prefix`).
     pub(crate) forwarded_prefix: Option<Arc<str>>,
+    /// `Set-Cookie` for the response: a new affinity session.
+    pub(crate) set_cookie: Option<String>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -212,7 +216,14 @@ impl Proxy {
             .unwrap_or_else(|| {
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
                 let backend = canary::backend(&route, headers);
-                upstream::forward(&route, backend, self.settings.response_timeout, prefix)
+                upstream::forward(
+                    &route,
+                    backend,
+                    headers,
+                    conn.https,
+                    self.settings.response_timeout,
+                    prefix,
+                )
             });
         Phased {
             target: Some(target),

@@ -5,6 +5,7 @@
 //! Every other annotation under either prefix is judged by the table in [`registry`]: see
 //! [`unsupported`].
 
+pub mod affinity;
 pub mod canary;
 pub mod registry;
 pub mod rewrite;
@@ -56,6 +57,8 @@ pub struct Options {
     /// `canary: "true"` and its rules: this Ingress's paths are alternatives of a main
     /// Ingress's same host, path and type, and every other annotation is the main's.
     pub canary: Option<Arc<canary::Rules>>,
+    /// `affinity: cookie` with its mode and cookie.
+    pub affinity: Option<Arc<affinity::Affinity>>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -82,6 +85,7 @@ impl Default for Options {
             from_to_www: false,
             server_alias: Vec::new(),
             canary: None,
+            affinity: None,
         }
     }
 }
@@ -114,6 +118,7 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
     let canary = bool_of("canary").unwrap_or(false);
     options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
+    options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
