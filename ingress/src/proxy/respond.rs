@@ -24,6 +24,20 @@ pub fn status_text(code: StatusCode) -> String {
     format!("{} {reason}\n", code.as_u16())
 }
 
+/// A CORS preflight answered by the proxy: 204, no body, the CORS headers.
+pub fn preflight(headers: Vec<(http::HeaderName, HeaderValue)>) -> Response<ProxyBody> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    for (name, value) in headers {
+        response.headers_mut().insert(name, value);
+    }
+    response
+}
+
 /// A redirect with `code`: 308 for `ssl-redirect` (keeps the method and body, as ingress-nginx
 /// sends), 302 for `app-root`, the annotation's code for the redirect annotations.
 pub fn redirect(code: StatusCode, location: &str) -> Response<ProxyBody> {

@@ -11,7 +11,8 @@
 //!                                           force-ssl-redirect (the host's TLS),
 //!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
-//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
+//!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
+//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity
 //!                          CanaryPolicy     a canary Ingress's backend and rules (header,
 //!                                           cookie, weight)
 //! ```
@@ -23,6 +24,7 @@ use regex::Regex;
 
 use super::annotations::affinity::Affinity;
 use super::annotations::canary::Rules;
+use super::annotations::cors::Cors;
 use super::annotations::rewrite::Template;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
@@ -37,6 +39,15 @@ pub struct RoutePolicy {
     pub upstream: UpstreamPolicy,
     /// The canary of this route, when a canary Ingress names the same host, path and type.
     pub canary: Option<Arc<CanaryPolicy>>,
+    pub response: ResponsePolicy,
+}
+
+/// What the proxy adds to the client's response.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResponsePolicy {
+    /// `enable-cors`: OPTIONS from an allowed origin is answered 204 by the proxy; other
+    /// requests from one get the CORS headers set on the upstream's response.
+    pub cors: Option<Arc<Cors>>,
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -213,6 +224,9 @@ impl RoutePolicy {
             },
             rewrite: RewritePolicy::default(),
             canary: None,
+            response: ResponsePolicy {
+                cors: options.cors.clone(),
+            },
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),

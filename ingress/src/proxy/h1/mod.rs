@@ -239,7 +239,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             )
         });
         let authority = req.authority.as_ref().map(|a| a.raw);
-        let phased = proxy.request_phases(self.conn, host, authority, &req.target, &req.headers);
+        let phased = proxy.request_phases(
+            self.conn,
+            req.method,
+            host,
+            authority,
+            &req.target,
+            &req.headers,
+        );
         let (action, route) = (phased.decision, phased.route);
         let mut upgrade = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
@@ -316,9 +323,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Respond(StatusCode::NOT_FOUND),
         );
         let upgrade = prepared.upgrade.take();
-        let set_cookie = match &action {
-            Decision::Forward(forward) => forward.set_cookie.clone(),
-            _ => None,
+        let (set_cookie, set_headers) = match &action {
+            Decision::Forward(forward) => (forward.set_cookie.clone(), forward.set_headers.clone()),
+            Decision::Preflight(set) => (None, set.clone()),
+            _ => (None, Vec::new()),
         };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
@@ -327,6 +335,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
+            set_headers: &set_headers,
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {
@@ -339,6 +348,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 ctx.close |= !self.skip_body(prepared.body);
                 let (code, location, outcome) = match local {
                     Decision::Respond(code) => (code, None, Outcome::LOCAL),
+                    Decision::Preflight(_) => (StatusCode::NO_CONTENT, None, Outcome::LOCAL),
                     Decision::Redirect(code, location) => (code, Some(location), Outcome::LOCAL),
                     Decision::Refuse(refusal) => (refusal.status, None, Outcome::refused(refusal)),
                     Decision::Fail(error) => (

@@ -126,6 +126,7 @@ impl Proxy {
             decision,
         } = self.request_phases(
             conn,
+            req.method().as_str(),
             Some(&host),
             Some(&authority_raw),
             &original,
@@ -137,6 +138,7 @@ impl Proxy {
             Decision::Redirect(code, location) => {
                 (respond::redirect(code, &location), Outcome::LOCAL)
             }
+            Decision::Preflight(set) => (respond::preflight(set), Outcome::LOCAL),
             Decision::Refuse(refusal) => {
                 (respond::status(refusal.status), Outcome::refused(refusal))
             }
@@ -183,6 +185,7 @@ impl Proxy {
             timeout,
             forwarded_prefix,
             set_cookie,
+            set_headers,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -217,6 +220,9 @@ impl Proxy {
         forward::strip_response_hop_by_hop(response.headers_mut());
         if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
             response.headers_mut().append(header::SET_COOKIE, cookie);
+        }
+        for (name, value) in set_headers {
+            response.headers_mut().insert(name, value);
         }
         let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (

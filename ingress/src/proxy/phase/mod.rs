@@ -10,6 +10,7 @@
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503
+//!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
 //!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
 //!                            the route's: permanent-/temporal-redirect → their code; plain
 //!                            HTTP on a route that wants HTTPS → 308
@@ -27,6 +28,7 @@
 pub mod access;
 pub mod affinity;
 pub mod canary;
+pub mod cors;
 pub mod identity;
 pub mod redirect;
 pub mod response;
@@ -96,6 +98,8 @@ pub(crate) enum Decision {
     Respond(StatusCode),
     /// Redirect to this location with this status (3xx).
     Redirect(StatusCode, String),
+    /// A CORS preflight answered by the proxy: 204 with these headers.
+    Preflight(cors::SetHeaders),
     /// Refused before routing (400, 421, ...): answered, and an HTTP/1.x connection closes.
     Refuse(Refusal),
     /// Not forwarded, with the error that says why (503 for a refused route or no endpoint).
@@ -116,6 +120,8 @@ pub(crate) struct Forward {
     pub(crate) forwarded_prefix: Option<Arc<str>>,
     /// `Set-Cookie` for the response: a new affinity session.
     pub(crate) set_cookie: Option<String>,
+    /// Headers set on the upstream's response, replacing its own (CORS).
+    pub(crate) set_headers: cors::SetHeaders,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -169,6 +175,7 @@ impl Proxy {
     pub(crate) fn request_phases<'t>(
         &self,
         conn: &ConnInfo,
+        method: &str,
         host: Option<&str>,
         authority: Option<&str>,
         raw_target: &'t str,
@@ -211,19 +218,30 @@ impl Proxy {
             }
             Err(refusal) => return refused(refusal, Some(target)),
         };
+        let cors = cors::check(route.policy.response.cors.as_deref(), method, headers);
         let decision = access::check(&route.policy.access)
+            .or_else(|| match &cors {
+                cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
+                _ => None,
+            })
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| {
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
                 let backend = canary::backend(&route, headers);
-                upstream::forward(
+                let mut decision = upstream::forward(
                     &route,
                     backend,
                     headers,
                     conn.https,
                     self.settings.response_timeout,
                     prefix,
-                )
+                );
+                if let (Decision::Forward(forward), cors::Verdict::Headers(set)) =
+                    (&mut decision, cors)
+                {
+                    forward.set_headers = set;
+                }
+                decision
             });
         Phased {
             target: Some(target),

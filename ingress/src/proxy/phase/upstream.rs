@@ -50,5 +50,6 @@ pub(crate) fn forward(
         upgrades: policy.upgrades.clone(),
         forwarded_prefix,
         set_cookie,
+        set_headers: Vec::new(),
     })
 }

@@ -7,6 +7,7 @@
 
 pub mod affinity;
 pub mod canary;
+pub mod cors;
 pub mod registry;
 pub mod rewrite;
 
@@ -59,6 +60,8 @@ pub struct Options {
     pub canary: Option<Arc<canary::Rules>>,
     /// `affinity: cookie` with its mode and cookie.
     pub affinity: Option<Arc<affinity::Affinity>>,
+    /// `enable-cors` with its `cors-*` options.
+    pub cors: Option<Arc<cors::Cors>>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -86,6 +89,7 @@ impl Default for Options {
             server_alias: Vec::new(),
             canary: None,
             affinity: None,
+            cors: None,
         }
     }
 }
@@ -117,8 +121,10 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.preserve_trailing_slash = bool_of("preserve-trailing-slash").unwrap_or(false);
     options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
     let canary = bool_of("canary").unwrap_or(false);
+    let cors = bool_of("enable-cors").unwrap_or(false);
     options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
     options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
+    options.cors = cors::parse(annotations, cors, &mut errors).map(Arc::new);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {

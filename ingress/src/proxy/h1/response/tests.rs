@@ -19,6 +19,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     http10: false,
     upgrade: None,
     set_cookie: None,
+    set_headers: &[],
 };
 
 /// A complete head with everything but `head_len` (checked against the input separately).
