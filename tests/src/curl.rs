@@ -57,12 +57,25 @@ pub fn get(ingress: &Ingress, host: &str, path: &str, version: &str, extra: &[&s
         .output()
         .expect("curl runs");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    parse(&text).unwrap_or_else(|| panic!("curl {version} {host}{path}: no reply in {text:?}"))
+    parse(&text).unwrap_or_else(|| {
+        panic!(
+            "curl {version} {host}{path} {extra:?}: no reply in {text:?}; {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
-/// The head curl dumped with `-D -`, then the body.
-fn parse(text: &str) -> Option<Reply> {
-    let (head, body) = text.split_once("\r\n\r\n")?;
+/// The head curl dumped with `-D -`, then the body; interim (1xx) heads are skipped.
+fn parse(mut text: &str) -> Option<Reply> {
+    let (mut head, mut body) = text.split_once("\r\n\r\n")?;
+    while head
+        .split_whitespace()
+        .nth(1)
+        .is_some_and(|s| s.starts_with('1'))
+    {
+        text = body;
+        (head, body) = text.split_once("\r\n\r\n")?;
+    }
     let mut lines = head.lines();
     let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
     let headers = lines

@@ -49,6 +49,9 @@ pub struct BuildSettings {
     pub unsupported_access: UnsupportedAccess,
     /// `--no-sni`, `--malformed-tls`, `--not-tls`: the gate's answer when there is no name.
     pub unnamed: sni::UnnamedPolicy,
+    /// `--proxy-body-size`: the request body limit of routes without `proxy-body-size`
+    /// (`None`: no limit).
+    pub max_body: Option<u64>,
 }
 
 /// One immutable routing state.
@@ -190,6 +193,7 @@ impl Snapshot {
     /// Builds a snapshot. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
+            max_body: settings.max_body,
             rank: 0,
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store, &settings.backends),
@@ -418,6 +422,8 @@ fn owned_ingresses<'s>(
 }
 
 struct Builder<'s> {
+    /// `--proxy-body-size`.
+    max_body: Option<u64>,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     diagnostics: Vec<Diagnostic>,
@@ -466,8 +472,14 @@ impl Builder<'_> {
         }
         let refused = self.judge_unsupported(&subject, ingress);
         // A route's policy depends on the Ingress and on whether its host has TLS here.
-        let policies =
-            [false, true].map(|tls| Arc::new(RoutePolicy::new(&options, tls, refused.as_ref())));
+        let policies = [false, true].map(|tls| {
+            Arc::new(RoutePolicy::new(
+                &options,
+                tls,
+                refused.as_ref(),
+                self.max_body,
+            ))
+        });
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
         let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
@@ -991,6 +1003,7 @@ pub(crate) mod testing {
             },
             unsupported_access: UnsupportedAccess::Refuse,
             unnamed: sni::UnnamedPolicy::default(),
+            max_body: Some(1 << 20),
         }
     }
 }

@@ -173,6 +173,9 @@ pub struct UpstreamPolicy {
     pub upgrades: Arc<[String]>,
     /// `affinity: cookie`, its cookie's path resolved (the route's path by default).
     pub affinity: Option<Arc<Affinity>>,
+    /// `proxy-body-size` (or `--proxy-body-size`): the largest request body, in bytes; a larger
+    /// one is answered 413. `None`: no limit.
+    pub max_body: Option<u64>,
 }
 
 impl Default for UpstreamPolicy {
@@ -181,6 +184,7 @@ impl Default for UpstreamPolicy {
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
             affinity: None,
+            max_body: None,
         }
     }
 }
@@ -210,8 +214,13 @@ impl RoutePolicy {
     }
 
     /// The policy of a route of an Ingress with `options`, for a host it lists under
-    /// `spec.tls` or not, refused or not.
-    pub fn new(options: &Options, tls: bool, refused: Option<&Arc<str>>) -> RoutePolicy {
+    /// `spec.tls` or not, refused or not; `max_body` is `--proxy-body-size` (`None`: no limit).
+    pub fn new(
+        options: &Options,
+        tls: bool,
+        refused: Option<&Arc<str>>,
+        max_body: Option<u64>,
+    ) -> RoutePolicy {
         RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
@@ -231,6 +240,11 @@ impl RoutePolicy {
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),
                 affinity: options.affinity.clone(),
+                max_body: match options.proxy_body_size {
+                    Some(0) => None,
+                    Some(n) => Some(n),
+                    None => max_body,
+                },
             },
         }
     }
@@ -257,7 +271,7 @@ mod tests {
             (None, true, true, true),
         ];
         for (ssl, force, tls, want) in cases {
-            let policy = RoutePolicy::new(&options(ssl, force), tls, None);
+            let policy = RoutePolicy::new(&options(ssl, force), tls, None, None);
             assert_eq!(policy.redirect.to_https, want, "{ssl:?} {force} {tls}");
         }
     }
@@ -309,13 +323,13 @@ mod tests {
     #[test]
     fn a_refused_ingress_keeps_its_reason() {
         let reason: Arc<str> = Arc::from("auth-url is not supported");
-        let policy = RoutePolicy::new(&Options::default(), false, Some(&reason));
+        let policy = RoutePolicy::new(&Options::default(), false, Some(&reason), None);
         assert_eq!(
             policy.access.refused.as_deref(),
             Some("auth-url is not supported")
         );
         assert_eq!(
-            RoutePolicy::new(&Options::default(), false, None)
+            RoutePolicy::new(&Options::default(), false, None, None)
                 .access
                 .refused,
             None

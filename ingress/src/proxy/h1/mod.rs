@@ -48,6 +48,7 @@ use deadline::Deadline;
 use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
 
+use super::phase::RequestView;
 use super::phase::route::Refusal;
 use super::settings::HttpSettings;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
@@ -241,11 +242,18 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let authority = req.authority.as_ref().map(|a| a.raw);
         let phased = proxy.request_phases(
             self.conn,
-            req.method,
-            host,
-            authority,
-            &req.target,
-            &req.headers,
+            RequestView {
+                method: req.method,
+                host,
+                authority,
+                target: &req.target,
+                headers: &req.headers,
+                body_len: match req.body {
+                    BodyFraming::Length(n) => Some(n),
+                    BodyFraming::None => Some(0),
+                    BodyFraming::Chunked => None,
+                },
+            },
         );
         let (action, route) = (phased.decision, phased.route);
         let mut upgrade = None;

@@ -12,6 +12,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use http::header::{self, HeaderValue};
@@ -23,7 +24,7 @@ use ingress_wire::authority::{self, AuthorityError};
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response::SERVER;
 use crate::proxy::phase::route::Refusal;
-use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record};
+use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
 use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
@@ -126,11 +127,14 @@ impl Proxy {
             decision,
         } = self.request_phases(
             conn,
-            req.method().as_str(),
-            Some(&host),
-            Some(&authority_raw),
-            &original,
-            req.headers(),
+            RequestView {
+                method: req.method().as_str(),
+                host: Some(&host),
+                authority: Some(&authority_raw),
+                target: &original,
+                headers: req.headers(),
+                body_len: hyper::body::Body::size_hint(req.body()).exact(),
+            },
         );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
         let (response, outcome) = match decision {
@@ -186,6 +190,7 @@ impl Proxy {
             forwarded_prefix,
             set_cookie,
             set_headers,
+            max_body,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -206,12 +211,22 @@ impl Proxy {
             Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
         };
         parts.version = Version::HTTP_11;
-        let body = idle::IdleBody::new(body, self.settings.client_body_timeout);
+        let mut body = idle::IdleBody::new(body, self.settings.client_body_timeout);
+        let too_large = Arc::new(AtomicBool::new(false));
+        if let Some(limit) = max_body {
+            body = body.limited(limit, too_large.clone());
+        }
         let upstream_req = Request::from_parts(parts, body);
 
         let mut response =
             match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
                 Ok(Ok(response)) => response,
+                Ok(Err(_)) if too_large.load(Ordering::Relaxed) => {
+                    return (
+                        respond::status(StatusCode::PAYLOAD_TOO_LARGE),
+                        Outcome::LOCAL,
+                    );
+                }
                 Ok(Err(err)) => return fail(err, Some(key)),
                 Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
             };

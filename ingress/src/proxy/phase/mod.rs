@@ -16,6 +16,8 @@
 //!                            HTTP on a route that wants HTTPS → 308
 //!   rewrite   (rewrite.rs)   rewrite-target: the path sent upstream; X-Forwarded-Prefix
 //!   canary    (canary.rs)    a route with a canary: its header, cookie, weight → which backend
+//!             (mod.rs)       a declared body over proxy-body-size → 413 (a streamed one is
+//!                            counted by the protocol path)
 //!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
 //!                            upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
@@ -92,6 +94,21 @@ impl RequestHeaders for &[httparse::Header<'_>] {
     }
 }
 
+/// What the phases read of a request, from either protocol path.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestView<'r, 't> {
+    pub(crate) method: &'r str,
+    /// Validated; `None` for an HTTP/1.0 request without one.
+    pub(crate) host: Option<&'r str>,
+    /// The `Host` (or `:authority`) as sent, port included, for redirects that keep it.
+    pub(crate) authority: Option<&'r str>,
+    /// The target as the client sent it.
+    pub(crate) target: &'t str,
+    pub(crate) headers: &'r dyn RequestHeaders,
+    /// The body's declared length, when it has one.
+    pub(crate) body_len: Option<u64>,
+}
+
 /// What to do with a request; both HTTP paths act on it.
 pub(crate) enum Decision {
     /// Answer locally with this status (404).
@@ -122,6 +139,9 @@ pub(crate) struct Forward {
     pub(crate) set_cookie: Option<String>,
     /// Headers set on the upstream's response, replacing its own (CORS).
     pub(crate) set_headers: cors::SetHeaders,
+    /// The largest request body to pass on (`proxy-body-size`): a streamed body that grows
+    /// past it ends the request with 413.
+    pub(crate) max_body: Option<u64>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -169,18 +189,20 @@ pub(crate) struct Record<'a> {
 }
 
 impl Proxy {
-    /// Runs the request phases for a request naming `host` (validated; `None` for an HTTP/1.0
-    /// request without one) and `raw_target` (as the client sent it); `authority` is the
-    /// `Host` (or `:authority`) as sent, port included, for redirects that keep it.
+    /// Runs the request phases for one request (see [`RequestView`]).
     pub(crate) fn request_phases<'t>(
         &self,
         conn: &ConnInfo,
-        method: &str,
-        host: Option<&str>,
-        authority: Option<&str>,
-        raw_target: &'t str,
-        headers: &dyn RequestHeaders,
+        request: RequestView<'_, 't>,
     ) -> Phased<'t> {
+        let RequestView {
+            method,
+            host,
+            authority,
+            target: raw_target,
+            headers,
+            body_len,
+        } = request;
         let refused = |refusal: Refusal, target: Option<Target<'t>>| Phased {
             target,
             route: None,
@@ -226,6 +248,11 @@ impl Proxy {
             })
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| {
+                if let Some(limit) = route.policy.upstream.max_body
+                    && body_len.is_some_and(|n| n > limit)
+                {
+                    return Decision::Respond(StatusCode::PAYLOAD_TOO_LARGE);
+                }
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
                 let backend = canary::backend(&route, headers);
                 let mut decision = upstream::forward(

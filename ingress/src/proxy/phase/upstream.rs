@@ -51,5 +51,6 @@ pub(crate) fn forward(
         forwarded_prefix,
         set_cookie,
         set_headers: Vec::new(),
+        max_body: policy.max_body,
     })
 }

@@ -62,6 +62,9 @@ pub struct Options {
     pub affinity: Option<Arc<affinity::Affinity>>,
     /// `enable-cors` with its `cors-*` options.
     pub cors: Option<Arc<cors::Cors>>,
+    /// `proxy-body-size`: the largest request body, in bytes; `Some(0)` is no limit; `None`
+    /// is `--proxy-body-size`.
+    pub proxy_body_size: Option<u64>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -90,6 +93,7 @@ impl Default for Options {
             canary: None,
             affinity: None,
             cors: None,
+            proxy_body_size: None,
         }
     }
 }
@@ -125,6 +129,14 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
     options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
     options.cors = cors::parse(annotations, cors, &mut errors).map(Arc::new);
+    if let Some((key, value)) = lookup(annotations, "proxy-body-size") {
+        match size(value) {
+            Some(n) => options.proxy_body_size = Some(n),
+            None => errors.push(format!(
+                "{key}: {value:?} is not a size (a number with an optional k, m or g; 0 for no limit)"
+            )),
+        }
+    }
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
@@ -211,6 +223,24 @@ fn url_redirect(
         code,
         url: Arc::from(url),
     })
+}
+
+/// A size as nginx writes it (ingress-nginx's `SizeRegex`): digits and an optional `b`, `k`,
+/// `m` or `g` (either case), in bytes.
+pub fn size(value: &str) -> Option<u64> {
+    let value = value.trim();
+    let (digits, unit) = match value.as_bytes().last()? {
+        b'0'..=b'9' => (value, 1),
+        b'b' | b'B' => (&value[..value.len() - 1], 1),
+        b'k' | b'K' => (&value[..value.len() - 1], 1 << 10),
+        b'm' | b'M' => (&value[..value.len() - 1], 1 << 20),
+        b'g' | b'G' => (&value[..value.len() - 1], 1 << 30),
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
 /// What an Ingress with an access-control annotation this controller cannot honour gets.
@@ -318,6 +348,29 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         parse(Some(&map))
+    }
+
+    #[test]
+    fn sizes() {
+        let cases = [
+            ("0", Some(0)),
+            ("1024", Some(1024)),
+            ("10b", Some(10)),
+            ("8k", Some(8 << 10)),
+            ("1m", Some(1 << 20)),
+            ("1M", Some(1 << 20)),
+            ("2g", Some(2 << 30)),
+            (" 5m ", Some(5 << 20)),
+            ("", None),
+            ("m", None),
+            ("1.5m", None),
+            ("-1", None),
+            ("1t", None),
+            ("99999999999999999999g", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(size(value), want, "{value:?}");
+        }
     }
 
     #[test]
