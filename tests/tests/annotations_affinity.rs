@@ -106,3 +106,58 @@ fn a_session_cookie_keeps_a_client_on_one_endpoint() {
         assert_eq!(plain.header("set-cookie"), None, "{version}");
     }
 }
+
+/// `upstream-hash-by`: one key, one endpoint; many keys, several endpoints.
+#[test]
+fn upstream_hash_by_keeps_a_key_on_one_endpoint() {
+    let backends = [
+        Backend::start("a"),
+        Backend::start("b"),
+        Backend::start("c"),
+    ];
+    let dir = Scratch::new("annotations-hash-by");
+    let manifests = [
+        service("t", "web", &backends.iter().collect::<Vec<_>>()),
+        annotated_ingress(
+            "t",
+            "by-uri",
+            1,
+            &[("upstream-hash-by", "$request_uri")],
+            &[("uri.test", "/", "Prefix", "web")],
+        ),
+        annotated_ingress(
+            "t",
+            "by-user",
+            2,
+            &[("upstream-hash-by", "${http_x_user}-fixed")],
+            &[("user.test", "/", "Prefix", "web")],
+        ),
+    ]
+    .concat();
+    dir.write("all.yaml", &manifests);
+    let ingress = Ingress::start(dir.path());
+    for version in VERSIONS {
+        let mut spread = BTreeSet::new();
+        for i in 0..20 {
+            let path = format!("/item/{i}?x={i}");
+            let first = curl::get(&ingress, "uri.test", &path, version, &[]).backend();
+            for _ in 0..3 {
+                assert_eq!(
+                    curl::get(&ingress, "uri.test", &path, version, &[]).backend(),
+                    first,
+                    "{version} {path}"
+                );
+            }
+            spread.insert(first);
+            let user = format!("X-User: user{i}");
+            let first = curl::get(&ingress, "user.test", "/", version, &["-H", &user]).backend();
+            for n in 0..3 {
+                let path = format!("/other/{n}");
+                let again =
+                    curl::get(&ingress, "user.test", &path, version, &["-H", &user]).backend();
+                assert_eq!(again, first, "{version} {user}");
+            }
+        }
+        assert!(spread.len() >= 2, "{version}: {spread:?}");
+    }
+}

@@ -25,6 +25,7 @@ use regex::Regex;
 use super::annotations::affinity::Affinity;
 use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
+use super::annotations::hash::HashKey;
 use super::annotations::rewrite::Template;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
@@ -176,6 +177,9 @@ pub struct UpstreamPolicy {
     /// `proxy-body-size` (or `--proxy-body-size`): the largest request body, in bytes; a larger
     /// one is answered 413. `None`: no limit.
     pub max_body: Option<u64>,
+    /// `upstream-hash-by`: the endpoint is the key's, by rendezvous hashing (`affinity` wins
+    /// when both are set, as in ingress-nginx).
+    pub hash_by: Option<Arc<HashKey>>,
 }
 
 impl Default for UpstreamPolicy {
@@ -185,6 +189,7 @@ impl Default for UpstreamPolicy {
             upgrades: Arc::from(["websocket".to_string()]),
             affinity: None,
             max_body: None,
+            hash_by: None,
         }
     }
 }
@@ -245,6 +250,7 @@ impl RoutePolicy {
                     Some(n) => Some(n),
                     None => max_body,
                 },
+                hash_by: options.upstream_hash_by.clone(),
             },
         }
     }

@@ -1,5 +1,6 @@
 //! Session affinity (`affinity: cookie`): the endpoint a request goes to when its route's
-//! policy asks for one, and the cookie that keeps the client there.
+//! policy asks for one, and the cookie that keeps the client there; and `upstream-hash-by`,
+//! the endpoint of a key made from the request.
 //!
 //! ```text
 //!   cookie NAME = "<key>|<backend key>"  (ingress-nginx's format; the backend key is not
@@ -15,7 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::RequestHeaders;
+use super::identity::ConnInfo;
 use crate::snapshot::annotations::affinity::{Affinity, Mode, stable_hash};
+use crate::snapshot::annotations::hash::{HashKey, Piece};
 use crate::snapshot::backend::{Backend, Endpoint};
 
 /// The endpoint for a request with `affinity` on `backend`, and the `Set-Cookie` value when the
@@ -62,6 +65,47 @@ pub(crate) fn pick(
         endpoint,
         Some(set_cookie(affinity, &key, &backend_key, https)),
     ))
+}
+
+/// The value of an `upstream-hash-by` key for a request: `raw_target` as sent, `path`
+/// normalised, `query` its query. A variable the request lacks is empty, as in nginx.
+pub(crate) fn hash_key(
+    key: &HashKey,
+    conn: &ConnInfo,
+    host: Option<&str>,
+    raw_target: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &dyn RequestHeaders,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw_target.len() + 16);
+    for piece in &key.pieces {
+        match piece {
+            Piece::Text(text) => out.extend_from_slice(text.as_bytes()),
+            Piece::RequestUri => out.extend_from_slice(raw_target.as_bytes()),
+            Piece::Uri => out.extend_from_slice(path.as_bytes()),
+            Piece::RemoteAddr => out.extend_from_slice(conn.client.client_ip.as_bytes()),
+            Piece::Host => out.extend_from_slice(host.unwrap_or("").as_bytes()),
+            Piece::Header(name) => out.extend_from_slice(headers.header(name).unwrap_or(b"")),
+            Piece::Cookie(name) => out.extend_from_slice(headers.cookie(name).unwrap_or(b"")),
+            Piece::Arg(name) => {
+                let value = query
+                    .into_iter()
+                    .flat_map(|q| q.split('&'))
+                    .find_map(|pair| {
+                        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                        (k == name).then_some(v)
+                    });
+                out.extend_from_slice(value.unwrap_or("").as_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// The endpoint of `key` among the backend's (`upstream-hash-by`).
+pub(crate) fn by_key<'b>(backend: &'b Backend, key: &[u8]) -> Option<&'b Arc<Endpoint>> {
+    rendezvous(backend.endpoints(), key)
 }
 
 /// A persistent key: the endpoint's address, hashed.

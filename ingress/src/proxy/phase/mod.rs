@@ -253,6 +253,18 @@ impl Proxy {
                 {
                     return Decision::Respond(StatusCode::PAYLOAD_TOO_LARGE);
                 }
+                // The key is made from the request as the client sent it, before any rewrite.
+                let hash_key = route.policy.upstream.hash_by.as_deref().map(|key| {
+                    affinity::hash_key(
+                        key,
+                        conn,
+                        host,
+                        raw_target,
+                        &target.path,
+                        target.query,
+                        headers,
+                    )
+                });
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
                 let backend = canary::backend(&route, headers);
                 let mut decision = upstream::forward(
@@ -262,6 +274,7 @@ impl Proxy {
                     conn.https,
                     self.settings.response_timeout,
                     prefix,
+                    hash_key.as_deref(),
                 );
                 if let (Decision::Forward(forward), cors::Verdict::Headers(set)) =
                     (&mut decision, cors)

@@ -21,6 +21,7 @@ pub(crate) fn forward(
     https: bool,
     default_timeout: Duration,
     forwarded_prefix: Option<Arc<str>>,
+    hash_key: Option<&[u8]>,
 ) -> Decision {
     let policy = &route.policy.upstream;
     let mut set_cookie = None;
@@ -33,7 +34,10 @@ pub(crate) fn forward(
                         endpoint
                     })
                 }
-                None => backend.pick().cloned(),
+                None => match hash_key {
+                    Some(key) => affinity::by_key(backend, key).cloned(),
+                    None => backend.pick().cloned(),
+                },
             };
             match picked {
                 Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),

@@ -8,6 +8,7 @@
 pub mod affinity;
 pub mod canary;
 pub mod cors;
+pub mod hash;
 pub mod registry;
 pub mod rewrite;
 
@@ -65,6 +66,8 @@ pub struct Options {
     /// `proxy-body-size`: the largest request body, in bytes; `Some(0)` is no limit; `None`
     /// is `--proxy-body-size`.
     pub proxy_body_size: Option<u64>,
+    /// `upstream-hash-by`: requests are spread over the endpoints by this key.
+    pub upstream_hash_by: Option<Arc<hash::HashKey>>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -94,6 +97,7 @@ impl Default for Options {
             affinity: None,
             cors: None,
             proxy_body_size: None,
+            upstream_hash_by: None,
         }
     }
 }
@@ -129,6 +133,12 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
     options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
     options.cors = cors::parse(annotations, cors, &mut errors).map(Arc::new);
+    if let Some((key, value)) = lookup(annotations, "upstream-hash-by") {
+        match hash::HashKey::parse(value) {
+            Ok(hash) => options.upstream_hash_by = Some(Arc::new(hash)),
+            Err(err) => errors.push(format!("{key}: {err}; requests are balanced as usual")),
+        }
+    }
     if let Some((key, value)) = lookup(annotations, "proxy-body-size") {
         match size(value) {
             Some(n) => options.proxy_body_size = Some(n),

@@ -233,7 +233,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("stream-snippet", Snippet),
     yes("temporal-redirect", Routing),
     yes("temporal-redirect-code", Routing),
-    no("upstream-hash-by", Upstream),
+    yes("upstream-hash-by", Upstream),
     no("upstream-hash-by-subset", Upstream),
     no("upstream-hash-by-subset-size", Upstream),
     no("upstream-vhost", Upstream),
@@ -416,6 +416,7 @@ mod tests {
                 "ssl-redirect",
                 "temporal-redirect",
                 "temporal-redirect-code",
+                "upstream-hash-by",
                 "use-regex",
                 "x-forwarded-prefix",
             ]
