@@ -222,7 +222,7 @@ impl Snapshot {
         for (key, ingress) in canaries {
             builder.add_canary(key, ingress);
         }
-        let tls = builder.tls.finish(&mut builder.diagnostics);
+        let mut tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
         let mut hosts = HostTable::default();
         let mut sni = sni::SniPolicy {
@@ -231,6 +231,7 @@ impl Snapshot {
             ..Default::default()
         };
         let extra = extra_names(&builder.hosts, &mut diagnostics);
+        extra_certificates(&mut tls, &extra);
         let mut built: BTreeMap<HostPattern, Arc<VirtualHost>> = BTreeMap::new();
         for (pattern, host) in builder.hosts {
             let paths = if host.nginx_regex {
@@ -381,6 +382,31 @@ fn extra_names(
         extra.insert(from_pattern, ExtraName::WwwRedirect(to.clone()));
     }
     extra
+}
+
+/// The certificates of the extra names, where no Ingress gives them one: an alias is served
+/// with its host's (ingress-nginx lists it in the host's server block), a www-redirect name
+/// with its target's when that covers it (ingress-nginx's rule), else the default.
+fn extra_certificates(tls: &mut tls::TlsTable, extra: &BTreeMap<HostPattern, ExtraName>) {
+    let certificate_of = |tls: &tls::TlsTable, pattern: &HostPattern| {
+        tls.hosts
+            .iter()
+            .find(|(p, _)| p == pattern)
+            .map(|(_, cert)| cert.clone())
+    };
+    for (name, extra) in extra {
+        if certificate_of(tls, name).is_some() {
+            continue;
+        }
+        let cert = match extra {
+            ExtraName::Alias(of) => certificate_of(tls, of),
+            ExtraName::WwwRedirect(to) => certificate_of(tls, &HostPattern::Exact(to.clone()))
+                .filter(|cert| cert.covers(name)),
+        };
+        if let Some(cert) = cert {
+            tls.hosts.insert(name.clone(), cert);
+        }
+    }
 }
 
 /// A host's rules recompiled for ingress-nginx's regex mode; a path that is not a valid regex

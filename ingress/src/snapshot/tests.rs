@@ -612,6 +612,65 @@ mod tls_table {
         }
     }
 
+    /// An alias is served with its host's certificate; a www-redirect name with its target's
+    /// only when that certificate names it.
+    #[test]
+    fn aliases_and_www_names_get_their_hosts_certificates() {
+        let yaml = format!(
+            "{SERVICES}{}",
+            r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: shop
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/server-alias: "store.example.com"
+    nginx.ingress.kubernetes.io/from-to-www-redirect: "true"
+spec:
+  ingressClassName: ingress
+  tls:
+  - {hosts: [shop.example.com], secretName: both}
+  rules:
+  - host: shop.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: blog
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/from-to-www-redirect: "true"
+spec:
+  ingressClassName: ingress
+  tls:
+  - {hosts: [blog.example.com], secretName: bare}
+  rules:
+  - host: blog.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+"#
+        );
+        let mut store = store_of(&yaml);
+        let (both_crt, both_key) = pem(&["shop.example.com", "www.shop.example.com"], false);
+        secret(&mut store, "both", &both_crt, &both_key);
+        let (bare_crt, bare_key) = pem(&["blog.example.com"], false);
+        secret(&mut store, "bare", &bare_crt, &bare_key);
+        let snap = Snapshot::build(&store, &settings(), 1);
+        let cases = [
+            ("shop.example.com", "shop/both"),
+            ("store.example.com", "shop/both"),
+            ("www.shop.example.com", "shop/both"),
+            ("blog.example.com", "shop/bare"),
+            ("store.blog.example.com", "default"),
+            ("www.blog.example.com", "default"),
+        ];
+        for (sni, want) in cases {
+            assert_eq!(served(&snap, sni), want, "{sni}");
+        }
+    }
+
     #[test]
     fn certificates_by_sni_with_broken_ones_isolated() {
         let yaml = format!(
