@@ -131,3 +131,78 @@ fn canary_by_header_cookie_and_weight() {
         );
     }
 }
+
+/// With affinity on the main Ingress, a session stays on the backend it began on, canary or
+/// not (`affinity-canary-behavior: sticky`, the default); `legacy` lets the canary rules decide.
+#[test]
+fn sessions_stay_with_their_backend_unless_the_canary_is_legacy() {
+    let (main, canary) = (Backend::start("main"), Backend::start("canary"));
+    let dir = Scratch::new("annotations-canary-affinity");
+    let mut manifests = service("t", "main", &[&main]) + &service("t", "canary", &[&canary]);
+    for (i, (host, behaviour)) in [("sticky.test", "sticky"), ("legacy.test", "legacy")]
+        .into_iter()
+        .enumerate()
+    {
+        let day = u8::try_from(2 * i + 1).unwrap();
+        manifests += &annotated_ingress(
+            "t",
+            &format!("main-{i}"),
+            day,
+            &[("affinity", "cookie")],
+            &[(host, "/", "Prefix", "main")],
+        );
+        manifests += &annotated_ingress(
+            "t",
+            &format!("canary-{i}"),
+            day + 1,
+            &[
+                ("canary", "true"),
+                ("canary-by-header", "X-Canary"),
+                ("affinity-canary-behavior", behaviour),
+            ],
+            &[(host, "/", "Prefix", "canary")],
+        );
+    }
+    dir.write("all.yaml", &manifests);
+    let ingress = Ingress::start(dir.path());
+    let session = |reply: &curl::Reply| {
+        reply
+            .header("set-cookie")
+            .and_then(|c| c.split(';').next())
+            .map(str::to_string)
+            .expect("a session cookie")
+    };
+    for version in VERSIONS {
+        for (host, with_main_session) in [("sticky.test", "main"), ("legacy.test", "canary")] {
+            // A session begun on each backend.
+            let on_main = curl::get(&ingress, host, "/", version, &["-H", "X-Canary: never"]);
+            assert_eq!(on_main.backend(), "main");
+            let main_cookie = session(&on_main);
+            let on_canary = curl::get(&ingress, host, "/", version, &["-H", "X-Canary: always"]);
+            assert_eq!(on_canary.backend(), "canary");
+            let canary_cookie = session(&on_canary);
+            // The header now asks for the other backend each time.
+            let got = curl::get(
+                &ingress,
+                host,
+                "/",
+                version,
+                &["-H", "X-Canary: always", "-b", &main_cookie],
+            );
+            assert_eq!(got.backend(), with_main_session, "{version} {host}");
+            let got = curl::get(
+                &ingress,
+                host,
+                "/",
+                version,
+                &["-H", "X-Canary: never", "-b", &canary_cookie],
+            );
+            let want = if host == "sticky.test" {
+                "canary"
+            } else {
+                "main"
+            };
+            assert_eq!(got.backend(), want, "{version} {host}");
+        }
+    }
+}

@@ -677,11 +677,11 @@ impl Builder<'_> {
             else {
                 continue;
             };
-            if !short.starts_with("canary") {
+            if !short.starts_with("canary") && short != "affinity-canary-behavior" {
                 self.diagnostics.push(Diagnostic::warning(
                     DiagnosticKind::UnsupportedAnnotation,
                     subject.clone(),
-                    format!("{name} has no effect on a canary Ingress: canary traffic gets the main Ingress's annotations, as in ingress-nginx (which makes exceptions only for load-balance, upstream-hash-by and session affinity, not supported here)"),
+                    format!("{name} has no effect on a canary Ingress: canary traffic gets the main Ingress's annotations, including its affinity, as in ingress-nginx (whose exceptions, load-balance, upstream-hash-by and session affinity of the canary itself, are not supported here)"),
                 ));
             }
         }
@@ -778,6 +778,7 @@ impl Builder<'_> {
                         rules: rules.clone(),
                         backend: canary.backend.clone(),
                         ingress: key.clone(),
+                        sticky: !options.affinity_canary_legacy,
                     })),
                     ..(*old.policy).clone()
                 };

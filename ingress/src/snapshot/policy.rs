@@ -59,6 +59,9 @@ pub struct CanaryPolicy {
     pub backend: Arc<Backend>,
     /// The canary Ingress.
     pub ingress: ObjectKey,
+    /// `affinity-canary-behavior` of the canary Ingress is `sticky` (the default): with
+    /// affinity on the route, a session stays on the backend it began on.
+    pub sticky: bool,
 }
 
 impl PartialEq for CanaryPolicy {
@@ -66,6 +69,7 @@ impl PartialEq for CanaryPolicy {
         self.rules == other.rules
             && Arc::ptr_eq(&self.backend, &other.backend)
             && self.ingress == other.ingress
+            && self.sticky == other.sticky
     }
 }
 

@@ -54,17 +54,33 @@ pub(crate) fn pick(
             (endpoint, key)
         }
     };
-    let backend_key = format!(
+    let backend_key = backend_key(backend);
+    Some((
+        endpoint,
+        Some(set_cookie(affinity, &key, &backend_key, https)),
+    ))
+}
+
+/// The second half of the cookie: which backend (Service and port) the session is on, so a
+/// canary can keep its sessions (ingress-nginx's `backend_key`).
+pub(crate) fn backend_key(backend: &Backend) -> String {
+    format!(
         "{:016x}",
         stable_hash(&[
             backend.service.to_string().as_bytes(),
             backend.port.to_string().as_bytes()
         ])
-    );
-    Some((
-        endpoint,
-        Some(set_cookie(affinity, &key, &backend_key, https)),
-    ))
+    )
+}
+
+/// The backend key of the session cookie a request carries, if any.
+pub(crate) fn session_backend<'h>(
+    affinity: &Affinity,
+    headers: &'h dyn RequestHeaders,
+) -> Option<&'h [u8]> {
+    let value = headers.cookie(&affinity.name)?;
+    let at = value.iter().position(|&b| b == b'|')?;
+    value.get(at + 1..)
 }
 
 /// The value of an `upstream-hash-by` key for a request: `raw_target` as sent, `path`

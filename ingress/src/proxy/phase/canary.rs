@@ -3,13 +3,15 @@
 //!
 //! ```text
 //!   route.policy.canary ─ none ──────────────────────────────> route.backend
+//!        ├─ affinity on the route, sticky canary, and a session cookie naming one of the
+//!        │  two backends ─────────────────────────────────────> that backend
 //!        └─ rules.choose(header value, cookie value, roll) ─ yes ─> canary.backend
 //!                                                           no ──> route.backend
 //! ```
 
 use std::sync::Arc;
 
-use super::RequestHeaders;
+use super::{RequestHeaders, affinity};
 use crate::snapshot::Route;
 use crate::snapshot::backend::Backend;
 
@@ -18,6 +20,18 @@ pub(crate) fn backend<'r>(route: &'r Route, headers: &dyn RequestHeaders) -> &'r
     let Some(canary) = &route.policy.canary else {
         return &route.backend;
     };
+    // ingress-nginx's `affinity-canary-behavior: sticky`: a session stays where it began.
+    if let Some(affinity) = route.policy.upstream.affinity.as_deref()
+        && canary.sticky
+        && let Some(session) = affinity::session_backend(affinity, headers)
+    {
+        if session == affinity::backend_key(&canary.backend).as_bytes() {
+            return &canary.backend;
+        }
+        if session == affinity::backend_key(&route.backend).as_bytes() {
+            return &route.backend;
+        }
+    }
     let rules = &canary.rules;
     let header = rules
         .header

@@ -68,6 +68,9 @@ pub struct Options {
     pub proxy_body_size: Option<u64>,
     /// `upstream-hash-by`: requests are spread over the endpoints by this key.
     pub upstream_hash_by: Option<Arc<hash::HashKey>>,
+    /// `affinity-canary-behavior: legacy` (on a canary Ingress): sessions do not keep a client
+    /// on the canary or the main backend; `sticky` (the default) does.
+    pub affinity_canary_legacy: bool,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -98,6 +101,7 @@ impl Default for Options {
             cors: None,
             proxy_body_size: None,
             upstream_hash_by: None,
+            affinity_canary_legacy: false,
         }
     }
 }
@@ -133,6 +137,15 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
     options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
     options.cors = cors::parse(annotations, cors, &mut errors).map(Arc::new);
+    if let Some((key, value)) = lookup(annotations, "affinity-canary-behavior") {
+        match value.trim() {
+            "sticky" => {}
+            "legacy" => options.affinity_canary_legacy = true,
+            other => errors.push(format!(
+                "{key}: {other:?} is not \"sticky\" or \"legacy\"; sticky is used"
+            )),
+        }
+    }
     if let Some((key, value)) = lookup(annotations, "upstream-hash-by") {
         match hash::HashKey::parse(value) {
             Ok(hash) => options.upstream_hash_by = Some(Arc::new(hash)),

@@ -100,7 +100,7 @@ use Category::{AccessControl, Observability, Response, Routing, Snippet, Tls, Up
 /// Sorted by name (a test keeps it so): `lookup` is a binary search.
 pub const ANNOTATIONS: &[Annotation] = &[
     yes("affinity", Upstream),
-    no("affinity-canary-behavior", Upstream),
+    yes("affinity-canary-behavior", Upstream),
     yes("affinity-mode", Upstream),
     no("allowlist-source-range", AccessControl),
     yes("app-root", Routing),
@@ -380,6 +380,7 @@ mod tests {
             supported,
             [
                 "affinity",
+                "affinity-canary-behavior",
                 "affinity-mode",
                 "app-root",
                 "canary",
