@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::gate::EarlyReset;
+use crate::object::ObjectKey;
 use crate::snapshot::sni::UnnamedPolicy;
 
 /// A flag's values, as clap reads them, mirroring a domain enum that knows nothing of clap;
@@ -166,10 +167,35 @@ pub struct KubeArgs {
     /// Watch only this namespace (IngressClasses are cluster-scoped and always watched).
     #[arg(long, env = "INGRESS_WATCH_NAMESPACE", value_name = "NS")]
     pub watch_namespace: Option<String>,
-    /// The address written into Ingress status. Default: the ExternalIP, else InternalIP, of
-    /// the node named by --node-name.
-    #[arg(long, env = "INGRESS_PUBLISH_ADDRESS", value_name = "ADDR")]
+    /// The addresses written into Ingress status, comma-separated (IPs or host names);
+    /// ingress-nginx's `--publish-status-address` is accepted as another name for it. Default:
+    /// the addresses of --publish-service, else the ExternalIP, else InternalIP, of the node
+    /// named by --node-name.
+    #[arg(
+        long,
+        alias = "publish-status-address",
+        env = "INGRESS_PUBLISH_ADDRESS",
+        value_name = "ADDR[,ADDR...]"
+    )]
     pub publish_address: Option<String>,
+    /// The Service (NAMESPACE/NAME) whose addresses are written into Ingress status, followed as
+    /// they change: a LoadBalancer's status addresses and external IPs, a NodePort's external
+    /// IPs, a ClusterIP's cluster IP, an ExternalName's name.
+    #[arg(long, env = "INGRESS_PUBLISH_SERVICE", value_name = "NAMESPACE/NAME", value_parser = namespaced_name)]
+    pub publish_service: Option<ObjectKey>,
+    /// Write Ingress status at all. `--update-status=false` leaves it to someone else, so two
+    /// controllers serving one class do not take turns overwriting it (and make ExternalDNS
+    /// flap); Events are still written.
+    #[arg(
+        long,
+        env = "INGRESS_UPDATE_STATUS",
+        default_value_t = true,
+        action = ArgAction::Set,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub update_status: bool,
     /// This pod's node (from the downward API), for the status address.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
@@ -400,6 +426,16 @@ pub struct ListenArgs {
     /// host, Service, endpoint and Secret name).
     #[arg(long, env = "INGRESS_ADMIN_REMOTE_ACCESS", value_enum, default_value_t = RemoteAccess::Metrics)]
     pub admin_remote_access: RemoteAccess,
+    /// Every connection on the HTTP and HTTPS ports starts with a PROXY protocol header (v1 or
+    /// v2) from a load balancer, naming the real client; one without is closed. ingress-nginx's
+    /// `use-proxy-protocol`. The kernel gate cannot read past the header yet, so the SNI gate
+    /// runs in userspace (`--mode ebpf` refuses to start with it).
+    #[arg(long, env = "INGRESS_USE_PROXY_PROTOCOL", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub use_proxy_protocol: bool,
+    /// How long a connection has to send its PROXY protocol header (ingress-nginx's
+    /// `proxy-protocol-header-timeout`).
+    #[arg(long, env = "INGRESS_PROXY_PROTOCOL_HEADER_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub proxy_protocol_header_timeout: Duration,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -569,6 +605,18 @@ fn body_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is not a size (digits and an optional k, m or g)"))
 }
 
+/// `NAMESPACE/NAME`, both non-empty.
+fn namespaced_name(s: &str) -> Result<ObjectKey, String> {
+    match s.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok(ObjectKey::new(namespace, name))
+        }
+        _ => Err(format!("expected NAMESPACE/NAME, got {s:?}")),
+    }
+}
+
 fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(s)
 }
@@ -576,6 +624,36 @@ fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_flags_read_as_ingress_nginx_writes_them() {
+        let parse =
+            |args: &[&str]| Cli::try_parse_from(["ingress"].iter().chain(args)).map(|c| c.run.kube);
+        let kube = parse(&[]).unwrap();
+        assert!(kube.update_status);
+        assert_eq!(kube.publish_service, None);
+        assert!(!parse(&["--update-status=false"]).unwrap().update_status);
+        assert!(parse(&["--update-status"]).unwrap().update_status);
+        assert_eq!(
+            parse(&[
+                "--publish-service",
+                "ingress-nginx/ingress-nginx-controller"
+            ])
+            .unwrap()
+            .publish_service,
+            Some(ObjectKey::new("ingress-nginx", "ingress-nginx-controller"))
+        );
+        for bad in ["controller", "/controller", "ns/", "a/b/c"] {
+            assert!(parse(&["--publish-service", bad]).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse(&["--publish-status-address", "203.0.113.7,lb.example.com"])
+                .unwrap()
+                .publish_address
+                .as_deref(),
+            Some("203.0.113.7,lb.example.com")
+        );
+    }
 
     #[test]
     fn defaults_fit_a_daemonset() {

@@ -51,6 +51,10 @@ pub enum RunError {
     Kube(#[from] crate::source::kube::KubeError),
     #[error("--mode ebpf: the kernel gate did not load: {0}")]
     Gate(crate::gate::GateError),
+    #[error(
+        "--mode ebpf with --use-proxy-protocol: the kernel gate cannot read a ClientHello behind a PROXY protocol header yet; use --mode auto or userspace"
+    )]
+    GateBehindProxyProtocol,
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
@@ -185,6 +189,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             return Ok(());
         }
     }
+    let proxy_protocol = args
+        .listen
+        .use_proxy_protocol
+        .then_some(args.listen.proxy_protocol_header_timeout);
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
     let http = Listener {
         name: "http",
@@ -192,6 +200,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         handshake: Arc::new(Plain),
         https: false,
         caps: caps.clone(),
+        proxy_protocol,
     };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
     // The gate judges only connections of the listener it was given, marked before listen()
@@ -223,6 +232,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         }),
         https: true,
         caps,
+        proxy_protocol,
     };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(
@@ -292,22 +302,23 @@ async fn start_kube(
         kube_args.lease_duration,
     );
     tokio::spawn(async move {
-        let address = match (&kube_args.publish_address, &kube_args.node_name) {
-            (Some(address), _) => Some(report::address::PublishAddress::parse(address)),
-            (None, Some(node)) => report::address::from_node(client.clone(), node).await,
-            (None, None) => {
-                tracing::warn!(
-                    "neither --publish-address nor NODE_NAME is set; Ingress status will not be written"
-                );
-                None
-            }
+        let source = if kube_args.update_status {
+            report::address::AddressSource::choose(
+                kube_args.publish_address.as_deref(),
+                kube_args.publish_service.as_ref(),
+                kube_args.node_name.as_deref(),
+            )
+        } else {
+            tracing::info!("--update-status=false: Ingress status is left to someone else");
+            report::address::AddressSource::Fixed(Vec::new())
         };
+        let addresses = source.follow(client.clone());
         report::Reporter {
             client,
             published,
             metrics: report_metrics,
             lease,
-            address,
+            addresses,
             identity,
         }
         .run()
@@ -335,6 +346,15 @@ fn release_freed_memory() {
 fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
     if args.kernel.mode == Mode::Userspace {
         tracing::info!("userspace mode (--mode userspace): the SNI gate runs after accept");
+        return Ok(None);
+    }
+    if args.listen.use_proxy_protocol {
+        if args.kernel.mode == Mode::Ebpf {
+            return Err(RunError::GateBehindProxyProtocol);
+        }
+        tracing::info!(
+            "userspace mode (--use-proxy-protocol): the kernel gate cannot read past a PROXY protocol header yet; the SNI gate runs after accept"
+        );
         return Ok(None);
     }
     let options = GateOptions {

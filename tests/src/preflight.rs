@@ -42,6 +42,19 @@ pub fn preflight(needs: Needs) -> bool {
     }
 }
 
+/// True when `program` is on `PATH` (`cargo xtask setup` installs every one the tests run);
+/// otherwise skips, or fails under CI=true, and returns false.
+pub fn preflight_tool(program: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()));
+    if !found {
+        skip_or_fail(&format!(
+            "{program} is not installed (cargo xtask setup installs it)"
+        ));
+    }
+    found
+}
+
 /// Skips the calling test with a loud notice, or, under CI=true, fails it.
 pub fn skip_or_fail(why: &str) {
     // libtest names each test's thread after the test (unless it runs them all on main).

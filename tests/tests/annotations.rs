@@ -1,6 +1,7 @@
-//! Annotations this controller does not honour, through the real binary: an access-control
-//! one keeps its Ingress from being served (503 on every path it declares, which stay claimed),
-//! `ingress check` names the reason, and another Ingress on the same host is unaffected.
+//! Access-control annotations through the real binary. One this controller does not honour
+//! keeps its Ingress from being served (503 on every path it declares, which stay claimed),
+//! `ingress check` names the reason, and another Ingress on the same host is unaffected. Source
+//! ranges are honoured: 403 outside them, on both HTTP paths and for passthrough.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,7 +12,7 @@ use ingress_tests::process::{Ingress, binary};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::{Backend, Echo};
 
-/// `guarded` (older) asks for an allow-list on /admin of shop.example.com; `public` (newer)
+/// `guarded` (older) asks for external authentication on /admin of shop.example.com; `public` (newer)
 /// serves / there; `styled` carries only an unsupported cosmetic annotation.
 const INGRESSES: &str = r#"
 ---
@@ -22,7 +23,7 @@ metadata:
   namespace: t
   creationTimestamp: "2024-01-01T00:00:00Z"
   annotations:
-    nginx.ingress.kubernetes.io/whitelist-source-range: "10.0.0.0/8"
+    nginx.ingress.kubernetes.io/auth-url: "https://auth.example.com/check"
 spec:
   ingressClassName: ingress
   rules:
@@ -76,7 +77,7 @@ async fn curl_backend(ingress: &Ingress, host: &str, path: &str, version: &str) 
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_unsupported_allow_list_answers_503_and_spares_the_other_ingress() {
+async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress() {
     let (admin, web) = (Backend::start("admin"), Backend::start("web"));
     let dir = Scratch::new("annotations");
     dir.write(
@@ -135,7 +136,7 @@ async fn an_unsupported_allow_list_answers_503_and_spares_the_other_ingress() {
         .unwrap_or_else(|| panic!("no error line in\n{text}"));
     for part in [
         "Ingress t/guarded",
-        "nginx.ingress.kubernetes.io/whitelist-source-range",
+        "nginx.ingress.kubernetes.io/auth-url",
         "access-control",
         "503",
     ] {
@@ -151,4 +152,96 @@ async fn an_unsupported_allow_list_answers_503_and_spares_the_other_ingress() {
         .find(|l| l.starts_with("shop.example.com") && l.contains("/admin"))
         .unwrap_or_else(|| panic!("no /admin row in\n{text}"));
     assert!(row.contains("refused (503)"), "{row}");
+}
+
+/// Source ranges as ingress-nginx applies them, judged on the client's address (127.0.0.1
+/// here): outside an allow-list or inside a deny-list is 403 and nothing reaches the backend;
+/// a value that does not parse refuses the Ingress (503) rather than opening it; an Ingress
+/// without ranges on the same host is unaffected.
+#[tokio::test(flavor = "multi_thread")]
+async fn source_ranges_answer_403_outside_them() {
+    let (inside, outside, web) = (
+        Backend::start("inside"),
+        Backend::start("outside"),
+        Backend::start("web"),
+    );
+    let ingress_with = |name: &str, path: &str, annotations: &str| {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: t\n  annotations: {{{annotations}}}\nspec:\n  ingressClassName: ingress\n  rules:\n  - host: shop.example.com\n    http: {{paths: [{{path: {path}, pathType: Prefix, backend: {{service: {{name: {name}, port: {{number: 80}}}}}}}}]}}\n"
+        )
+    };
+    let dir = Scratch::new("source-ranges");
+    dir.write(
+        "a.yaml",
+        &(service("t", "inside", &[&inside])
+            + &service("t", "outside", &[&outside])
+            + &service("t", "web", &[&web])
+            + &service("t", "broken", &[&web])
+            + &service("t", "denied", &[&web])
+            + &ingress_with(
+                "inside",
+                "/inside",
+                "nginx.ingress.kubernetes.io/allowlist-source-range: \"10.0.0.0/8, 127.0.0.0/8\"",
+            )
+            + &ingress_with(
+                "outside",
+                "/outside",
+                "nginx.ingress.kubernetes.io/whitelist-source-range: \"10.0.0.0/8,192.168.0.0/16\"",
+            )
+            + &ingress_with(
+                "denied",
+                "/denied",
+                "nginx.ingress.kubernetes.io/allowlist-source-range: \"127.0.0.0/8\", nginx.ingress.kubernetes.io/denylist-source-range: \"127.0.0.1\"",
+            )
+            + &ingress_with(
+                "broken",
+                "/broken",
+                "nginx.ingress.kubernetes.io/allowlist-source-range: \"127.0.0.0/8, office\"",
+            )
+            + &ingress_with("web", "/", "")),
+    );
+    let ingress = Ingress::builder().manifests(dir.path()).start();
+    let cases = [
+        ("/inside", "inside"),
+        ("/outside", "<403>"),
+        ("/denied", "<403>"),
+        ("/broken", "<503>"),
+        ("/", "web"),
+    ];
+    for (path, want) in cases {
+        for version in ["--http1.1", "--http2-prior-knowledge"] {
+            let got = curl_backend(&ingress, "shop.example.com", path, version).await;
+            assert_eq!(got, want, "{version} {path}");
+        }
+    }
+    assert_eq!(
+        outside.served(),
+        0,
+        "nothing reached a backend outside its range"
+    );
+    assert_eq!(
+        ingress.metric(
+            "ingress_config_errors",
+            &[("kind", "InvalidAnnotation"), ("severity", "error")]
+        ),
+        Some(1.0)
+    );
+    let out = Command::new(binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let error = text
+        .lines()
+        .find(|l| l.starts_with("error") && l.contains("InvalidAnnotation"))
+        .unwrap_or_else(|| panic!("no error line in\n{text}"));
+    for part in [
+        "Ingress t/broken",
+        "allowlist-source-range",
+        "\"office\"",
+        "503",
+    ] {
+        assert!(error.contains(part), "{part:?} missing from {error}");
+    }
 }

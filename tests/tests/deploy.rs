@@ -1,14 +1,16 @@
 //! The cluster manifests in deploy/: every document parses strictly into its k8s-openapi type,
-//! `kubectl kustomize deploy` renders, and the pieces agree with the binary's defaults.
+//! `kubectl kustomize` renders the default install and each overlay, and the pieces agree with
+//! the binary's defaults.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::IngressClass;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Deserialize;
 use serde_json::Value;
@@ -43,6 +45,9 @@ fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(doc: &Value, origin
 
 struct Parsed {
     daemonset: Option<DaemonSet>,
+    deployment: Option<Deployment>,
+    service: Option<Service>,
+    budget: Option<PodDisruptionBudget>,
     cluster_roles: Vec<ClusterRole>,
     roles: Vec<Role>,
     class: Option<IngressClass>,
@@ -52,6 +57,9 @@ struct Parsed {
 fn parse_all(docs: &[(Value, String)]) -> Parsed {
     let mut parsed = Parsed {
         daemonset: None,
+        deployment: None,
+        service: None,
+        budget: None,
         cluster_roles: vec![],
         roles: vec![],
         class: None,
@@ -68,6 +76,9 @@ fn parse_all(docs: &[(Value, String)]) -> Parsed {
             "RoleBinding" => drop(strict::<RoleBinding>(doc, origin)),
             "IngressClass" => parsed.class = Some(strict(doc, origin)),
             "DaemonSet" => parsed.daemonset = Some(strict(doc, origin)),
+            "Deployment" => parsed.deployment = Some(strict(doc, origin)),
+            "Service" => parsed.service = Some(strict(doc, origin)),
+            "PodDisruptionBudget" => parsed.budget = Some(strict(doc, origin)),
             other => panic!("{origin}: unexpected kind {other:?}"),
         }
         parsed.kinds.push(kind);
@@ -75,18 +86,53 @@ fn parse_all(docs: &[(Value, String)]) -> Parsed {
     parsed
 }
 
+/// The documents of the base and of every overlay, as written (not rendered).
 fn source_documents() -> Vec<(Value, String)> {
+    let mut dirs = vec![deploy_dir().join("base")];
+    for entry in std::fs::read_dir(deploy_dir().join("overlays")).unwrap() {
+        dirs.push(entry.unwrap().path());
+    }
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(deploy_dir()).unwrap() {
-        let path = entry.unwrap().path();
-        let name = path.file_name().unwrap().to_string_lossy().to_string();
-        if path.extension().is_some_and(|e| e == "yaml") && name != "kustomization.yaml" {
-            for doc in documents(&std::fs::read_to_string(&path).unwrap()) {
-                out.push((doc, name.clone()));
+    for dir in dirs {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path
+                .strip_prefix(deploy_dir())
+                .unwrap()
+                .display()
+                .to_string();
+            if path.extension().is_some_and(|e| e == "yaml")
+                && !name.ends_with("kustomization.yaml")
+            {
+                for doc in documents(&std::fs::read_to_string(&path).unwrap()) {
+                    out.push((doc, name.clone()));
+                }
             }
         }
     }
     out
+}
+
+/// `kubectl kustomize DIR`, parsed.
+fn render(dir: &Path) -> (Vec<(Value, String)>, Parsed) {
+    let out = Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(dir)
+        .output()
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs: Vec<(Value, String)> = documents(&text)
+        .into_iter()
+        .map(|d| (d, format!("rendered {}", dir.display())))
+        .collect();
+    let parsed = parse_all(&docs);
+    (docs, parsed)
 }
 
 #[test]
@@ -109,29 +155,120 @@ fn every_manifest_parses_strictly() {
 
 #[test]
 fn kustomize_renders_and_the_result_parses() {
-    let out = Command::new("kubectl")
-        .args(["kustomize"])
-        .arg(deploy_dir())
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let docs: Vec<(Value, String)> = documents(&text)
-        .into_iter()
-        .map(|d| (d, "rendered".to_string()))
-        .collect();
-    let parsed = parse_all(&docs);
+    // The default install is the hostNetwork overlay, exactly.
+    let (default_docs, parsed) = render(&deploy_dir());
+    let (overlay_docs, _) = render(&deploy_dir().join("overlays/hostnetwork"));
+    let values = |docs: &[(Value, String)]| docs.iter().map(|(d, _)| d.clone()).collect::<Vec<_>>();
+    assert_eq!(values(&default_docs), values(&overlay_docs));
     let ds = parsed.daemonset.expect("a DaemonSet");
+    assert!(parsed.deployment.is_none() && parsed.service.is_none());
     assert_eq!(ds.metadata.namespace.as_deref(), Some("ingress"));
     let image = ds.spec.template.spec.unwrap().containers[0]
         .image
         .clone()
         .unwrap();
     assert_eq!(image, "ingress:0.1.0");
+}
+
+/// The LoadBalancer shape: a Deployment, one pod per node, behind a Service that keeps client
+/// addresses (`externalTrafficPolicy: Local`), with a PodDisruptionBudget, publishing the
+/// Service's address into Ingress status, in the same least-privilege container as the
+/// DaemonSet.
+#[test]
+fn the_loadbalancer_overlay_is_a_deployment_behind_a_local_service() {
+    let (_, parsed) = render(&deploy_dir().join("overlays/loadbalancer"));
+    assert!(parsed.daemonset.is_none());
+    let deployment = parsed.deployment.expect("a Deployment");
+    let service = parsed.service.expect("a Service");
+    let budget = parsed.budget.expect("a PodDisruptionBudget");
+    let spec = deployment.spec;
+    assert!(spec.replicas.unwrap() >= 2);
+    let labels = spec.template.metadata.clone().unwrap().labels.unwrap();
+    let selects = |selector: &std::collections::BTreeMap<String, String>| {
+        selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    let service_spec = service.spec.unwrap();
+    assert_eq!(service_spec.type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(
+        service_spec.external_traffic_policy.as_deref(),
+        Some("Local")
+    );
+    assert!(selects(service_spec.selector.as_ref().unwrap()));
+    let budget_spec = budget.spec.unwrap();
+    assert!(selects(
+        budget_spec.selector.unwrap().match_labels.as_ref().unwrap()
+    ));
+    assert!(budget_spec.max_unavailable.is_some() || budget_spec.min_available.is_some());
+
+    let pod = spec.template.spec.unwrap();
+    assert_ne!(
+        pod.host_network,
+        Some(true),
+        "the pod's own network namespace"
+    );
+    let anti = pod
+        .clone()
+        .affinity
+        .unwrap()
+        .pod_anti_affinity
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .unwrap();
+    assert_eq!(anti[0].topology_key, "kubernetes.io/hostname");
+    assert!(selects(
+        anti[0]
+            .label_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()
+    ));
+    let container = &pod.containers[0];
+    let env = container.env.clone().unwrap();
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    let service_name = service.metadata.name.unwrap();
+    assert_eq!(
+        value("INGRESS_PUBLISH_SERVICE"),
+        Some(format!("$(POD_NAMESPACE)/{service_name}"))
+    );
+    // $(POD_NAMESPACE) is expanded only from a variable defined before it.
+    let position = |name: &str| env.iter().position(|e| e.name == name).unwrap();
+    assert!(position("POD_NAMESPACE") < position("INGRESS_PUBLISH_SERVICE"));
+    // Every Service port reaches a named container port.
+    let ports = container.ports.clone().unwrap();
+    for port in service_spec.ports.unwrap() {
+        let target = port.target_port.unwrap();
+        assert!(
+            ports.iter().any(|p| match &target {
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) =>
+                    p.name.as_deref() == Some(name.as_str()),
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) =>
+                    p.container_port == *n,
+            }),
+            "{target:?}"
+        );
+    }
+    // The same container as the DaemonSet's, but for the network and the status address.
+    let (_, hostnetwork) = render(&deploy_dir().join("overlays/hostnetwork"));
+    let ds_pod = hostnetwork.daemonset.unwrap().spec.template.spec.unwrap();
+    let ds_container = &ds_pod.containers[0];
+    assert_eq!(container.security_context, ds_container.security_context);
+    assert_eq!(container.image, ds_container.image);
+    assert_eq!(container.readiness_probe, ds_container.readiness_probe);
+    assert_eq!(container.resources, ds_container.resources);
+    let pins = |pod: &k8s_openapi::api::core::v1::PodSpec| {
+        pod.volumes.clone().unwrap()[0]
+            .host_path
+            .clone()
+            .unwrap()
+            .path
+    };
+    assert_ne!(pins(&pod), pins(&ds_pod), "the two shapes never share pins");
 }
 
 #[test]
@@ -409,39 +546,29 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
 
 #[test]
 fn the_namespaced_component_grants_only_the_watched_namespace() {
+    for overlay in ["", "overlays/loadbalancer"] {
+        namespaced_component_on(overlay);
+    }
+}
+
+fn namespaced_component_on(overlay: &str) {
     let scratch = ingress_tests::scratch::Scratch::new("kustomize-ns");
     let base = relative(scratch.path(), &deploy_dir());
     scratch.write(
         "kustomization.yaml",
         &format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
-            base.display(),
+            base.join(overlay).display(),
             base.join("components/namespaced").display()
         ),
     );
-    let out = Command::new("kubectl")
-        .args(["kustomize"])
-        .arg(scratch.path())
-        .output()
-        .expect("kubectl runs");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let docs: Vec<(Value, String)> = documents(&text)
-        .into_iter()
-        .map(|d| (d, "rendered".to_string()))
-        .collect();
-    let parsed = parse_all(&docs);
-    let pod = parsed
-        .daemonset
-        .expect("a DaemonSet")
-        .spec
-        .template
-        .spec
-        .unwrap();
+    let (docs, parsed) = render(scratch.path());
+    let pod = match (&parsed.daemonset, &parsed.deployment) {
+        (Some(ds), None) => ds.spec.template.spec.clone(),
+        (None, Some(d)) => d.spec.template.spec.clone(),
+        other => panic!("{overlay}: one workload, got {other:?}"),
+    }
+    .unwrap();
     let watched = pod.containers[0]
         .env
         .clone()
@@ -502,6 +629,21 @@ fn the_namespaced_component_grants_only_the_watched_namespace() {
         ),
         ("ServiceAccount", "ingress", Some("ingress"))
     );
+    if parsed.deployment.is_some() {
+        // --publish-service still reads its own Service, and only that one.
+        let own = parsed
+            .roles
+            .iter()
+            .flat_map(|r| r.rules.clone().unwrap_or_default())
+            .find(|rule| {
+                rule.resources
+                    .as_ref()
+                    .is_some_and(|r| r.iter().any(|r| r == "services"))
+                    && rule.resource_names.is_some()
+            })
+            .expect("a grant on the published Service");
+        assert_eq!(own.resource_names.unwrap(), ["ingress"]);
+    }
 }
 
 fn humantime_secs(s: &str) -> i64 {

@@ -396,11 +396,18 @@ async fn a_cni_program_on_the_hook_neither_hides_the_early_reset_nor_goes_unrepo
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let logs = proxy.logs();
+    // The warning is written by the log thread, which may still be on its way when the gauge
+    // already reads 1.
     assert!(
-        logs.contains("another TC program runs before the early reset") && logs.contains("standin"),
-        "{logs}"
+        proxy.wait_for_log(
+            "another TC program runs before the early reset",
+            Duration::from_secs(5)
+        ),
+        "{}",
+        proxy.logs()
     );
+    let logs = proxy.logs();
+    assert!(logs.contains("standin"), "{logs}");
     // Still refused: after accept now.
     let before = proxy.scrape();
     let ending = site.send(MAIN.https, &[&hello], Duration::ZERO).await;

@@ -24,7 +24,7 @@ use ingress_tests::tls_client::{Outcome, assert_fast_reset, http_get, https_get}
 use ingress_tests::{Mode, both_modes};
 use serde::Deserialize as _;
 
-/// The capabilities deploy/daemonset.yaml grants, in setpriv's spelling.
+/// The capabilities deploy/overlays/hostnetwork/daemonset.yaml grants, in setpriv's spelling.
 const DAEMONSET_CAPS: [&str; 4] = ["bpf", "perfmon", "net_admin", "net_bind_service"];
 
 both_modes!(nothing_is_answered_before_the_manifests_are_loaded);
@@ -295,7 +295,7 @@ async fn the_daemonset_capabilities_are_exactly_what_ebpf_mode_needs() {
     let caps = daemonset_caps();
     assert_eq!(
         caps, DAEMONSET_CAPS,
-        "deploy/daemonset.yaml changed; update this test"
+        "deploy/overlays/hostnetwork/daemonset.yaml changed; update this test"
     );
     let Some(site) = Site::new("caps", &[KNOWN]) else {
         return;
@@ -406,9 +406,10 @@ fn cap_bit(name: &str) -> u64 {
     }
 }
 
-/// The `capabilities.add` list of deploy/daemonset.yaml, lowercased.
+/// The `capabilities.add` list of deploy/overlays/hostnetwork/daemonset.yaml, lowercased.
 fn daemonset_caps() -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/overlays/hostnetwork/daemonset.yaml");
     let yaml: serde_json::Value =
         serde_yaml_ng::from_str(&std::fs::read_to_string(&path).expect("daemonset.yaml"))
             .expect("daemonset yaml");

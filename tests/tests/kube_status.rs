@@ -384,3 +384,104 @@ async fn a_lost_lease_stops_status_writes_and_nothing_else() {
     address_is(&cluster, "app", "web", "192.0.2.10").await;
     address_is(&cluster, "app", "during", "192.0.2.10").await;
 }
+
+/// `--publish-service`: the ADDRESS follows a LoadBalancer Service's status as a cloud fills it
+/// in and changes it; while it is pending nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publish_service_addresses_follow_the_service() {
+    let web = Backend::start("web");
+    let cluster = Cluster::start().await;
+    cluster
+        .apply(
+            &(CLASS.to_string()
+                + &service("app", "web", &[&web])
+                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])
+                + "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: edge}\n"
+                + "---\napiVersion: v1\nkind: Service\nmetadata: {name: controller, namespace: edge}\n"
+                + "spec: {type: LoadBalancer, externalIPs: [198.51.100.9], ports: [{name: https, port: 443}]}\n"),
+        )
+        .await;
+    let proc = cluster
+        .ingress()
+        .args(["--publish-service", "edge/controller", "--pod-name", "lb"])
+        .start();
+    wait_ready(&proc).await;
+    // Pending: only the external IP is known, which ingress-nginx publishes too.
+    address_is(&cluster, "app", "web", "198.51.100.9").await;
+
+    let set_lb = async |entries: &str| {
+        let patch = format!(r#"{{"status":{{"loadBalancer":{{"ingress":{entries}}}}}}}"#);
+        cluster
+            .ok(&[
+                "patch",
+                "service",
+                "controller",
+                "-n",
+                "edge",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ])
+            .await;
+    };
+    set_lb(r#"[{"ip":"203.0.113.20"},{"hostname":"lb.example.com"}]"#).await;
+    address_is(
+        &cluster,
+        "app",
+        "web",
+        "198.51.100.9,203.0.113.20,lb.example.com",
+    )
+    .await;
+    set_lb(r#"[{"ip":"203.0.113.21"}]"#).await;
+    address_is(&cluster, "app", "web", "198.51.100.9,203.0.113.21").await;
+    let writes = status_writes(&cluster, "lb").len();
+    assert_eq!(writes, 3, "one write per change of address");
+    assert!(
+        cluster
+            .controller_requests(|r| r.path.starts_with("/api/v1/namespaces/edge/services"))
+            .iter()
+            .all(|r| r.param("fieldSelector").as_deref() == Some("metadata.name=controller")),
+        "only the named Service is read"
+    );
+}
+
+/// `--update-status=false`: nothing is written even with an address to publish, and the
+/// controller still serves and still leads (Events are still its job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn update_status_false_writes_no_status() {
+    let web = Backend::start("web");
+    let cluster = Cluster::start().await;
+    cluster
+        .apply(
+            &(CLASS.to_string()
+                + &service("app", "web", &[&web])
+                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
+        )
+        .await;
+    let proc = cluster
+        .ingress()
+        .args([
+            "--publish-address",
+            "203.0.113.7",
+            "--update-status=false",
+            "--pod-name",
+            "quiet",
+        ])
+        .start();
+    wait_ready(&proc).await;
+    eventually("leading", TIMEOUT, async || {
+        if is_leader(&proc).await {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await;
+    // A write, were there one, would follow the first snapshot within milliseconds.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(status_writes(&cluster, "quiet").is_empty());
+    assert_eq!(cluster.address("app", "web").await, "");
+    let log = proc.logs();
+    assert!(log.contains("--update-status=false"), "{}", tail(&log));
+}

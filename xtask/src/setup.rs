@@ -41,6 +41,9 @@ pub const PACKAGES: &[&str] = &[
     // Veth offloads off (ethtool), and the node firewall the gate's refusals must get through.
     "ethtool",
     "iptables",
+    // The dashboard and alert queries in deploy/monitoring are checked by a real Prometheus
+    // (and promtool, in the same package).
+    "prometheus",
 ];
 
 /// Cargo subcommands the checks run, and the crates that provide them: cargo-fuzz builds the

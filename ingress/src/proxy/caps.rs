@@ -61,6 +61,28 @@ pub struct Permit {
     client: Option<Client>,
 }
 
+impl Permit {
+    /// Counts the connection against `ip`'s cap too (once; later calls do nothing).
+    pub fn claim_client(&mut self, ip: IpAddr) -> Result<(), Refused> {
+        if self.caps.max_per_client == 0 || self.client.is_some() {
+            return Ok(());
+        }
+        let client = Client::from(ip);
+        let mut counts = self
+            .caps
+            .per_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry(client).or_insert(0);
+        if *count >= self.caps.max_per_client {
+            return Err(Refused::PerClient);
+        }
+        *count += 1;
+        self.client = Some(client);
+        Ok(())
+    }
+}
+
 impl ConnectionCaps {
     /// `max_total` 0 means no cap in all; `max_per_client` 0 means none per client.
     pub fn new(max_total: usize, max_per_client: u32) -> Arc<Self> {
@@ -77,25 +99,23 @@ impl ConnectionCaps {
     }
 
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Permit, Refused> {
+        let mut permit = self.admit_total()?;
+        permit.claim_client(ip)?;
+        Ok(permit)
+    }
+
+    /// Counts a connection against the total cap only; the client is counted once it is
+    /// known ([`Permit::claim_client`]), as with the PROXY protocol, where the TCP peer is the
+    /// load balancer.
+    pub fn admit_total(self: &Arc<Self>) -> Result<Permit, Refused> {
         if self.total.fetch_add(1, Ordering::AcqRel) >= self.max_total {
             self.total.fetch_sub(1, Ordering::AcqRel);
             return Err(Refused::Total);
         }
-        let mut permit = Permit {
+        Ok(Permit {
             caps: self.clone(),
             client: None,
-        };
-        if self.max_per_client > 0 {
-            let client = Client::from(ip);
-            let mut counts = self.per_client.lock().unwrap_or_else(|e| e.into_inner());
-            let count = counts.entry(client).or_insert(0);
-            if *count >= self.max_per_client {
-                return Err(Refused::PerClient);
-            }
-            *count += 1;
-            permit.client = Some(client);
-        }
-        Ok(permit)
+        })
     }
 
     /// Connections held right now.

@@ -22,9 +22,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::caps::ConnectionCaps;
+use super::caps::{ConnectionCaps, Permit};
 use super::h1;
 use super::metrics::{ListenerLabels, ProxyMetrics, RefusedLabels};
+use super::proxy_protocol;
 use super::rewind::Rewind;
 pub use super::settings::HttpSettings;
 use super::{ConnInfo, Proxy, h2};
@@ -58,6 +59,51 @@ impl Serving {
             }
         };
         h2::serve(self.proxy.clone(), &self.h2, io, conn, &self.http, stop).await;
+    }
+}
+
+/// Reads the connection's PROXY protocol header and makes the client it names the connection's
+/// client, counted against its own cap. `false`: the connection is to be closed (logged and
+/// counted here).
+async fn believe_proxy_header(
+    stream: &mut TcpStream,
+    conn: &mut ConnInfo,
+    permit: &mut Permit,
+    timeout: Duration,
+    listener: &'static str,
+    metrics: &ProxyMetrics,
+) -> bool {
+    match proxy_protocol::read_header(stream, timeout).await {
+        Ok(source) => {
+            if let Some(client) = source {
+                conn.believe(client);
+            }
+            match permit.claim_client(conn.peer.ip()) {
+                Ok(()) => true,
+                Err(refused) => {
+                    metrics
+                        .connections_refused
+                        .get_or_create(&RefusedLabels {
+                            listener,
+                            reason: refused.as_str(),
+                        })
+                        .inc();
+                    tracing::debug!(listener, client = %conn.peer, reason = refused.as_str(), "connection refused");
+                    false
+                }
+            }
+        }
+        Err(err) => {
+            metrics
+                .proxy_protocol_errors
+                .get_or_create(&RefusedLabels {
+                    listener,
+                    reason: err.as_str(),
+                })
+                .inc();
+            tracing::debug!(listener, peer = %conn.peer, %err, "connection closed: no valid PROXY protocol header");
+            false
+        }
     }
 }
 
@@ -112,6 +158,9 @@ pub struct Listener<H> {
     pub https: bool,
     /// Shared by every listener: the caps are per process.
     pub caps: Arc<ConnectionCaps>,
+    /// `--use-proxy-protocol`: every connection starts with a PROXY protocol header, read
+    /// within this long.
+    pub proxy_protocol: Option<Duration>,
 }
 
 impl<H: Handshake> Listener<H> {
@@ -155,7 +204,13 @@ impl<H: Handshake> Listener<H> {
                 },
             };
             metrics.connections.get_or_create(&labels).inc();
-            let permit = match self.caps.admit(peer.ip()) {
+            // Behind the PROXY protocol the peer is the load balancer: the client is counted
+            // once its header names it.
+            let admitted = match self.proxy_protocol {
+                Some(_) => self.caps.admit_total(),
+                None => self.caps.admit(peer.ip()),
+            };
+            let mut permit = match admitted {
                 Ok(permit) => permit,
                 Err(refused) => {
                     metrics
@@ -186,13 +241,35 @@ impl<H: Handshake> Listener<H> {
             let serving = serving.clone();
             let stop = stop.clone();
             let active = metrics.connections_active.get_or_create(&labels).clone();
+            let proxy_protocol = self.proxy_protocol;
+            let (caps, metrics) = (self.caps.clone(), metrics.clone());
+            let name = self.name;
             connections.spawn(async move {
                 active.inc();
-                if let Some((io, conn)) = handshake.handshake(stream, screened, conn).await {
+                let mut stream = stream;
+                let mut conn = conn;
+                let believed = match proxy_protocol {
+                    Some(timeout) => {
+                        believe_proxy_header(
+                            &mut stream,
+                            &mut conn,
+                            &mut permit,
+                            timeout,
+                            name,
+                            &metrics,
+                        )
+                        .await
+                    }
+                    None => true,
+                };
+                if believed
+                    && let Some((io, conn)) = handshake.handshake(stream, screened, conn).await
+                {
                     serving.serve(io, conn, &stop).await;
                 }
                 active.dec();
                 drop(permit);
+                drop(caps);
             });
         }
         drop(listener);

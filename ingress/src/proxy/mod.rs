@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod passthrough;
 pub mod phase;
 pub mod pool;
+pub mod proxy_protocol;
 pub mod respond;
 pub mod rewind;
 pub mod settings;

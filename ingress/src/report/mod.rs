@@ -23,6 +23,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 
 use crate::publish::Published;
 
@@ -75,8 +76,8 @@ pub struct Reporter {
     pub published: Arc<Published>,
     pub metrics: Arc<ReportMetrics>,
     pub lease: leader::LeaseSettings,
-    /// The address written into Ingress status; `None` leaves status alone.
-    pub address: Option<address::PublishAddress>,
+    /// The addresses written into Ingress status, as they change; empty leaves status alone.
+    pub addresses: watch::Receiver<Vec<address::PublishAddress>>,
     /// Names this instance in Events and in the Lease.
     pub identity: String,
 }
@@ -93,9 +94,10 @@ impl Reporter {
             self.identity.clone(),
         );
         let mut snapshots = self.published.subscribe();
+        let mut addresses = self.addresses.clone();
         let mut status = status::StatusWriter::new(
             self.client.clone(),
-            self.address.clone(),
+            self.addresses.clone(),
             self.metrics.clone(),
         );
         let mut events =
@@ -123,6 +125,8 @@ impl Reporter {
             tokio::select! {
                 changed = leader.changed() => if changed.is_err() { return },
                 changed = snapshots.changed() => if changed.is_err() { return },
+                // A closed address channel (a fixed list, sent once) is simply never ready again.
+                Ok(()) = addresses.changed() => {}
                 () = tokio::time::sleep(retry.unwrap_or(MAX_RETRY)), if retry.is_some() => {}
             }
         }

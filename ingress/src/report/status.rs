@@ -1,5 +1,6 @@
 //! Ingress status: `status.loadBalancer.ingress` of every owned Ingress names the published
-//! address, so `kubectl get ingress` shows an ADDRESS.
+//! addresses, so `kubectl get ingress` shows an ADDRESS. While there is no address (none
+//! configured, or a `--publish-service` LoadBalancer still pending) status is left alone.
 //!
 //! Writes use GET then PUT on the `status` subresource (the `update` verb only) and are made
 //! only for Ingresses whose status differs. A write is remembered until the watch shows it, so
@@ -22,7 +23,7 @@ use crate::store::ObjectKey;
 
 pub struct StatusWriter {
     client: Client,
-    address: Option<PublishAddress>,
+    addresses: watch::Receiver<Vec<PublishAddress>>,
     metrics: Arc<ReportMetrics>,
     /// Written, but not yet seen back through the watch: the addresses the Ingress had before.
     pending: HashMap<ObjectKey, Vec<String>>,
@@ -31,12 +32,12 @@ pub struct StatusWriter {
 impl StatusWriter {
     pub fn new(
         client: Client,
-        address: Option<PublishAddress>,
+        addresses: watch::Receiver<Vec<PublishAddress>>,
         metrics: Arc<ReportMetrics>,
     ) -> Self {
         Self {
             client,
-            address,
+            addresses,
             metrics,
             pending: HashMap::new(),
         }
@@ -46,22 +47,23 @@ impl StatusWriter {
         self.pending.clear();
     }
 
-    /// Brings every owned Ingress's status to the address, while `leading` stays true.
+    /// Brings every owned Ingress's status to the addresses, while `leading` stays true.
     pub async fn reconcile(
         &mut self,
         snapshot: &Snapshot,
         leading: &watch::Receiver<bool>,
     ) -> Pass {
-        let Some(address) = self.address.clone() else {
+        let addresses = self.addresses.borrow_and_update().clone();
+        if addresses.is_empty() {
             return Pass::Done;
-        };
-        let want = address.as_string();
+        }
+        let want: Vec<String> = addresses.iter().map(PublishAddress::as_string).collect();
         self.pending
             .retain(|key, _| snapshot.ingresses.contains_key(key));
         let mut pass = Pass::Done;
         let mut written = 0usize;
         for (key, meta) in &snapshot.ingresses {
-            if meta.addresses.len() == 1 && meta.addresses[0] == want {
+            if sorted(&meta.addresses) == want {
                 self.pending.remove(key);
                 continue;
             }
@@ -71,9 +73,9 @@ impl StatusWriter {
             if !*leading.borrow() {
                 return Pass::Done;
             }
-            match self.write(key, &address).await {
+            match self.write(key, &addresses).await {
                 Ok(()) => {
-                    tracing::debug!(ingress = %key, address = %want, "status updated");
+                    tracing::debug!(ingress = %key, addresses = ?want, "status updated");
                     self.metrics
                         .status_updates
                         .get_or_create(&ResultLabels { result: "ok" })
@@ -99,12 +101,16 @@ impl StatusWriter {
             }
         }
         if written > 0 {
-            tracing::info!(ingresses = written, address = %want, "Ingress status updated");
+            tracing::info!(ingresses = written, addresses = ?want, "Ingress status updated");
         }
         pass
     }
 
-    async fn write(&self, key: &ObjectKey, address: &PublishAddress) -> Result<(), kube::Error> {
+    async fn write(
+        &self,
+        key: &ObjectKey,
+        addresses: &[PublishAddress],
+    ) -> Result<(), kube::Error> {
         let api: Api<Ingress> = Api::namespaced(self.client.clone(), &key.namespace);
         // A conflict means someone changed the object between our read and write: read again.
         let mut attempts = 0;
@@ -112,7 +118,7 @@ impl StatusWriter {
             let mut ingress = api.get_status(&key.name).await?;
             ingress.status = Some(IngressStatus {
                 load_balancer: Some(IngressLoadBalancerStatus {
-                    ingress: Some(vec![address.status_entry()]),
+                    ingress: Some(addresses.iter().map(PublishAddress::status_entry).collect()),
                 }),
             });
             match api
@@ -127,4 +133,12 @@ impl StatusWriter {
             }
         }
     }
+}
+
+/// The addresses an Ingress has, in the order written ones have.
+fn sorted(addresses: &[String]) -> Vec<String> {
+    let mut list = addresses.to_vec();
+    list.sort();
+    list.dedup();
+    list
 }

@@ -21,6 +21,7 @@ pub mod host;
 pub mod path;
 pub mod policy;
 pub mod sni;
+pub mod sources;
 pub mod tls;
 
 use std::collections::{BTreeMap, HashMap};
@@ -496,15 +497,26 @@ impl Builder<'_> {
                 "x-forwarded-prefix is only sent with a rewritten request (as in ingress-nginx); without rewrite-target it has no effect",
             ));
         }
-        let refused = self.judge_unsupported(&subject, ingress);
+        let mut refused = self.judge_unsupported(&subject, ingress);
+        let sources = match annotations::source_ranges(ingress.metadata.annotations.as_ref()) {
+            Ok(sources) => sources,
+            Err(message) => {
+                self.diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::InvalidAnnotation,
+                    subject.clone(),
+                    format!("{message}; this Ingress is not served (503) rather than served without its source ranges"),
+                ));
+                refused
+                    .get_or_insert_with(|| Arc::from(format!("invalid source range: {message}")));
+                sources::SourcePolicy::default()
+            }
+        };
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
-            Arc::new(RoutePolicy::new(
-                &options,
-                tls,
-                refused.as_ref(),
-                self.max_body,
-            ))
+            Arc::new(
+                RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
+                    .with_sources(&sources),
+            )
         });
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   phase (proxy::phase)   reads
-//!   access                 AccessPolicy     refused (an access control that cannot be honoured)
+//!   access                 AccessPolicy     refused (an access control that cannot be honoured),
+//!                                           source ranges (allow- and deny-lists)
 //!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
 //!                                           route is chosen)
 //!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
@@ -29,6 +30,7 @@ use super::annotations::hash::HashKey;
 use super::annotations::rewrite::Template;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
+use super::sources::SourcePolicy;
 use crate::store::ObjectKey;
 
 /// Everything per route, by phase.
@@ -152,6 +154,8 @@ pub struct AccessPolicy {
     /// (`--unsupported-access-annotations=refuse`), so every request is answered 503 rather
     /// than served unprotected.
     pub refused: Option<Arc<str>>,
+    /// `allowlist-source-range` / `denylist-source-range`: who may, by source address (403).
+    pub sources: SourcePolicy,
 }
 
 /// Redirects made before the upstream is asked.
@@ -233,6 +237,7 @@ impl RoutePolicy {
         RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
+                sources: SourcePolicy::default(),
             },
             redirect: RedirectPolicy {
                 to_url: options.redirect.clone(),
@@ -257,6 +262,14 @@ impl RoutePolicy {
                 hash_by: options.upstream_hash_by.clone(),
             },
         }
+    }
+}
+
+impl RoutePolicy {
+    /// The same policy with the Ingress's source ranges.
+    pub fn with_sources(mut self, sources: &SourcePolicy) -> RoutePolicy {
+        self.access.sources = sources.clone();
+        self
     }
 }
 

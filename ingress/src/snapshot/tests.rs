@@ -864,6 +864,7 @@ fn unsupported_annotations_table() {
     // (annotations, policy, served, diagnostics as (severity, kind))
     let warn = (Severity::Warning, DiagnosticKind::UnsupportedAnnotation);
     let error = (Severity::Error, DiagnosticKind::UnsupportedAnnotation);
+    let invalid = (Severity::Error, DiagnosticKind::InvalidAnnotation);
     let cases: Vec<(
         Vec<(String, &str)>,
         UnsupportedAccess,
@@ -886,23 +887,32 @@ fn unsupported_annotations_table() {
             true,
             vec![],
         ),
+        // Source ranges are honoured: served (to the clients inside them), no diagnostic.
         (
             vec![(n("whitelist-source-range"), "10.0.0.0/8")],
             Refuse,
-            false,
-            vec![error],
+            true,
+            vec![],
         ),
         (
             vec![(n("allowlist-source-range"), "10.0.0.0/8")],
             Refuse,
-            false,
-            vec![error],
+            true,
+            vec![],
         ),
         (
             vec![(n("denylist-source-range"), "1.2.3.4/32")],
             Refuse,
+            true,
+            vec![],
+        ),
+        // A range that does not parse refuses the Ingress, whatever the policy for
+        // unsupported ones: it is supported, and applied as written or not at all.
+        (
+            vec![(n("allowlist-source-range"), "10.0.0.0/8, office")],
+            Ignore,
             false,
-            vec![error],
+            vec![invalid],
         ),
         (
             vec![(n("auth-type"), "basic"), (n("auth-secret"), "s")],
@@ -943,13 +953,13 @@ fn unsupported_annotations_table() {
             vec![error],
         ),
         (
-            vec![("ingress.rs/whitelist-source-range".into(), "10.0.0.0/8")],
+            vec![("ingress.rs/auth-url".into(), "http://auth/")],
             Refuse,
             false,
             vec![error],
         ),
         (
-            vec![(n("whitelist-source-range"), "10.0.0.0/8")],
+            vec![(n("auth-url"), "http://auth/")],
             Ignore,
             true,
             vec![warn],
@@ -1006,10 +1016,7 @@ fn a_refused_ingress_keeps_its_paths_claimed_and_spares_its_neighbours() {
     let guarded = annotated(
         "guarded",
         "shop.example.com",
-        &[(
-            "nginx.ingress.kubernetes.io/whitelist-source-range",
-            "10.0.0.0/8",
-        )],
+        &[("nginx.ingress.kubernetes.io/auth-url", "http://auth/")],
         true,
     );
     let public = r#"
@@ -1065,7 +1072,7 @@ spec:
         Subject::object(Kind::Ingress, &ObjectKey::new("shop", "guarded"))
     );
     assert!(
-        errors[0].message.contains("whitelist-source-range") && errors[0].message.contains("503"),
+        errors[0].message.contains("auth-url") && errors[0].message.contains("503"),
         "{}",
         errors[0].message
     );
@@ -1078,10 +1085,7 @@ fn a_refused_passthrough_ingress_is_refused_too() {
         "tunnel.example.com",
         &[
             ("nginx.ingress.kubernetes.io/ssl-passthrough", "true"),
-            (
-                "nginx.ingress.kubernetes.io/whitelist-source-range",
-                "10.0.0.0/8",
-            ),
+            ("nginx.ingress.kubernetes.io/auth-url", "http://auth/"),
         ],
         true,
     );
@@ -1621,6 +1625,58 @@ fn canaries_attach_to_the_main_route_of_the_same_host_path_and_type() {
                 "Ingress shop/lonely-canary".to_string()
             ),
         ],
+        "{:?}",
+        snap.diagnostics
+    );
+}
+
+#[test]
+fn source_ranges_reach_every_route_of_the_ingress_and_passthrough() {
+    let plain = annotated(
+        "ranged",
+        "shop.example.com",
+        &[(
+            "nginx.ingress.kubernetes.io/allowlist-source-range",
+            "10.0.0.0/8",
+        )],
+        false,
+    );
+    let tunnel = annotated(
+        "tunnel",
+        "tunnel.example.com",
+        &[
+            ("nginx.ingress.kubernetes.io/ssl-passthrough", "true"),
+            (
+                "nginx.ingress.kubernetes.io/denylist-source-range",
+                "192.0.2.0/24",
+            ),
+        ],
+        true,
+    );
+    let snap = build(&format!("{SERVICES}{plain}{tunnel}"));
+    let inside: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+    let outside: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+    for path in ["/admin", "/"] {
+        let sources = &snap
+            .route(Some("shop.example.com"), path)
+            .expect("routed")
+            .policy
+            .access
+            .sources;
+        assert!(sources.admits(inside) && !sources.admits(outside), "{path}");
+    }
+    let tunnel = &snap
+        .passthrough
+        .lookup_named("tunnel.example.com")
+        .expect("passthrough route")
+        .policy
+        .access
+        .sources;
+    assert!(tunnel.admits(inside) && !tunnel.admits(outside));
+    assert!(
+        snap.diagnostics
+            .iter()
+            .all(|d| d.kind == DiagnosticKind::PassthroughPathsIgnored),
         "{:?}",
         snap.diagnostics
     );

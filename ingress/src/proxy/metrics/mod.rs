@@ -83,6 +83,8 @@ pub struct ProxyMetrics {
     pub connections: Family<ListenerLabels, Counter>,
     pub connections_active: Family<ListenerLabels, Gauge>,
     pub connections_refused: Family<RefusedLabels, Counter>,
+    /// Connections closed because their PROXY protocol header was missing or bad.
+    pub proxy_protocol_errors: Family<RefusedLabels, Counter>,
     pub tls_handshakes: Family<ResultLabels, Counter>,
     /// The gate's decisions made after accept (userspace mode, or what the kernel left to
     /// userspace); `ingress_sni_gate_total` adds the kernel's before-accept ones to these.
@@ -128,6 +130,12 @@ impl ProxyMetrics {
             "Client connections closed on accept because a connection cap was reached, by listener and cap (max_connections, max_connections_per_client)",
             connections_refused.clone(),
         );
+        let proxy_protocol_errors = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "proxy_protocol_errors",
+            "Connections closed because they did not start with a valid PROXY protocol header (--use-proxy-protocol), by listener and reason (timeout, closed, invalid, too_long)",
+            proxy_protocol_errors.clone(),
+        );
         let tls_handshakes = Family::<ResultLabels, Counter>::default();
         registry.register(
             "tls_handshakes",
@@ -155,6 +163,7 @@ impl ProxyMetrics {
             connections,
             connections_active,
             connections_refused,
+            proxy_protocol_errors,
             tls_handshakes,
             sni_gate,
             upstream_address_refused,

@@ -84,10 +84,12 @@ pub enum Failure {
     Refused,
     /// An ExternalName resolved to an address refused as a backend.
     AddressRefused,
+    /// The client's address is outside the route's source ranges.
+    SourceRefused,
 }
 
 impl Failure {
-    pub const ALL: [Failure; 7] = [
+    pub const ALL: [Failure; 8] = [
         Failure::NoRoute,
         Failure::NoEndpoint,
         Failure::ConnectError,
@@ -95,6 +97,7 @@ impl Failure {
         Failure::UpstreamWrite,
         Failure::Refused,
         Failure::AddressRefused,
+        Failure::SourceRefused,
     ];
 
     pub fn as_str(&self) -> &'static str {
@@ -106,6 +109,7 @@ impl Failure {
             Failure::UpstreamWrite => "upstream_write",
             Failure::Refused => "refused",
             Failure::AddressRefused => "address_refused",
+            Failure::SourceRefused => "source_refused",
         }
     }
 }

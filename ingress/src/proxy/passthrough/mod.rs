@@ -73,7 +73,7 @@ impl Passthrough<'_> {
             reset(client);
             return;
         };
-        let (upstream, target, _in_flight) = match self.connect(&route).await {
+        let (upstream, target, _in_flight) = match self.connect(&route, peer.ip()).await {
             Ok(connected) => connected,
             Err(failure) => {
                 metrics.fail(failure);
@@ -145,9 +145,13 @@ impl Passthrough<'_> {
     async fn connect(
         &self,
         route: &Arc<Route>,
+        client: std::net::IpAddr,
     ) -> Result<(TcpStream, String, Option<InFlight>), Failure> {
         if route.policy.access.refused.is_some() {
             return Err(Failure::Refused);
+        }
+        if !route.policy.access.sources.admits(client) {
+            return Err(Failure::SourceRefused);
         }
         let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => {

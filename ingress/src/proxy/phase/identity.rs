@@ -1,7 +1,8 @@
 //! The client identity phase: who is on the other end of a connection, decided once when it is
-//! accepted. Today that is the TCP peer; PROXY protocol and trusted forwarded headers will
-//! change what is believed here, and every later phase (access, the forwarding headers, the
-//! access log) reads the client from here.
+//! accepted: the TCP peer, or with `--use-proxy-protocol` the client the load balancer's PROXY
+//! protocol header names (`proxy::proxy_protocol`). Trusted forwarded headers will change what
+//! is believed here too; every later phase (access, the forwarding headers, the access log)
+//! reads the client from here.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -32,6 +33,14 @@ impl ConnInfo {
             client: ClientSide::new(peer.ip(), https, local_port),
             h2: false,
         }
+    }
+}
+
+impl ConnInfo {
+    /// Takes `client` as the connection's client: what every later phase reads.
+    pub fn believe(&mut self, client: SocketAddr) {
+        self.peer = client;
+        self.client = ClientSide::new(client.ip(), self.https, self.local_port);
     }
 }
 

@@ -9,7 +9,8 @@
 //!   tls       (tls.rs)       a host the connection's certificate was not chosen for → 421
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
-//!   access    (access.rs)    the route's access policy: a refused Ingress → 503
+//!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
+//!                            outside its source ranges → 403
 //!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
 //!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
 //!                            the route's: permanent-/temporal-redirect → their code; plain
@@ -241,7 +242,7 @@ impl Proxy {
             Err(refusal) => return refused(refusal, Some(target)),
         };
         let cors = cors::check(route.policy.response.cors.as_deref(), method, headers);
-        let decision = access::check(&route.policy.access)
+        let decision = access::check(&route.policy.access, conn)
             .or_else(|| match &cors {
                 cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
                 _ => None,

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use registry::{Category, Status};
 
+use super::sources::{self, SourcePolicy};
+
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
 
@@ -353,6 +355,28 @@ fn seconds_of(
     }
 }
 
+/// The source ranges of an Ingress (`allowlist-source-range`, or its older name
+/// `whitelist-source-range`, and `denylist-source-range`), or why they cannot be applied. An
+/// access control that cannot be applied as written refuses the Ingress (503, as ingress-nginx
+/// denies such a location), never serves it open.
+pub fn source_ranges(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<SourcePolicy, String> {
+    let Some(annotations) = annotations else {
+        return Ok(SourcePolicy::default());
+    };
+    let ranges = |names: &[&str]| -> Result<Option<Arc<[ipnet::IpNet]>>, String> {
+        let Some((key, value)) = names.iter().find_map(|name| lookup(annotations, name)) else {
+            return Ok(None);
+        };
+        sources::parse_ranges(value).map_err(|err| format!("{key}: {err}"))
+    };
+    Ok(SourcePolicy {
+        allow: ranges(&["allowlist-source-range", "whitelist-source-range"])?,
+        deny: ranges(&["denylist-source-range"])?.unwrap_or_else(|| Arc::from([])),
+    })
+}
+
 fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
     [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
         annotations
@@ -397,6 +421,71 @@ mod tests {
     }
 
     #[test]
+    fn source_ranges_by_annotation() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (format!("{NGINX_PREFIX}{k}"), v.to_string()))
+                .collect()
+        };
+        let render = |policy: &SourcePolicy| {
+            let list = |nets: &[ipnet::IpNet]| {
+                nets.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            (policy.allow.as_deref().map(list), list(&policy.deny))
+        };
+        let cases: Vec<(Vec<(&str, &str)>, Result<(Option<&str>, &str), &str>)> = vec![
+            (vec![], Ok((None, ""))),
+            (
+                vec![("allowlist-source-range", "10.0.0.0/8")],
+                Ok((Some("10.0.0.0/8"), "")),
+            ),
+            (
+                vec![("whitelist-source-range", "10.0.0.0/8")],
+                Ok((Some("10.0.0.0/8"), "")),
+            ),
+            // The newer name wins when both are there.
+            (
+                vec![
+                    ("allowlist-source-range", "10.0.0.0/8"),
+                    ("whitelist-source-range", "192.168.0.0/16"),
+                ],
+                Ok((Some("10.0.0.0/8"), "")),
+            ),
+            (
+                vec![("denylist-source-range", "192.0.2.1, 198.51.100.0/24")],
+                Ok((None, "192.0.2.1/32,198.51.100.0/24")),
+            ),
+            (
+                vec![("allowlist-source-range", "10.0.0.0/8, office")],
+                Err("allowlist-source-range"),
+            ),
+            (
+                vec![("denylist-source-range", "300.1.1.1")],
+                Err("denylist-source-range"),
+            ),
+        ];
+        for (pairs, want) in cases {
+            let got = source_ranges(Some(&map(&pairs)));
+            match (&got, want) {
+                (Ok(policy), Ok((allow, deny))) => {
+                    let (got_allow, got_deny) = render(policy);
+                    assert_eq!(
+                        (got_allow.as_deref(), got_deny.as_str()),
+                        (allow, deny),
+                        "{pairs:?}"
+                    );
+                }
+                (Err(message), Err(key)) => assert!(message.contains(key), "{message}"),
+                _ => panic!("{pairs:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn unsupported_table() {
         let n = |s: &str| format!("{NGINX_PREFIX}{s}");
         let o = |s: &str| format!("{PREFIX}{s}");
@@ -406,10 +495,8 @@ mod tests {
             (n("rewrite-target"), None),
             (n("canary"), None),
             (n("mirror-target"), Some((Category::Upstream, true))),
-            (
-                n("whitelist-source-range"),
-                Some((Category::AccessControl, true)),
-            ),
+            (n("whitelist-source-range"), None),
+            (n("auth-url"), Some((Category::AccessControl, true))),
             (o("auth-url"), Some((Category::AccessControl, true))),
             (n("auth-tls-secret"), Some((Category::AccessControl, true))),
             (n("limit-rps"), Some((Category::AccessControl, true))),

@@ -102,7 +102,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("affinity", Upstream),
     yes("affinity-canary-behavior", Upstream),
     yes("affinity-mode", Upstream),
-    no("allowlist-source-range", AccessControl),
+    yes("allowlist-source-range", AccessControl),
     yes("app-root", Routing),
     no("auth-always-set-cookie", AccessControl),
     no("auth-cache-duration", AccessControl),
@@ -149,7 +149,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("custom-headers", Response),
     no("custom-http-errors", Response),
     no("default-backend", Routing),
-    no("denylist-source-range", AccessControl),
+    yes("denylist-source-range", AccessControl),
     no("disable-proxy-intercept-errors", Response),
     no("enable-access-log", Observability),
     yes("enable-cors", Response),
@@ -239,7 +239,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("upstream-vhost", Upstream),
     no("use-port-in-redirects", Routing),
     yes("use-regex", Routing),
-    no("whitelist-source-range", AccessControl),
+    yes("whitelist-source-range", AccessControl),
     yes("x-forwarded-prefix", Routing),
 ];
 
@@ -343,7 +343,8 @@ mod tests {
         for name in access {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
-            assert_eq!(entry.status, Status::Unsupported, "{name}");
+            let supported = name.ends_with("-source-range");
+            assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
         for a in ANNOTATIONS {
@@ -382,6 +383,7 @@ mod tests {
                 "affinity",
                 "affinity-canary-behavior",
                 "affinity-mode",
+                "allowlist-source-range",
                 "app-root",
                 "canary",
                 "canary-by-cookie",
@@ -396,6 +398,7 @@ mod tests {
                 "cors-allow-origin",
                 "cors-expose-headers",
                 "cors-max-age",
+                "denylist-source-range",
                 "enable-cors",
                 "force-ssl-redirect",
                 "from-to-www-redirect",
@@ -419,6 +422,7 @@ mod tests {
                 "temporal-redirect-code",
                 "upstream-hash-by",
                 "use-regex",
+                "whitelist-source-range",
                 "x-forwarded-prefix",
             ]
         );
