@@ -186,6 +186,7 @@ mod tests {
             backends: Default::default(),
             unsupported_access: Default::default(),
             unnamed: Default::default(),
+            max_body: Some(1 << 20),
         };
         Snapshot::build(&store, &settings, 1)
     }

@@ -361,6 +361,11 @@ pub struct PolicyArgs {
     /// declares; `ignore` serves it without that protection.
     #[arg(long, env = "INGRESS_UNSUPPORTED_ACCESS_ANNOTATIONS", value_enum, default_value_t = UnsupportedAccess::Refuse)]
     pub unsupported_access_annotations: UnsupportedAccess,
+    /// The largest request body a route accepts unless its `proxy-body-size` annotation says
+    /// otherwise (larger: 413), as nginx sizes are written (`1m`, `512k`, `0` for no limit).
+    /// ingress-nginx's default, 1m.
+    #[arg(long, env = "INGRESS_PROXY_BODY_SIZE", default_value = "1m", value_parser = body_size, value_name = "SIZE")]
+    pub proxy_body_size: u64,
 }
 
 impl PolicyArgs {
@@ -593,6 +598,11 @@ fn early_reset(s: &str) -> Result<EarlyReset, String> {
             Ok(EarlyReset::Only(names))
         }
     }
+}
+
+fn body_size(s: &str) -> Result<u64, String> {
+    crate::snapshot::annotations::size(s)
+        .ok_or_else(|| format!("{s:?} is not a size (digits and an optional k, m or g)"))
 }
 
 /// `NAMESPACE/NAME`, both non-empty.

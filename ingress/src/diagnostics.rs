@@ -53,6 +53,8 @@ pub enum DiagnosticKind {
     ExternalNameDisabled,
     BackendAddressRefused,
     UnsupportedAnnotation,
+    /// A canary Ingress path that no main Ingress serves (same host, path and type): unused.
+    CanaryUnmatched,
 }
 
 impl DiagnosticKind {
@@ -81,6 +83,7 @@ impl DiagnosticKind {
             DiagnosticKind::ExternalNameDisabled => "ExternalNameDisabled",
             DiagnosticKind::BackendAddressRefused => "BackendAddressRefused",
             DiagnosticKind::UnsupportedAnnotation => "UnsupportedAnnotation",
+            DiagnosticKind::CanaryUnmatched => "CanaryUnmatched",
         }
     }
 
@@ -107,6 +110,7 @@ impl DiagnosticKind {
         DiagnosticKind::ExternalNameDisabled,
         DiagnosticKind::BackendAddressRefused,
         DiagnosticKind::UnsupportedAnnotation,
+        DiagnosticKind::CanaryUnmatched,
     ];
 }
 

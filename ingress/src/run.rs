@@ -412,6 +412,7 @@ pub fn build_settings(
         backends: backend_policy(source, policy),
         unsupported_access: policy.unsupported_access_annotations.into(),
         unnamed: tls.unnamed_policy(),
+        max_body: Some(policy.proxy_body_size).filter(|n| *n > 0),
     })
 }
 

@@ -21,6 +21,7 @@ pub mod apiserver;
 pub mod bpftool;
 pub mod client;
 pub mod corpus;
+pub mod curl;
 pub mod gate_server;
 pub mod gate_site;
 pub mod manifests;

@@ -49,3 +49,29 @@ pub fn ingress(namespace: &str, name: &str, rules: &[(&str, &str, &str, &str)]) 
     }
     out
 }
+
+/// An Ingress like [`ingress`], created at `day` of January 2024 (older wins conflicts), with
+/// `annotations` given by their ingress-nginx name (the `nginx.ingress.kubernetes.io/` prefix
+/// is added).
+pub fn annotated_ingress(
+    namespace: &str,
+    name: &str,
+    day: u8,
+    annotations: &[(&str, &str)],
+    rules: &[(&str, &str, &str, &str)],
+) -> String {
+    let mut meta = format!(
+        "metadata:\n  name: {name}\n  namespace: {namespace}\n  creationTimestamp: \"2024-01-{day:02}T00:00:00Z\"\n"
+    );
+    if !annotations.is_empty() {
+        meta.push_str("  annotations:\n");
+        for (key, value) in annotations {
+            let _ = writeln!(meta, "    nginx.ingress.kubernetes.io/{key}: {value:?}");
+        }
+    }
+    ingress(namespace, name, rules).replacen(
+        &format!("metadata: {{name: {name}, namespace: {namespace}}}\n"),
+        &meta,
+        1,
+    )
+}

@@ -26,6 +26,9 @@ use super::phase::identity::ClientSide;
 pub static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// Sent only when a route's policy asks (`x-forwarded-prefix` with `rewrite-target`); a client's
+/// own is dropped as spoofable.
+pub static X_FORWARDED_PREFIX: HeaderName = HeaderName::from_static("x-forwarded-prefix");
 pub static X_FORWARDED_PORT: HeaderName = HeaderName::from_static("x-forwarded-port");
 pub static X_FORWARDED_SCHEME: HeaderName = HeaderName::from_static("x-forwarded-scheme");
 pub static X_SCHEME: HeaderName = HeaderName::from_static("x-scheme");
@@ -390,6 +393,7 @@ mod tests {
                     body: UpstreamBody::None,
                     upgrade: false,
                     new_request_id: new_request_id(),
+                    forwarded_prefix: None,
                 },
             );
 

@@ -5,6 +5,8 @@
 
 use std::error::Error as StdError;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,6 +20,9 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 pub enum IdleError {
     #[error("nothing received for {0:?}")]
     Timeout(Duration),
+    /// A request body grew past `proxy-body-size` (see [`IdleBody::limited`]).
+    #[error("request body larger than {0} bytes")]
+    TooLarge(u64),
     #[error(transparent)]
     Body(BoxError),
 }
@@ -25,6 +30,9 @@ pub enum IdleError {
 pub struct IdleBody<B> {
     inner: B,
     timeout: Duration,
+    /// `proxy-body-size`: the limit, the bytes so far, and where tripping it is recorded (the
+    /// error itself reaches the caller only as an upstream failure).
+    limit: Option<(u64, u64, Arc<AtomicBool>)>,
     sleep: Option<Pin<Box<Sleep>>>,
     /// A frame arrived since the timer was last armed.
     progressed: bool,
@@ -35,9 +43,16 @@ impl<B> IdleBody<B> {
         Self {
             inner,
             timeout,
+            limit: None,
             sleep: None,
             progressed: false,
         }
+    }
+
+    /// Also fails once more than `limit` bytes of data have passed, setting `tripped`.
+    pub fn limited(mut self, limit: u64, tripped: Arc<AtomicBool>) -> Self {
+        self.limit = Some((limit, 0, tripped));
+        self
     }
 }
 
@@ -57,6 +72,15 @@ where
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.progressed = true;
+                if let (Some(Ok(frame)), Some((limit, seen, tripped))) = (&frame, &mut this.limit)
+                    && let Some(data) = frame.data_ref()
+                {
+                    *seen = seen.saturating_add(data.len() as u64);
+                    if *seen > *limit {
+                        tripped.store(true, Ordering::Relaxed);
+                        return Poll::Ready(Some(Err(IdleError::TooLarge(*limit))));
+                    }
+                }
                 Poll::Ready(frame.map(|f| f.map_err(|e| IdleError::Body(e.into()))))
             }
             Poll::Pending => {
@@ -117,5 +141,39 @@ mod tests {
         let err = body.frame().await.unwrap().unwrap_err();
         assert!(matches!(err, IdleError::Timeout(_)), "{err}");
         assert_eq!(started.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_limited_body_fails_past_its_limit_and_says_so() {
+        let chunks = || {
+            http_body_util::StreamBody::new(futures_util::stream::iter(
+                ["abcd", "efgh", "ij"]
+                    .map(|s| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(s)))),
+            ))
+        };
+        // (limit, bytes read before the error, or None when the whole body passes)
+        for (limit, fails_after) in [(10, None), (9, Some(8)), (4, Some(4)), (0, Some(0))] {
+            let tripped = Arc::new(AtomicBool::new(false));
+            let mut body =
+                IdleBody::new(chunks(), Duration::from_secs(5)).limited(limit, tripped.clone());
+            let mut read = 0;
+            let mut failed = None;
+            while let Some(frame) = body.frame().await {
+                match frame {
+                    Ok(frame) => read += frame.into_data().map_or(0, |d| d.len()),
+                    Err(err) => {
+                        assert!(matches!(err, IdleError::TooLarge(l) if l == limit), "{err}");
+                        failed = Some(read);
+                        break;
+                    }
+                }
+            }
+            assert_eq!(failed, fails_after, "limit {limit}");
+            assert_eq!(
+                tripped.load(Ordering::Relaxed),
+                fails_after.is_some(),
+                "limit {limit}"
+            );
+        }
     }
 }

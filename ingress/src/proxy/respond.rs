@@ -24,10 +24,24 @@ pub fn status_text(code: StatusCode) -> String {
     format!("{} {reason}\n", code.as_u16())
 }
 
-/// A permanent redirect that keeps the method and body (308), as ingress-nginx sends for
-/// `ssl-redirect`.
-pub fn redirect(location: &str) -> Response<ProxyBody> {
-    let mut response = status(StatusCode::PERMANENT_REDIRECT);
+/// A CORS preflight answered by the proxy: 204, no body, the CORS headers.
+pub fn preflight(headers: Vec<(http::HeaderName, HeaderValue)>) -> Response<ProxyBody> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::new())));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    for (name, value) in headers {
+        response.headers_mut().insert(name, value);
+    }
+    response
+}
+
+/// A redirect with `code`: 308 for `ssl-redirect` (keeps the method and body, as ingress-nginx
+/// sends), 302 for `app-root`, the annotation's code for the redirect annotations.
+pub fn redirect(code: StatusCode, location: &str) -> Response<ProxyBody> {
+    let mut response = status(code);
     match HeaderValue::from_str(location) {
         Ok(v) => {
             response.headers_mut().insert(header::LOCATION, v);

@@ -37,7 +37,7 @@ use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
-use policy::RoutePolicy;
+use policy::{CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -50,6 +50,9 @@ pub struct BuildSettings {
     pub unsupported_access: UnsupportedAccess,
     /// `--no-sni`, `--malformed-tls`, `--not-tls`: the gate's answer when there is no name.
     pub unnamed: sni::UnnamedPolicy,
+    /// `--proxy-body-size`: the request body limit of routes without `proxy-body-size`
+    /// (`None`: no limit).
+    pub max_body: Option<u64>,
 }
 
 /// One immutable routing state.
@@ -108,6 +111,11 @@ pub struct VirtualHost {
     /// The `defaultBackend` of the oldest Ingress with rules for this host: where its unmatched
     /// paths go.
     pub default_backend: Option<Arc<Route>>,
+    /// What applies to every request for this host before a route is chosen.
+    pub policy: HostPolicy,
+    /// Whether its paths are matched in ingress-nginx's regex mode (`use-regex` or
+    /// `rewrite-target` on one of its Ingresses).
+    pub nginx_regex: bool,
 }
 
 /// A backend as one Ingress uses it.
@@ -131,13 +139,17 @@ pub struct RouteLabels {
 }
 
 impl Snapshot {
-    /// The route for a request, or `None` for a 404.
-    pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
-        let vhost = match host {
+    /// The host a request names, as routing picks it (exact, wildcard, then the host-less rules).
+    pub fn host(&self, host: Option<&str>) -> Option<&Arc<VirtualHost>> {
+        match host {
             Some(h) => self.hosts.lookup(h),
             None => self.hosts.any(),
-        };
-        if let Some(vhost) = vhost {
+        }
+    }
+
+    /// The route for a request, or `None` for a 404.
+    pub fn route(&self, host: Option<&str>, path: &str) -> Option<&Arc<Route>> {
+        if let Some(vhost) = self.host(host) {
             if let Some(rule) = vhost.paths.find(path) {
                 return Some(&rule.target);
             }
@@ -182,6 +194,8 @@ impl Snapshot {
     /// Builds a snapshot. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
+            max_body: settings.max_body,
+            rank: 0,
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store, &settings.backends),
             unsupported_access: settings.unsupported_access,
@@ -191,20 +205,69 @@ impl Snapshot {
             default_backend: None,
         };
         let owned = owned_ingresses(store, &settings.class);
-        for (key, ingress) in &owned {
+        // Canaries after every main Ingress: a canary is attached to the main route with its
+        // host, path and type, whichever is older.
+        let mut canaries = Vec::new();
+        for (rank, (key, ingress)) in owned.iter().enumerate() {
+            builder.rank = rank;
+            if annotations::parse(ingress.metadata.annotations.as_ref())
+                .0
+                .canary
+                .is_some()
+            {
+                canaries.push((*key, *ingress));
+                continue;
+            }
             builder.add_ingress(key, ingress);
         }
-        let tls = builder.tls.finish(&mut builder.diagnostics);
+        for (key, ingress) in canaries {
+            builder.add_canary(key, ingress);
+        }
+        let mut tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
-        diagnostics.sort();
-        diagnostics.dedup();
         let mut hosts = HostTable::default();
         let mut sni = sni::SniPolicy {
             catch_all: builder.default_backend.is_some(),
             unnamed: settings.unnamed,
             ..Default::default()
         };
+        let extra = extra_names(&builder.hosts, &mut diagnostics);
+        extra_certificates(&mut tls, &extra);
+        let mut built: BTreeMap<HostPattern, Arc<VirtualHost>> = BTreeMap::new();
         for (pattern, host) in builder.hosts {
+            let paths = if host.nginx_regex {
+                PathMatcher::nginx_regex(nginx_regex_rules(&pattern, host.rules, &mut diagnostics))
+            } else {
+                PathMatcher::new(host.rules)
+            };
+            let vhost = VirtualHost {
+                pattern: pattern.clone(),
+                paths,
+                default_backend: host.default_backend,
+                policy: host.policy,
+                nginx_regex: host.nginx_regex,
+            };
+            built.insert(pattern, Arc::new(vhost));
+        }
+        for (name, extra) in extra {
+            let vhost = match extra {
+                ExtraName::Alias(of) => built.get(&of).cloned(),
+                ExtraName::WwwRedirect(to) => Some(Arc::new(VirtualHost {
+                    pattern: name.clone(),
+                    paths: PathMatcher::default(),
+                    default_backend: None,
+                    policy: HostPolicy {
+                        www_redirect: Some(to.into()),
+                        ..HostPolicy::default()
+                    },
+                    nginx_regex: false,
+                })),
+            };
+            if let Some(vhost) = vhost {
+                built.insert(name, vhost);
+            }
+        }
+        for (pattern, vhost) in built {
             match &pattern {
                 HostPattern::Exact(name) => {
                     sni.names.insert(name.clone(), sni::Action::Pass);
@@ -214,12 +277,7 @@ impl Snapshot {
                 }
                 HostPattern::Any => sni.catch_all = true,
             }
-            let vhost = VirtualHost {
-                pattern: pattern.clone(),
-                paths: PathMatcher::new(host.rules),
-                default_backend: host.default_backend,
-            };
-            hosts.insert(pattern, Arc::new(vhost));
+            hosts.insert(pattern, vhost);
         }
         let mut passthrough = HostTable::default();
         for (pattern, route) in builder.passthrough {
@@ -235,6 +293,8 @@ impl Snapshot {
             }
             passthrough.insert(pattern, route);
         }
+        diagnostics.sort();
+        diagnostics.dedup();
         Snapshot {
             generation,
             hosts,
@@ -249,6 +309,128 @@ impl Snapshot {
             passthrough,
         }
     }
+}
+
+/// A name served for another host's sake.
+enum ExtraName {
+    /// `server-alias`: the same virtual host as this one.
+    Alias(HostPattern),
+    /// `from-to-www-redirect`: a host that only redirects to this name.
+    WwwRedirect(String),
+}
+
+/// The names `server-alias` and `from-to-www-redirect` add, as ingress-nginx adds them: never
+/// a name an Ingress rule declares; of two claims on one name, the older Ingress's wins.
+fn extra_names(
+    hosts: &BTreeMap<HostPattern, HostBuilder>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> BTreeMap<HostPattern, ExtraName> {
+    let mut extra = BTreeMap::new();
+    let subject = |key: &ObjectKey| Subject::object(Kind::Ingress, key);
+    let mut claims: Vec<(usize, &HostPattern, &HostBuilder)> = hosts
+        .iter()
+        .flat_map(|(pattern, host)| {
+            let alias = host.aliases.as_ref().map(|(rank, ..)| *rank);
+            let www = host.www.as_ref().map(|(rank, _)| *rank);
+            [alias, www]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(|rank| (rank, pattern, host))
+        })
+        .collect();
+    claims.sort_by_key(|(rank, pattern, _)| (*rank, *pattern));
+    for (_, pattern, host) in claims {
+        if let Some((_, key, aliases)) = &host.aliases {
+            for alias in aliases {
+                if alias == pattern || hosts.contains_key(alias) {
+                    continue;
+                }
+                match extra.get(alias) {
+                    None => {
+                        extra.insert(alias.clone(), ExtraName::Alias(pattern.clone()));
+                    }
+                    Some(_) => diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::ConflictingRule,
+                        subject(key),
+                        format!("server-alias {alias} of host {pattern} is already an alias of another host; it is not added"),
+                    )),
+                }
+            }
+        }
+        let Some((_, key)) = &host.www else { continue };
+        let HostPattern::Exact(to) = pattern else {
+            diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject(key),
+                format!("from-to-www-redirect applies to plain host names, not to {pattern}; no redirect is made for it"),
+            ));
+            continue;
+        };
+        let from = match to.strip_prefix("www.") {
+            Some(bare) => bare.to_string(),
+            None => format!("www.{to}"),
+        };
+        let from_pattern = HostPattern::Exact(from.clone());
+        if hosts.contains_key(&from_pattern) || extra.contains_key(&from_pattern) {
+            diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::ConflictingRule,
+                subject(key),
+                format!("from-to-www-redirect: {from} is already served, so it does not redirect to {to}"),
+            ));
+            continue;
+        }
+        extra.insert(from_pattern, ExtraName::WwwRedirect(to.clone()));
+    }
+    extra
+}
+
+/// The certificates of the extra names, where no Ingress gives them one: an alias is served
+/// with its host's (ingress-nginx lists it in the host's server block), a www-redirect name
+/// with its target's when that covers it (ingress-nginx's rule), else the default.
+fn extra_certificates(tls: &mut tls::TlsTable, extra: &BTreeMap<HostPattern, ExtraName>) {
+    let certificate_of = |tls: &tls::TlsTable, pattern: &HostPattern| {
+        tls.hosts
+            .iter()
+            .find(|(p, _)| p == pattern)
+            .map(|(_, cert)| cert.clone())
+    };
+    for (name, extra) in extra {
+        if certificate_of(tls, name).is_some() {
+            continue;
+        }
+        let cert = match extra {
+            ExtraName::Alias(of) => certificate_of(tls, of),
+            ExtraName::WwwRedirect(to) => certificate_of(tls, &HostPattern::Exact(to.clone()))
+                .filter(|cert| cert.covers(name)),
+        };
+        if let Some(cert) = cert {
+            tls.hosts.insert(name.clone(), cert);
+        }
+    }
+}
+
+/// A host's rules recompiled for ingress-nginx's regex mode; a path that is not a valid regex
+/// there is diagnosed and not served.
+fn nginx_regex_rules(
+    pattern: &HostPattern,
+    rules: Vec<PathRule<Arc<Route>>>,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Vec<PathRule<Arc<Route>>> {
+    rules
+        .into_iter()
+        .filter_map(|rule| match path::compile_nginx_regex(&rule.path) {
+            Ok(kind) => Some(PathRule { kind, ..rule }),
+            Err(err) => {
+                diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::InvalidRegex,
+                    Subject::object(Kind::Ingress, &rule.target.ingress),
+                    format!("host {pattern} uses regex paths (use-regex or rewrite-target on one of its Ingresses): {err}; this path is not served"),
+                ));
+                None
+            }
+        })
+        .collect()
 }
 
 /// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
@@ -267,6 +449,10 @@ fn owned_ingresses<'s>(
 }
 
 struct Builder<'s> {
+    /// `--proxy-body-size`.
+    max_body: Option<u64>,
+    /// The age rank of the Ingress being added (0 is the oldest).
+    rank: usize,
     diagnostics: Vec<Diagnostic>,
     resolver: Resolver<'s>,
     unsupported_access: UnsupportedAccess,
@@ -283,6 +469,14 @@ struct HostBuilder {
     /// (path, type) to the Ingress that defined it first.
     seen: HashMap<(String, &'static str), ObjectKey>,
     default_backend: Option<Arc<Route>>,
+    policy: HostPolicy,
+    /// `use-regex`, or a `rewrite-target` that differs from its path, on one of its Ingresses.
+    nginx_regex: bool,
+    /// `server-alias` of the oldest Ingress that sets one for this host, with that Ingress's
+    /// age rank (0 is the oldest).
+    aliases: Option<(usize, ObjectKey, Vec<HostPattern>)>,
+    /// The oldest Ingress that asks for `from-to-www-redirect` on this host, with its rank.
+    www: Option<(usize, ObjectKey)>,
 }
 
 impl Builder<'_> {
@@ -294,6 +488,13 @@ impl Builder<'_> {
                 DiagnosticKind::InvalidAnnotation,
                 subject.clone(),
                 message,
+            ));
+        }
+        if options.x_forwarded_prefix.is_some() && options.rewrite_target.is_none() {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                "x-forwarded-prefix is only sent with a rewritten request (as in ingress-nginx); without rewrite-target it has no effect",
             ));
         }
         let mut refused = self.judge_unsupported(&subject, ingress);
@@ -312,7 +513,10 @@ impl Builder<'_> {
         };
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
-            Arc::new(RoutePolicy::new(&options, tls, refused.as_ref()).with_sources(&sources))
+            Arc::new(
+                RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
+                    .with_sources(&sources),
+            )
         });
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
@@ -364,6 +568,31 @@ impl Builder<'_> {
             if host.default_backend.is_none() {
                 host.default_backend = default_route.clone();
             }
+            host.nginx_regex |= options.use_regex;
+            if options.from_to_www && host.www.is_none() {
+                host.www = Some((self.rank, key.clone()));
+            }
+            if !options.server_alias.is_empty() && host.aliases.is_none() {
+                let aliases = options
+                    .server_alias
+                    .iter()
+                    .filter_map(|a| host::parse_pattern(Some(a)).ok())
+                    .collect();
+                host.aliases = Some((self.rank, key.clone(), aliases));
+            }
+            if let Some(app_root) = &options.app_root {
+                match &host.policy.app_root {
+                    None => host.policy.app_root = Some(app_root.clone()),
+                    Some(existing) if existing != app_root => {
+                        self.diagnostics.push(Diagnostic::warning(
+                            DiagnosticKind::ConflictingRule,
+                            subject.clone(),
+                            format!("host {pattern} already has app-root {existing} from an older Ingress; this one's {app_root} is ignored"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
             let paths = rule
                 .http
                 .as_ref()
@@ -405,9 +634,26 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
-                let policy = &policies[usize::from(tls)];
+                let mut policy = policies[usize::from(tls)].for_path(&path);
+                match Rewrite::for_path(&options, &path) {
+                    None => {}
+                    Some(Ok(rewrite)) => {
+                        host.nginx_regex = true;
+                        policy = Arc::new(RoutePolicy {
+                            rewrite: RewritePolicy {
+                                target: Some(rewrite),
+                            },
+                            ..(*policy).clone()
+                        });
+                    }
+                    Some(Err(err)) => self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        format!("host {pattern} path {path}: rewrite-target needs the path as a regex, and it is not one ({err}); requests on it are not rewritten"),
+                    )),
+                }
                 let Some(route) =
-                    self.route(key, &http_path.backend, policy, tls, refused.is_some())
+                    self.route(key, &http_path.backend, &policy, tls, refused.is_some())
                 else {
                     continue;
                 };
@@ -418,6 +664,143 @@ impl Builder<'_> {
                         target: route,
                     });
                 }
+            }
+        }
+    }
+
+    /// A canary Ingress (`canary: "true"`): each of its paths becomes the canary of the main
+    /// route with the same host, path and type (ingress-nginx's rule); it serves nothing by
+    /// itself, and its other annotations have no effect (the main Ingress's apply).
+    fn add_canary(&mut self, key: &ObjectKey, ingress: &Ingress) {
+        let subject = Subject::object(Kind::Ingress, key);
+        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
+        for message in errors {
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
+        let Some(rules) = options.canary else { return };
+        for name in ingress.metadata.annotations.iter().flat_map(|a| a.keys()) {
+            let Some(short) = name
+                .strip_prefix(annotations::NGINX_PREFIX)
+                .or_else(|| name.strip_prefix(annotations::PREFIX))
+            else {
+                continue;
+            };
+            if !short.starts_with("canary") && short != "affinity-canary-behavior" {
+                self.diagnostics.push(Diagnostic::warning(
+                    DiagnosticKind::UnsupportedAnnotation,
+                    subject.clone(),
+                    format!("{name} has no effect on a canary Ingress: canary traffic gets the main Ingress's annotations, including its affinity, as in ingress-nginx (whose exceptions, load-balance, upstream-hash-by and session affinity of the canary itself, are not supported here)"),
+                ));
+            }
+        }
+        let Some(spec) = &ingress.spec else { return };
+        if spec.default_backend.is_some() {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::CanaryUnmatched,
+                subject.clone(),
+                "the defaultBackend of a canary Ingress is not supported as a canary; it is not used",
+            ));
+        }
+        let placeholder = Arc::new(RoutePolicy::default());
+        for rule in spec.rules.as_deref().unwrap_or_default() {
+            let pattern = match host::parse_pattern(rule.host.as_deref()) {
+                Ok(p) => p,
+                Err(err) => {
+                    self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidHost,
+                        subject.clone(),
+                        err.to_string(),
+                    ));
+                    continue;
+                }
+            };
+            let paths = rule
+                .http
+                .as_ref()
+                .map(|h| h.paths.as_slice())
+                .unwrap_or_default();
+            for http_path in paths {
+                let path = http_path.path.clone().unwrap_or_else(|| "/".into());
+                let ty = http_path.path_type.as_str();
+                let kind = match path::compile(&path, ty) {
+                    Ok(kind) => kind.as_str(),
+                    Err(err) => {
+                        self.diagnostics.push(Diagnostic::error(
+                            DiagnosticKind::InvalidPath,
+                            subject.clone(),
+                            format!("host {pattern}: {err}; this canary path is not used"),
+                        ));
+                        continue;
+                    }
+                };
+                let main = self
+                    .hosts
+                    .get(&pattern)
+                    .and_then(|h| h.seen.get(&(path.clone(), kind)))
+                    .cloned();
+                let Some(main) = main else {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::CanaryUnmatched,
+                        subject.clone(),
+                        format!("no main Ingress serves host {pattern} path {path} ({ty}); this canary path is not used"),
+                    ));
+                    continue;
+                };
+                let Some(canary) = self.route(key, &http_path.backend, &placeholder, false, false)
+                else {
+                    continue;
+                };
+                let Some(host) = self.hosts.get_mut(&pattern) else {
+                    continue;
+                };
+                let Some(rule) = host.rules.iter_mut().find(|r| {
+                    r.path == path && r.kind.as_str() == kind && r.target.ingress == main
+                }) else {
+                    continue;
+                };
+                let old = &rule.target;
+                let problem = if let Some(existing) = &old.policy.canary {
+                    Some(format!(
+                        "host {pattern} path {path} already has the canary Ingress {}; ingress-nginx uses one canary per path, so this one is not used",
+                        existing.ingress
+                    ))
+                } else if old.backend.service == canary.backend.service
+                    && old.backend.port == canary.backend.port
+                {
+                    Some(format!(
+                        "host {pattern} path {path}: the canary's backend is the main Ingress's own; it is not used"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(message) = problem {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::ConflictingRule,
+                        subject.clone(),
+                        message,
+                    ));
+                    continue;
+                }
+                let policy = RoutePolicy {
+                    canary: Some(Arc::new(CanaryPolicy {
+                        rules: rules.clone(),
+                        backend: canary.backend.clone(),
+                        ingress: key.clone(),
+                        sticky: !options.affinity_canary_legacy,
+                    })),
+                    ..(*old.policy).clone()
+                };
+                rule.target = Arc::new(Route {
+                    ingress: old.ingress.clone(),
+                    tls: old.tls,
+                    backend: old.backend.clone(),
+                    policy: Arc::new(policy),
+                    labels: old.labels.clone(),
+                });
             }
         }
     }
@@ -659,6 +1042,7 @@ pub(crate) mod testing {
             },
             unsupported_access: UnsupportedAccess::Refuse,
             unnamed: sni::UnnamedPolicy::default(),
+            max_body: Some(1 << 20),
         }
     }
 }

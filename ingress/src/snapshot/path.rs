@@ -9,6 +9,12 @@
 //! Precedence: the longest declared path wins; on equal length Exact beats Prefix beats a
 //! regular expression; then the older Ingress (rules are added oldest first and ties keep
 //! insertion order).
+//!
+//! ingress-nginx's regex mode ([`PathMatcher::nginx_regex`]): on a host where any Ingress sets
+//! `use-regex` or `rewrite-target`, every path of that host, whatever its type and Ingress, is
+//! the case-insensitive regex `^PATH` (nginx's `location ~* "^PATH"`), and the first match wins
+//! in ingress-nginx's order: longer path text first, then the greater text, then the older
+//! Ingress. So `/foo` there matches `/FOO` and `/foobar`, and `/foo/[a-z]+` beats `/foo/bar`.
 
 use regex::Regex;
 
@@ -49,7 +55,7 @@ pub enum PathError {
 }
 
 /// Regexes larger than this are refused, so one tenant cannot make routing slow for all.
-const REGEX_SIZE_LIMIT: usize = 256 * 1024;
+pub(crate) const REGEX_SIZE_LIMIT: usize = 256 * 1024;
 
 /// Validates a rule's path and type.
 pub fn compile(path: &str, path_type: &str) -> Result<PathKind, PathError> {
@@ -67,6 +73,18 @@ pub fn compile(path: &str, path_type: &str) -> Result<PathKind, PathError> {
             }),
         other => Err(PathError::UnknownType(other.into())),
     }
+}
+
+/// A path as ingress-nginx's regex mode reads it: `(?i)^` followed by the path's text.
+pub fn compile_nginx_regex(path: &str) -> Result<PathKind, PathError> {
+    regex::RegexBuilder::new(&format!("(?i)^{path}"))
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map(PathKind::Regex)
+        .map_err(|e| PathError::Regex {
+            path: path.into(),
+            reason: e.to_string(),
+        })
 }
 
 /// One matchable path and what it leads to.
@@ -117,6 +135,15 @@ impl<T> PathMatcher<T> {
                 .cmp(&a.declared_len())
                 .then(b.kind.rank().cmp(&a.kind.rank()))
         });
+        Self { rules }
+    }
+
+    /// A matcher in ingress-nginx's regex-mode order (see the module's documentation): rules in
+    /// insertion order (oldest Ingress first), each already compiled by [`compile_nginx_regex`].
+    pub fn nginx_regex(mut rules: Vec<PathRule<T>>) -> Self {
+        // Two stable sorts, as ingress-nginx's controller does them.
+        rules.sort_by(|a, b| b.path.cmp(&a.path));
+        rules.sort_by_key(|rule| std::cmp::Reverse(rule.path.len()));
         Self { rules }
     }
 
@@ -245,6 +272,64 @@ mod tests {
             let got = matcher(rules).find(request).map(|r| r.target);
             assert_eq!(got, *want, "rules {rules:?} request {request}");
         }
+    }
+
+    /// ingress-nginx's docs/user-guide/ingress-path-matching.md, and what its `~*` modifier does
+    /// to Exact and Prefix paths on such a host.
+    #[test]
+    fn nginx_regex_mode() {
+        let nginx = |paths: &[&str]| {
+            PathMatcher::nginx_regex(
+                paths
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| PathRule {
+                        path: p.to_string(),
+                        kind: compile_nginx_regex(p).expect("valid"),
+                        target: i,
+                    })
+                    .collect(),
+            )
+        };
+        let cases: &[(&[&str], &str, Option<usize>)] = &[
+            // The documentation's example: service1 /foo/bar, service2 /foo/bar/, service3
+            // /foo/bar/(.+).
+            (
+                &["/foo/bar", "/foo/bar/", "/foo/bar/(.+)"],
+                "/foo/bar/1",
+                Some(2),
+            ),
+            (
+                &["/foo/bar", "/foo/bar/", "/foo/bar/(.+)"],
+                "/foo/bar/",
+                Some(1),
+            ),
+            (
+                &["/foo/bar", "/foo/bar/", "/foo/bar/(.+)"],
+                "/foo/bar",
+                Some(0),
+            ),
+            // Its warning: the regex is longer, so it wins over the "exact" text.
+            (
+                &["/foo/bar/bar", "/foo/bar/[A-Z0-9]{3}"],
+                "/foo/bar/bar",
+                Some(1),
+            ),
+            // Case-insensitive, and a prefix of the text, not of segments.
+            (&["/foo"], "/FOO", Some(0)),
+            (&["/foo"], "/foobar", Some(0)),
+            (&["/foo"], "/x/foo", None),
+            // Equal length: the greater text first, whatever the order of the Ingresses.
+            (&["/a.", "/ab"], "/ab", Some(1)),
+            (&["/ab", "/a."], "/ab", Some(0)),
+            (&["/", "/api"], "/api/x", Some(1)),
+            (&["/", "/api"], "/other", Some(0)),
+        ];
+        for (paths, request, want) in cases {
+            let got = nginx(paths).find(request).map(|r| r.target);
+            assert_eq!(got, *want, "paths {paths:?} request {request}");
+        }
+        assert!(compile_nginx_regex("/a(").is_err());
     }
 
     #[test]

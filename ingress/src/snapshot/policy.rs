@@ -6,22 +6,145 @@
 //!   phase (proxy::phase)   reads
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured),
 //!                                           source ranges (allow- and deny-lists)
-//!   redirect               RedirectPolicy   ssl-redirect, force-ssl-redirect, the host's TLS
-//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
+//!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
+//!                                           route is chosen)
+//!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
+//!                                           force-ssl-redirect (the host's TLS),
+//!                                           preserve-trailing-slash
+//!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
+//!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
+//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity
+//!                          CanaryPolicy     a canary Ingress's backend and rules (header,
+//!                                           cookie, weight)
 //! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::annotations::Options;
+use regex::Regex;
+
+use super::annotations::affinity::Affinity;
+use super::annotations::canary::Rules;
+use super::annotations::cors::Cors;
+use super::annotations::hash::HashKey;
+use super::annotations::rewrite::Template;
+use super::annotations::{Options, UrlRedirect};
+use super::backend::Backend;
 use super::sources::SourcePolicy;
+use crate::store::ObjectKey;
 
 /// Everything per route, by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RoutePolicy {
     pub access: AccessPolicy,
     pub redirect: RedirectPolicy,
+    pub rewrite: RewritePolicy,
     pub upstream: UpstreamPolicy,
+    /// The canary of this route, when a canary Ingress names the same host, path and type.
+    pub canary: Option<Arc<CanaryPolicy>>,
+    pub response: ResponsePolicy,
+}
+
+/// What the proxy adds to the client's response.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResponsePolicy {
+    /// `enable-cors`: OPTIONS from an allowed origin is answered 204 by the proxy; other
+    /// requests from one get the CORS headers set on the upstream's response.
+    pub cors: Option<Arc<Cors>>,
+}
+
+/// A canary Ingress's alternative to a route's backend. Everything else about a request on
+/// the route (redirects, rewrites, timeouts) is the main Ingress's, as in ingress-nginx.
+#[derive(Debug)]
+pub struct CanaryPolicy {
+    pub rules: Arc<Rules>,
+    pub backend: Arc<Backend>,
+    /// The canary Ingress.
+    pub ingress: ObjectKey,
+    /// `affinity-canary-behavior` of the canary Ingress is `sticky` (the default): with
+    /// affinity on the route, a session stays on the backend it began on.
+    pub sticky: bool,
+}
+
+impl PartialEq for CanaryPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.rules == other.rules
+            && Arc::ptr_eq(&self.backend, &other.backend)
+            && self.ingress == other.ingress
+            && self.sticky == other.sticky
+    }
+}
+
+impl Eq for CanaryPolicy {}
+
+/// What a host does before any of its routes is chosen: ingress-nginx writes these into the
+/// `server` block, so they apply to every request for the host, whichever Ingress set them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostPolicy {
+    /// `app-root`: a request whose path is exactly `/` is redirected (302) here, on the same
+    /// scheme and `Host`, query dropped, as ingress-nginx's `return 302 $scheme://$http_host…`.
+    pub app_root: Option<Arc<str>>,
+    /// `from-to-www-redirect`: this host exists only to redirect (308) to that one, as
+    /// `<scheme>://<to>:<port><target, one trailing slash removed>`.
+    pub www_redirect: Option<Arc<str>>,
+}
+
+/// How the target sent upstream differs from the one the client sent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RewritePolicy {
+    /// `rewrite-target`: the whole path is replaced, the query kept.
+    pub target: Option<Rewrite>,
+}
+
+/// `rewrite-target` on one path: when `regex` (the Ingress path, case-insensitive, unanchored,
+/// as nginx's `rewrite "(?i)PATH" TARGET`) matches the request path, the upstream is sent
+/// `template` expanded with its groups, and `X-Forwarded-Prefix` if the Ingress asks.
+#[derive(Clone, Debug)]
+pub struct Rewrite {
+    pub regex: Regex,
+    pub template: Arc<Template>,
+    pub forwarded_prefix: Option<Arc<str>>,
+}
+
+impl PartialEq for Rewrite {
+    fn eq(&self, other: &Self) -> bool {
+        self.regex.as_str() == other.regex.as_str()
+            && self.template == other.template
+            && self.forwarded_prefix == other.forwarded_prefix
+    }
+}
+
+impl Eq for Rewrite {}
+
+impl Rewrite {
+    /// The rewrite of requests routed by `path` for an Ingress with `options`: `None` without
+    /// `rewrite-target`, or when it equals the path (ingress-nginx then does not rewrite).
+    pub fn for_path(options: &Options, path: &str) -> Option<Result<Rewrite, regex::Error>> {
+        let template = options.rewrite_target.as_ref()?;
+        if template.as_str() == path {
+            return None;
+        }
+        Some(
+            regex::RegexBuilder::new(&format!("(?i){path}"))
+                .size_limit(super::path::REGEX_SIZE_LIMIT)
+                .build()
+                .map(|regex| Rewrite {
+                    regex,
+                    template: template.clone(),
+                    forwarded_prefix: options.x_forwarded_prefix.clone(),
+                }),
+        )
+    }
+
+    /// The path sent upstream for `path`, or `None` when the regex does not match it (nginx's
+    /// `rewrite` then leaves it alone).
+    pub fn apply(&self, path: &str) -> Option<String> {
+        let captures = self.regex.captures(path)?;
+        Some(
+            self.template
+                .expand(|n| captures.get(n).map(|m| m.as_str())),
+        )
+    }
 }
 
 /// Who may reach the backend.
@@ -36,11 +159,17 @@ pub struct AccessPolicy {
 }
 
 /// Redirects made before the upstream is asked.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RedirectPolicy {
+    /// `temporal-redirect` or `permanent-redirect`: every request gets this redirect, HTTP or
+    /// HTTPS (nginx's `return CODE URL`, which runs before the HTTPS redirect).
+    pub to_url: Option<UrlRedirect>,
     /// Plain HTTP is redirected to HTTPS: `force-ssl-redirect`, or `ssl-redirect` (default on)
     /// when the Ingress lists the host under `spec.tls`.
     pub to_https: bool,
+    /// `preserve-trailing-slash`: the HTTPS redirect keeps a trailing `/` of the target
+    /// (ingress-nginx removes one by default, so `/` goes to `https://host`).
+    pub preserve_trailing_slash: bool,
 }
 
 /// How the upstream is spoken to.
@@ -51,6 +180,14 @@ pub struct UpstreamPolicy {
     pub read_timeout: Option<Duration>,
     /// The protocols a client may switch to with `Upgrade` (lower-case).
     pub upgrades: Arc<[String]>,
+    /// `affinity: cookie`, its cookie's path resolved (the route's path by default).
+    pub affinity: Option<Arc<Affinity>>,
+    /// `proxy-body-size` (or `--proxy-body-size`): the largest request body, in bytes; a larger
+    /// one is answered 413. `None`: no limit.
+    pub max_body: Option<u64>,
+    /// `upstream-hash-by`: the endpoint is the key's, by rendezvous hashing (`affinity` wins
+    /// when both are set, as in ingress-nginx).
+    pub hash_by: Option<Arc<HashKey>>,
 }
 
 impl Default for UpstreamPolicy {
@@ -58,26 +195,71 @@ impl Default for UpstreamPolicy {
         Self {
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
+            affinity: None,
+            max_body: None,
+            hash_by: None,
         }
     }
 }
 
 impl RoutePolicy {
+    /// This policy for a route of `path`: the affinity cookie's path defaults to the route's
+    /// (ingress-nginx's location path; `/` when the path is not a plain path, such as a regex).
+    pub fn for_path(self: &Arc<Self>, path: &str) -> Arc<RoutePolicy> {
+        match &self.upstream.affinity {
+            Some(affinity) if affinity.path.is_none() => {
+                let plain = path
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b));
+                let mut policy = (**self).clone();
+                policy.upstream.affinity = Some(Arc::new(Affinity {
+                    path: Some(if plain {
+                        path.to_string()
+                    } else {
+                        "/".to_string()
+                    }),
+                    ..(**affinity).clone()
+                }));
+                Arc::new(policy)
+            }
+            _ => self.clone(),
+        }
+    }
+
     /// The policy of a route of an Ingress with `options`, for a host it lists under
-    /// `spec.tls` or not, refused or not.
-    pub fn new(options: &Options, tls: bool, refused: Option<&Arc<str>>) -> RoutePolicy {
+    /// `spec.tls` or not, refused or not; `max_body` is `--proxy-body-size` (`None`: no limit).
+    pub fn new(
+        options: &Options,
+        tls: bool,
+        refused: Option<&Arc<str>>,
+        max_body: Option<u64>,
+    ) -> RoutePolicy {
         RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
                 sources: SourcePolicy::default(),
             },
             redirect: RedirectPolicy {
+                to_url: options.redirect.clone(),
                 to_https: options.force_ssl_redirect
                     || (tls && options.ssl_redirect.unwrap_or(true)),
+                preserve_trailing_slash: options.preserve_trailing_slash,
+            },
+            rewrite: RewritePolicy::default(),
+            canary: None,
+            response: ResponsePolicy {
+                cors: options.cors.clone(),
             },
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),
+                affinity: options.affinity.clone(),
+                max_body: match options.proxy_body_size {
+                    Some(0) => None,
+                    Some(n) => Some(n),
+                    None => max_body,
+                },
+                hash_by: options.upstream_hash_by.clone(),
             },
         }
     }
@@ -112,21 +294,65 @@ mod tests {
             (None, true, true, true),
         ];
         for (ssl, force, tls, want) in cases {
-            let policy = RoutePolicy::new(&options(ssl, force), tls, None);
+            let policy = RoutePolicy::new(&options(ssl, force), tls, None, None);
             assert_eq!(policy.redirect.to_https, want, "{ssl:?} {force} {tls}");
         }
     }
 
     #[test]
+    fn rewrite_target_expands_the_paths_groups_case_insensitively() {
+        let options = |target: &str| Options {
+            rewrite_target: Some(Arc::new(Template::parse(target).unwrap())),
+            x_forwarded_prefix: Some(Arc::from("/p")),
+            ..Options::default()
+        };
+        // (Ingress path, rewrite-target, request path, sent upstream)
+        let cases = [
+            ("/something(/|$)(.*)", "/$2", "/something", Some("/")),
+            ("/something(/|$)(.*)", "/$2", "/something/", Some("/")),
+            ("/something(/|$)(.*)", "/$2", "/something/new", Some("/new")),
+            ("/something(/|$)(.*)", "/$2", "/SomeThing/New", Some("/New")),
+            (
+                "/api/(v[0-9]+)/(.*)",
+                "/$2/$1",
+                "/api/v2/users",
+                Some("/users/v2"),
+            ),
+            ("/old", "/new", "/old/page", Some("/new")),
+            // Unanchored, like nginx's `rewrite`: a match later in the path counts too.
+            ("/x", "/y", "/a/x", Some("/y")),
+            ("/old", "/new", "/other", None),
+        ];
+        for (path, target, request, want) in cases {
+            let rewrite = Rewrite::for_path(&options(target), path)
+                .expect("a rewrite")
+                .expect("a valid regex");
+            assert_eq!(
+                rewrite.apply(request).as_deref(),
+                want,
+                "{path} {target} {request}"
+            );
+            assert_eq!(rewrite.forwarded_prefix.as_deref(), Some("/p"));
+        }
+        // The target equal to the path, or no target: no rewrite.
+        assert!(Rewrite::for_path(&options("/same"), "/same").is_none());
+        assert!(Rewrite::for_path(&Options::default(), "/a").is_none());
+        assert!(matches!(
+            Rewrite::for_path(&options("/x"), "/a("),
+            Some(Err(_))
+        ));
+    }
+
+    #[test]
     fn a_refused_ingress_keeps_its_reason() {
         let reason: Arc<str> = Arc::from("auth-url is not supported");
-        let policy = RoutePolicy::new(&Options::default(), false, Some(&reason));
+        let policy = RoutePolicy::new(&Options::default(), false, Some(&reason), None);
         assert_eq!(
             policy.access.refused.as_deref(),
             Some("auth-url is not supported")
         );
         assert_eq!(
-            RoutePolicy::new(&Options::default(), false, None)
+            RoutePolicy::new(&Options::default(), false, None, None)
                 .access
                 .refused,
             None

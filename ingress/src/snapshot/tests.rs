@@ -612,6 +612,65 @@ mod tls_table {
         }
     }
 
+    /// An alias is served with its host's certificate; a www-redirect name with its target's
+    /// only when that certificate names it.
+    #[test]
+    fn aliases_and_www_names_get_their_hosts_certificates() {
+        let yaml = format!(
+            "{SERVICES}{}",
+            r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: shop
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/server-alias: "store.example.com"
+    nginx.ingress.kubernetes.io/from-to-www-redirect: "true"
+spec:
+  ingressClassName: ingress
+  tls:
+  - {hosts: [shop.example.com], secretName: both}
+  rules:
+  - host: shop.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: blog
+  namespace: shop
+  annotations:
+    nginx.ingress.kubernetes.io/from-to-www-redirect: "true"
+spec:
+  ingressClassName: ingress
+  tls:
+  - {hosts: [blog.example.com], secretName: bare}
+  rules:
+  - host: blog.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+"#
+        );
+        let mut store = store_of(&yaml);
+        let (both_crt, both_key) = pem(&["shop.example.com", "www.shop.example.com"], false);
+        secret(&mut store, "both", &both_crt, &both_key);
+        let (bare_crt, bare_key) = pem(&["blog.example.com"], false);
+        secret(&mut store, "bare", &bare_crt, &bare_key);
+        let snap = Snapshot::build(&store, &settings(), 1);
+        let cases = [
+            ("shop.example.com", "shop/both"),
+            ("store.example.com", "shop/both"),
+            ("www.shop.example.com", "shop/both"),
+            ("blog.example.com", "shop/bare"),
+            ("store.blog.example.com", "default"),
+            ("www.blog.example.com", "default"),
+        ];
+        for (sni, want) in cases {
+            assert_eq!(served(&snap, sni), want, "{sni}");
+        }
+    }
+
     #[test]
     fn certificates_by_sni_with_broken_ones_isolated() {
         let yaml = format!(
@@ -814,7 +873,7 @@ fn unsupported_annotations_table() {
     )> = vec![
         (vec![], Refuse, true, vec![]),
         (vec![(n("ssl-redirect"), "false")], Refuse, true, vec![]),
-        (vec![(n("rewrite-target"), "/")], Refuse, true, vec![warn]),
+        (vec![(n("mirror-target"), "/m")], Refuse, true, vec![warn]),
         (
             vec![(n("configuration-snippet"), "x")],
             Refuse,
@@ -906,7 +965,7 @@ fn unsupported_annotations_table() {
             vec![warn],
         ),
         (
-            vec![(n("limit-rps"), "5"), (n("rewrite-target"), "/")],
+            vec![(n("limit-rps"), "5"), (n("mirror-target"), "/m")],
             Refuse,
             false,
             vec![error, warn],
@@ -1038,6 +1097,539 @@ fn a_refused_passthrough_ingress_is_refused_too() {
     assert!(route.policy.access.refused.is_some());
 }
 
+/// An Ingress `name` (created on day `day`) with `annotations` and `paths` as (type, path,
+/// service) on `host`, services from [`SERVICES`] on port 80/8080.
+fn ingress_with(
+    name: &str,
+    day: u8,
+    host: &str,
+    annotations: &[(&str, &str)],
+    paths: &[(&str, &str, &str)],
+) -> String {
+    let mut out = format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  creationTimestamp: \"2024-01-{day:02}T00:00:00Z\"\n"
+    );
+    if !annotations.is_empty() {
+        out.push_str("  annotations:\n");
+        for (k, v) in annotations {
+            out.push_str(&format!("    nginx.ingress.kubernetes.io/{k}: {v:?}\n"));
+        }
+    }
+    out.push_str(&format!(
+        "spec:\n  ingressClassName: ingress\n  rules:\n  - host: {host}\n    http:\n      paths:\n"
+    ));
+    for (ty, path, service) in paths {
+        let port = if *service == "api" { 8080 } else { 80 };
+        out.push_str(&format!(
+            "      - {{path: {path:?}, pathType: {ty}, backend: {{service: {{name: {service}, port: {{number: {port}}}}}}}}}\n"
+        ));
+    }
+    out
+}
+
+/// ingress-nginx's regex mode: `use-regex` or `rewrite-target` on one Ingress of a host makes
+/// every path of that host, from every Ingress, a case-insensitive prefix regex; other hosts
+/// keep this project's Kubernetes semantics.
+#[test]
+fn use_regex_and_rewrite_target_turn_the_whole_host_to_regex_paths() {
+    let i = "ImplementationSpecific";
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "plain",
+            1,
+            "shop.example.com",
+            &[],
+            &[("Prefix", "/static", "web"), ("Exact", "/exact", "web")],
+        ),
+        ingress_with(
+            "regex",
+            2,
+            "shop.example.com",
+            &[("use-regex", "true")],
+            &[(i, "/api/v[0-9]+", "api")],
+        ),
+        ingress_with(
+            "other",
+            3,
+            "other.example.com",
+            &[],
+            &[("Prefix", "/static", "web"), ("Exact", "/exact", "web")],
+        ),
+        ingress_with(
+            "rewritten",
+            4,
+            "rw.example.com",
+            &[
+                ("rewrite-target", "/$2"),
+                ("x-forwarded-prefix", "/something"),
+            ],
+            &[
+                (i, "/something(/|$)(.*)", "api"),
+                ("Prefix", "/same", "web"),
+            ],
+        ),
+        ingress_with(
+            "plain-rw",
+            5,
+            "rw.example.com",
+            &[],
+            &[("Prefix", "/docs", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let web = "shop/web:80";
+    let api = "shop/api:8080";
+    // (host, path, routed to, sent upstream when rewritten)
+    let cases = [
+        ("shop.example.com", "/static/x", web, None),
+        ("shop.example.com", "/STATIC/x", web, None),
+        ("shop.example.com", "/staticfoo", web, None),
+        ("shop.example.com", "/exact/more", web, None),
+        ("shop.example.com", "/EXACT", web, None),
+        ("shop.example.com", "/API/V2/users", api, None),
+        ("shop.example.com", "/x/api/v2", "404", None),
+        ("other.example.com", "/static/x", web, None),
+        ("other.example.com", "/STATIC/x", "404", None),
+        ("other.example.com", "/staticfoo", "404", None),
+        ("other.example.com", "/exact/more", "404", None),
+        ("rw.example.com", "/something", api, Some("/")),
+        (
+            "rw.example.com",
+            "/something/new/page",
+            api,
+            Some("/new/page"),
+        ),
+        ("rw.example.com", "/SOMETHING/New", api, Some("/New")),
+        // The other Ingress's path on the host becomes a regex too, without a rewrite.
+        ("rw.example.com", "/DOCS/x", web, None),
+        ("rw.example.com", "/docsy", web, None),
+        // `/same` rewritten to /$2 with no group 2: `/`.
+        ("rw.example.com", "/same/x", web, Some("/")),
+    ];
+    for (host, path, want, rewritten) in cases {
+        assert_eq!(routed(&snap, host, path), want, "{host}{path}");
+        if let Some(route) = snap.route(Some(host), path) {
+            let got = route
+                .policy
+                .rewrite
+                .target
+                .as_ref()
+                .and_then(|r| r.apply(path));
+            assert_eq!(got.as_deref(), rewritten, "{host}{path}");
+        }
+    }
+    let prefix = snap
+        .route(Some("rw.example.com"), "/something/x")
+        .and_then(|r| r.policy.rewrite.target.clone())
+        .and_then(|r| r.forwarded_prefix);
+    assert_eq!(prefix.as_deref(), Some("/something"));
+    for (host, regex) in [
+        ("shop.example.com", true),
+        ("other.example.com", false),
+        ("rw.example.com", true),
+    ] {
+        assert_eq!(
+            snap.host(Some(host)).map(|h| h.nginx_regex),
+            Some(regex),
+            "{host}"
+        );
+    }
+}
+
+#[test]
+fn path_annotation_problems_are_diagnosed_and_not_applied() {
+    let i = "ImplementationSpecific";
+    // (annotations, paths, diagnostics, whether the host is in regex mode)
+    type Case<'a> = (
+        Vec<(&'a str, &'a str)>,
+        Vec<(&'a str, &'a str, &'a str)>,
+        Vec<DiagnosticKind>,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            vec![("rewrite-target", "/$uri")],
+            vec![("Prefix", "/a", "web")],
+            vec![DiagnosticKind::InvalidAnnotation],
+            false,
+        ),
+        (
+            vec![("use-regex", "yes")],
+            vec![("Prefix", "/a", "web")],
+            vec![DiagnosticKind::InvalidAnnotation],
+            false,
+        ),
+        // A rewrite-target equal to the path is no rewrite, and no regex mode.
+        (
+            vec![("rewrite-target", "/a")],
+            vec![("Prefix", "/a", "web")],
+            vec![],
+            false,
+        ),
+        // x-forwarded-prefix alone does nothing in ingress-nginx: said so.
+        (
+            vec![("x-forwarded-prefix", "/a")],
+            vec![("Prefix", "/a", "web")],
+            vec![DiagnosticKind::InvalidAnnotation],
+            false,
+        ),
+        // A path the regex syntax refuses: not served in regex mode.
+        (
+            vec![("use-regex", "true")],
+            vec![(i, "/ok", "web"), ("Prefix", "/a(", "web")],
+            vec![DiagnosticKind::InvalidRegex],
+            true,
+        ),
+    ];
+    for (annotations, paths, want, regex) in cases {
+        let yaml = format!(
+            "{SERVICES}{}",
+            ingress_with("x", 1, "x.example.com", &annotations, &paths)
+        );
+        let snap = build(&yaml);
+        assert_eq!(
+            kinds(&snap),
+            want,
+            "{annotations:?}: {:?}",
+            snap.diagnostics
+        );
+        let vhost = snap.host(Some("x.example.com")).expect("host");
+        assert_eq!(vhost.nginx_regex, regex, "{annotations:?}");
+        for rule in vhost.paths.rules() {
+            assert!(
+                rule.target.policy.rewrite.target.is_none(),
+                "{annotations:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn app_root_is_the_hosts_and_the_oldest_ingress_wins() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "first",
+            1,
+            "app.example.com",
+            &[("app-root", "/app1")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "second",
+            2,
+            "app.example.com",
+            &[("app-root", "/app2")],
+            &[("Prefix", "/api", "api")],
+        ),
+        ingress_with(
+            "bad",
+            3,
+            "bad.example.com",
+            &[("app-root", "app")],
+            &[("Prefix", "/", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    let app_root = |host: &str| {
+        snap.host(Some(host))
+            .and_then(|h| h.policy.app_root.as_deref().map(str::to_string))
+    };
+    assert_eq!(app_root("app.example.com").as_deref(), Some("/app1"));
+    assert_eq!(app_root("bad.example.com"), None);
+    let got: Vec<(Severity, DiagnosticKind, String)> = snap
+        .diagnostics
+        .iter()
+        .map(|d| (d.severity, d.kind, d.subject.to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Severity::Error,
+                DiagnosticKind::InvalidAnnotation,
+                "Ingress shop/bad".to_string()
+            ),
+            (
+                Severity::Warning,
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/second".to_string()
+            ),
+        ],
+        "{:?}",
+        snap.diagnostics
+    );
+}
+
+/// `server-alias` serves more names as the same host; `from-to-www-redirect` adds a host that
+/// only redirects; neither takes a name an Ingress declares, and the oldest claim wins.
+#[test]
+fn server_aliases_and_www_redirect_hosts() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "aliased",
+            1,
+            "shop.example.com",
+            &[
+                (
+                    "server-alias",
+                    "store.example.com, *.shops.example.com, other.example.com",
+                ),
+                ("from-to-www-redirect", "true"),
+            ],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "other",
+            2,
+            "other.example.com",
+            &[],
+            &[("Prefix", "/", "api")],
+        ),
+        ingress_with(
+            "late-alias",
+            3,
+            "late.example.com",
+            &[("server-alias", "store.example.com")],
+            &[("Prefix", "/", "api")],
+        ),
+        ingress_with(
+            "www-first",
+            4,
+            "www.blog.example.com",
+            &[("from-to-www-redirect", "true")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "taken",
+            5,
+            "taken.example.com",
+            &[("from-to-www-redirect", "true")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "www-taken",
+            6,
+            "www.taken.example.com",
+            &[],
+            &[("Prefix", "/", "api")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    // (host, routed to, www redirect target)
+    let cases = [
+        ("shop.example.com", "shop/web:80", None),
+        ("store.example.com", "shop/web:80", None),
+        ("a.shops.example.com", "shop/web:80", None),
+        // Declared by an Ingress: never an alias.
+        ("other.example.com", "shop/api:8080", None),
+        ("www.shop.example.com", "404", Some("shop.example.com")),
+        ("blog.example.com", "404", Some("www.blog.example.com")),
+        ("www.blog.example.com", "shop/web:80", None),
+        ("www.taken.example.com", "shop/api:8080", None),
+        ("late.example.com", "shop/api:8080", None),
+    ];
+    for (host, want, www) in cases {
+        assert_eq!(routed(&snap, host, "/x"), want, "{host}");
+        let got = snap
+            .host(Some(host))
+            .and_then(|h| h.policy.www_redirect.as_deref().map(str::to_string));
+        assert_eq!(got.as_deref(), www, "{host}");
+    }
+    for name in [
+        "store.example.com",
+        "*.shops.example.com",
+        "www.shop.example.com",
+        "blog.example.com",
+    ] {
+        assert_eq!(snap.sni.names.get(name), Some(&sni::Action::Pass), "{name}");
+    }
+    let got: Vec<(DiagnosticKind, String)> = snap
+        .diagnostics
+        .iter()
+        .map(|d| (d.kind, d.subject.to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/late-alias".to_string()
+            ),
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/taken".to_string()
+            ),
+        ],
+        "{:?}",
+        snap.diagnostics
+    );
+}
+
+#[test]
+fn redirect_annotations_become_the_routes_redirect_policy() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "moved",
+            1,
+            "moved.example.com",
+            &[
+                ("permanent-redirect", "https://new.example.com/landing"),
+                ("permanent-redirect-code", "308"),
+                ("preserve-trailing-slash", "true"),
+            ],
+            &[("Prefix", "/", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let route = snap.route(Some("moved.example.com"), "/a").expect("route");
+    let redirect = &route.policy.redirect;
+    assert_eq!(
+        redirect.to_url,
+        Some(annotations::UrlRedirect {
+            code: 308,
+            url: Arc::from("https://new.example.com/landing")
+        })
+    );
+    assert!(redirect.preserve_trailing_slash);
+    assert!(!redirect.to_https);
+}
+
+/// ingress-nginx's canary rules: a canary Ingress is the alternative of the main route with the
+/// same host, path and type, whichever Ingress is older; it serves nothing by itself; one
+/// canary per path; its other annotations have no effect.
+#[test]
+fn canaries_attach_to_the_main_route_of_the_same_host_path_and_type() {
+    let canary = [("canary", "true"), ("canary-by-header", "X-Canary")];
+    let yaml = [
+        SERVICES.to_string(),
+        // Older than its main: still a canary.
+        ingress_with(
+            "early-canary",
+            1,
+            "shop.example.com",
+            &[canary[0], canary[1], ("rewrite-target", "/x")],
+            &[
+                ("Prefix", "/", "api"),
+                ("Prefix", "/only-canary", "api"),
+                ("Exact", "/info", "api"),
+            ],
+        ),
+        ingress_with(
+            "main",
+            2,
+            "shop.example.com",
+            &[("permanent-redirect", "http://elsewhere.example")],
+            &[("Prefix", "/", "web"), ("Prefix", "/info", "web")],
+        ),
+        ingress_with(
+            "second-canary",
+            3,
+            "shop.example.com",
+            &canary,
+            &[("Prefix", "/", "fallback")],
+        ),
+        ingress_with(
+            "lonely-canary",
+            4,
+            "lonely.example.com",
+            &canary,
+            &[("Prefix", "/", "api")],
+        ),
+        ingress_with(
+            "self-canary",
+            5,
+            "shop.example.com",
+            &canary,
+            &[("Prefix", "/info", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    let canary_of = |host: &str, path: &str| {
+        snap.route(Some(host), path).and_then(|r| {
+            r.policy
+                .canary
+                .as_ref()
+                .map(|c| (c.ingress.name.clone(), c.backend.service.name.clone()))
+        })
+    };
+    assert_eq!(
+        canary_of("shop.example.com", "/"),
+        Some(("early-canary".into(), "api".into()))
+    );
+    // The canary's annotations are not the route's: the main's redirect stays, no rewrite.
+    let route = snap.route(Some("shop.example.com"), "/").expect("route");
+    assert_eq!(route.ingress.name, "main");
+    assert!(route.policy.redirect.to_url.is_some());
+    assert!(route.policy.rewrite.target.is_none());
+    assert!(
+        !snap
+            .host(Some("shop.example.com"))
+            .expect("host")
+            .nginx_regex
+    );
+    // The Exact /info of the canary does not match the main's Prefix /info.
+    assert_eq!(canary_of("shop.example.com", "/info"), None);
+    // A canary path without a main serves nothing: it falls to the main's /.
+    assert_eq!(
+        routed(&snap, "shop.example.com", "/only-canary"),
+        "shop/web:80"
+    );
+    assert_eq!(routed(&snap, "lonely.example.com", "/"), "404");
+    assert!(snap.host(Some("lonely.example.com")).is_none());
+    let mut got: Vec<(DiagnosticKind, String)> = snap
+        .diagnostics
+        .iter()
+        .map(|d| (d.kind, d.subject.to_string()))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/second-canary".to_string()
+            ),
+            (
+                DiagnosticKind::ConflictingRule,
+                "Ingress shop/self-canary".to_string()
+            ),
+            (
+                DiagnosticKind::NoReadyEndpoints,
+                "Ingress shop/second-canary".to_string()
+            ),
+            (
+                DiagnosticKind::UnsupportedAnnotation,
+                "Ingress shop/early-canary".to_string()
+            ),
+            (
+                DiagnosticKind::CanaryUnmatched,
+                "Ingress shop/early-canary".to_string()
+            ),
+            (
+                DiagnosticKind::CanaryUnmatched,
+                "Ingress shop/early-canary".to_string()
+            ),
+            (
+                DiagnosticKind::CanaryUnmatched,
+                "Ingress shop/lonely-canary".to_string()
+            ),
+        ],
+        "{:?}",
+        snap.diagnostics
+    );
+}
+
 #[test]
 fn source_ranges_reach_every_route_of_the_ingress_and_passthrough() {
     let plain = annotated(
@@ -1088,4 +1680,42 @@ fn source_ranges_reach_every_route_of_the_ingress_and_passthrough() {
         "{:?}",
         snap.diagnostics
     );
+}
+
+#[test]
+fn affinity_cookie_path_defaults_to_the_routes_path() {
+    let yaml = [
+        SERVICES.to_string(),
+        ingress_with(
+            "sticky",
+            1,
+            "sticky.example.com",
+            &[("affinity", "cookie")],
+            &[
+                ("Prefix", "/app", "web"),
+                ("ImplementationSpecific", "/re(.*)", "web"),
+            ],
+        ),
+        ingress_with(
+            "pathed",
+            2,
+            "pathed.example.com",
+            &[("affinity", "cookie"), ("session-cookie-path", "/p")],
+            &[("Prefix", "/app", "web")],
+        ),
+    ]
+    .concat();
+    let snap = build(&yaml);
+    assert!(snap.diagnostics.is_empty(), "{:?}", snap.diagnostics);
+    let path_of = |host: &str, path: &str| {
+        snap.route(Some(host), path)
+            .and_then(|r| r.policy.upstream.affinity.clone())
+            .and_then(|a| a.path.clone())
+    };
+    assert_eq!(
+        path_of("sticky.example.com", "/app/x").as_deref(),
+        Some("/app")
+    );
+    assert_eq!(path_of("sticky.example.com", "/rex").as_deref(), Some("/"));
+    assert_eq!(path_of("pathed.example.com", "/app").as_deref(), Some("/p"));
 }

@@ -363,6 +363,9 @@ pub struct Upstream<'a> {
     pub upgrade: bool,
     /// The request id to send when the client's is missing or unusable.
     pub new_request_id: [u8; 32],
+    /// `X-Forwarded-Prefix`, when the route's policy sets one (validated as a literal path when
+    /// the snapshot was built; the client's own is dropped as spoofable).
+    pub forwarded_prefix: Option<&'a str>,
 }
 
 /// Writes the head sent upstream.
@@ -440,6 +443,13 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
     );
     if !chain.is_empty() {
         push(out, &[b"x-original-forwarded-for: ", &chain, b"\r\n"]);
+    }
+    // Validated by the snapshot; checked again so this writer can never split a header.
+    if let Some(prefix) = up
+        .forwarded_prefix
+        .filter(|p| p.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        push(out, &[b"x-forwarded-prefix: ", prefix.as_bytes(), b"\r\n"]);
     }
     let id = request_id.unwrap_or(&up.new_request_id);
     push(out, &[b"x-request-id: ", id, b"\r\n\r\n"]);

@@ -67,6 +67,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             key,
             in_flight,
             timeout,
+            max_body,
             ..
         } = forward;
         let upload = self.buffer_small_body(p).await;
@@ -86,7 +87,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
                 };
                 match first {
-                    Ok(up) => self.send(up, upload, p, timeout, ctx).await,
+                    Ok(up) => self.send(up, upload, p, timeout, max_body, ctx).await,
                     Err(error) => Err(Failure::Error(error)),
                 }
             }
@@ -101,7 +102,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
             };
             result = match fresh {
-                Ok(up) => self.send(up, upload, p, timeout, ctx).await,
+                Ok(up) => self.send(up, upload, p, timeout, max_body, ctx).await,
                 Err(error) => Err(Failure::Error(error)),
             };
         }
@@ -205,6 +206,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         upload: Upload,
         p: &Prepared,
         timeout: std::time::Duration,
+        max_body: Option<u64>,
         ctx: &mut ResponseContext<'_>,
     ) -> Result<(response::Response, Upstream, bool), Failure> {
         let reused = up.reused;
@@ -232,7 +234,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             if p.expect_continue && !self.continue_client().await {
                 return Err(Failure::ClientGone);
             }
-            match self.stream_body(&mut up, framing).await? {
+            match self.stream_body(&mut up, framing, max_body).await? {
                 Sent::Complete => {}
                 Sent::AnsweredEarly => early = true,
             }
@@ -295,12 +297,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
 
     /// Streams a request body from the client to the upstream: a `Content-Length` body as it
     /// is, a chunked one re-encoded (extensions and trailers dropped), so the upstream reads
-    /// the framing the proxy read. Stops if the upstream answers first.
+    /// the framing the proxy read. Stops if the upstream answers first, and with 413 when a
+    /// chunked body grows past `max_body` (a declared length was judged before).
     async fn stream_body(
         &mut self,
         up: &mut Upstream,
         framing: BodyFraming,
+        max_body: Option<u64>,
     ) -> Result<Sent, Failure> {
+        let mut received: u64 = 0;
         let body_timeout = self.proxy.settings.client_body_timeout;
         let send_timeout = self.proxy.settings.upstream_send_timeout;
         let mut left = match framing {
@@ -334,6 +339,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                                 ));
                             }
                         };
+                        received = received.saturating_add(step.data.len() as u64);
+                        if max_body.is_some_and(|limit| received > limit) {
+                            return Err(Failure::Client(
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                "request body larger than proxy-body-size",
+                            ));
+                        }
                         chunked::encode_chunk(&self.inbuf[step.data.clone()], &mut out);
                         done = step.done;
                         self.inbuf.advance(step.consumed);

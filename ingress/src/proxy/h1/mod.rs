@@ -48,6 +48,7 @@ use deadline::Deadline;
 use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
 
+use super::phase::RequestView;
 use super::phase::route::Refusal;
 use super::settings::HttpSettings;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
@@ -238,7 +239,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 host.map(str::to_string),
             )
         });
-        let phased = proxy.request_phases(self.conn, host, &req.target);
+        let authority = req.authority.as_ref().map(|a| a.raw);
+        let phased = proxy.request_phases(
+            self.conn,
+            RequestView {
+                method: req.method,
+                host,
+                authority,
+                target: &req.target,
+                headers: &req.headers,
+                body_len: match req.body {
+                    BodyFraming::Length(n) => Some(n),
+                    BodyFraming::None => Some(0),
+                    BodyFraming::Chunked => None,
+                },
+            },
+        );
         let (action, route) = (phased.decision, phased.route);
         let mut upgrade = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
@@ -259,6 +275,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     body: req.body.into(),
                     upgrade: upgrade.is_some(),
                     new_request_id: super::forward::new_request_id(),
+                    forwarded_prefix: forward.forwarded_prefix.as_deref(),
                 },
             );
         }
@@ -314,12 +331,19 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Respond(StatusCode::NOT_FOUND),
         );
         let upgrade = prepared.upgrade.take();
+        let (set_cookie, set_headers) = match &action {
+            Decision::Forward(forward) => (forward.set_cookie.clone(), forward.set_headers.clone()),
+            Decision::Preflight(set) => (None, set.clone()),
+            _ => (None, Vec::new()),
+        };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
             close: prepared.close || self.stop.is_cancelled(),
             hsts,
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
+            set_cookie: set_cookie.as_deref().map(str::as_bytes),
+            set_headers: &set_headers,
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {
@@ -332,11 +356,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 ctx.close |= !self.skip_body(prepared.body);
                 let (code, location, outcome) = match local {
                     Decision::Respond(code) => (code, None, Outcome::LOCAL),
-                    Decision::Redirect(location) => (
-                        StatusCode::PERMANENT_REDIRECT,
-                        Some(location),
-                        Outcome::LOCAL,
-                    ),
+                    Decision::Preflight(_) => (StatusCode::NO_CONTENT, None, Outcome::LOCAL),
+                    Decision::Redirect(code, location) => (code, Some(location), Outcome::LOCAL),
                     Decision::Refuse(refusal) => (refusal.status, None, Outcome::refused(refusal)),
                     Decision::Fail(error) => (
                         error.status(),

@@ -65,6 +65,10 @@ pub struct ResponseContext<'a> {
     pub http10: bool,
     /// The protocol the request asked to switch to; only then is a 101 acceptable.
     pub upgrade: Option<&'a [u8]>,
+    /// A `Set-Cookie` the proxy adds to the upstream's response (a new affinity session).
+    pub set_cookie: Option<&'a [u8]>,
+    /// Headers the proxy sets on the response (CORS), replacing the upstream's of these names.
+    pub set_headers: &'a [(http::HeaderName, http::HeaderValue)],
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -216,9 +220,24 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
             | Kind::Server
             | Kind::ContentLength => continue,
             _ if lists_headers && listed(headers, h.name) => continue,
+            _ if ctx
+                .set_headers
+                .iter()
+                .any(|(name, _)| name.as_str().eq_ignore_ascii_case(h.name)) =>
+            {
+                continue;
+            }
             _ => {}
         }
         push(out, &[h.name.as_bytes(), b": ", h.value, b"\r\n"]);
+    }
+    if !informational {
+        for (name, value) in ctx.set_headers {
+            push(
+                out,
+                &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],
+            );
+        }
     }
     if switching {
         if let Some(to) = upgrade_to {
@@ -233,6 +252,9 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
         }
         if let (Some(hsts), false) = (ctx.hsts, has_hsts) {
             push(out, &[b"strict-transport-security: ", hsts, b"\r\n"]);
+        }
+        if let Some(cookie) = ctx.set_cookie {
+            push(out, &[b"set-cookie: ", cookie, b"\r\n"]);
         }
         if coded && !dechunk {
             write_codings(out, headers);
@@ -334,7 +356,12 @@ pub fn write_local(
     location: Option<&str>,
     ctx: &ResponseContext<'_>,
 ) {
-    let body = crate::proxy::respond::status_text(code);
+    // A 204 (the CORS preflight) has no body.
+    let body = if code == StatusCode::NO_CONTENT {
+        String::new()
+    } else {
+        crate::proxy::respond::status_text(code)
+    };
     out.clear();
     push(
         out,
@@ -357,6 +384,12 @@ pub fn write_local(
     }
     if let Some(hsts) = ctx.hsts {
         push(out, &[b"strict-transport-security: ", hsts, b"\r\n"]);
+    }
+    for (name, value) in ctx.set_headers {
+        push(
+            out,
+            &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],
+        );
     }
     if ctx.close {
         out.extend_from_slice(b"connection: close\r\n");

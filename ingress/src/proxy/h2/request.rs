@@ -12,6 +12,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use http::header::{self, HeaderValue};
@@ -23,7 +24,7 @@ use ingress_wire::authority::{self, AuthorityError};
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response::SERVER;
 use crate::proxy::phase::route::Refusal;
-use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record};
+use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
 use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
@@ -124,11 +125,24 @@ impl Proxy {
             target,
             route,
             decision,
-        } = self.request_phases(conn, Some(&host), &original);
+        } = self.request_phases(
+            conn,
+            RequestView {
+                method: req.method().as_str(),
+                host: Some(&host),
+                authority: Some(&authority_raw),
+                target: &original,
+                headers: req.headers(),
+                body_len: hyper::body::Body::size_hint(req.body()).exact(),
+            },
+        );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
         let (response, outcome) = match decision {
             Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
-            Decision::Redirect(location) => (respond::redirect(&location), Outcome::LOCAL),
+            Decision::Redirect(code, location) => {
+                (respond::redirect(code, &location), Outcome::LOCAL)
+            }
+            Decision::Preflight(set) => (respond::preflight(set), Outcome::LOCAL),
             Decision::Refuse(refusal) => {
                 (respond::status(refusal.status), Outcome::refused(refusal))
             }
@@ -173,6 +187,10 @@ impl Proxy {
             key,
             in_flight,
             timeout,
+            forwarded_prefix,
+            set_cookie,
+            set_headers,
+            max_body,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -182,24 +200,45 @@ impl Proxy {
             request,
             &self.settings.headers,
         );
+        if let Some(prefix) = forwarded_prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
+            parts
+                .headers
+                .insert(forward::X_FORWARDED_PREFIX.clone(), prefix);
+        }
         // The upstream is spoken to in origin form with the normalised path that was routed.
         parts.uri = match Uri::try_from(target) {
             Ok(uri) => uri,
             Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
         };
         parts.version = Version::HTTP_11;
-        let body = idle::IdleBody::new(body, self.settings.client_body_timeout);
+        let mut body = idle::IdleBody::new(body, self.settings.client_body_timeout);
+        let too_large = Arc::new(AtomicBool::new(false));
+        if let Some(limit) = max_body {
+            body = body.limited(limit, too_large.clone());
+        }
         let upstream_req = Request::from_parts(parts, body);
 
         let mut response =
             match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
                 Ok(Ok(response)) => response,
+                Ok(Err(_)) if too_large.load(Ordering::Relaxed) => {
+                    return (
+                        respond::status(StatusCode::PAYLOAD_TOO_LARGE),
+                        Outcome::LOCAL,
+                    );
+                }
                 Ok(Err(err)) => return fail(err, Some(key)),
                 Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
             };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_response_hop_by_hop(response.headers_mut());
+        if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+            response.headers_mut().append(header::SET_COOKIE, cookie);
+        }
+        for (name, value) in set_headers {
+            response.headers_mut().insert(name, value);
+        }
         let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (
             response,

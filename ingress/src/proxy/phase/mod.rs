@@ -11,8 +11,16 @@
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
 //!                            outside its source ranges → 403
-//!   redirect  (redirect.rs)  plain HTTP on a route that wants HTTPS → 308
-//!   upstream  (upstream.rs)  endpoint, response timeout, upgrades allowed → Forward
+//!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
+//!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
+//!                            the route's: permanent-/temporal-redirect → their code; plain
+//!                            HTTP on a route that wants HTTPS → 308
+//!   rewrite   (rewrite.rs)   rewrite-target: the path sent upstream; X-Forwarded-Prefix
+//!   canary    (canary.rs)    a route with a canary: its header, cookie, weight → which backend
+//!             (mod.rs)       a declared body over proxy-body-size → 413 (a streamed one is
+//!                            counted by the protocol path)
+//!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
+//!                            upgrades allowed → Forward
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; metrics and the access log
 //! ```
@@ -21,9 +29,13 @@
 //! configuration change never disturbs a request in flight.
 
 pub mod access;
+pub mod affinity;
+pub mod canary;
+pub mod cors;
 pub mod identity;
 pub mod redirect;
 pub mod response;
+pub mod rewrite;
 pub mod route;
 pub mod tls;
 pub mod upstream;
@@ -42,12 +54,70 @@ use crate::snapshot::backend::InFlight;
 use identity::ConnInfo;
 use route::Refusal;
 
+/// The request's headers, as the phases that read them need them; each protocol path
+/// implements it over its own representation.
+pub(crate) trait RequestHeaders {
+    /// The first value of the header `name` (lower-case).
+    fn header(&self, name: &str) -> Option<&[u8]>;
+    /// The value of the cookie `name` in the `Cookie` headers.
+    fn cookie(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl RequestHeaders for http::HeaderMap {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.get(name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn cookie(&self, name: &str) -> Option<&[u8]> {
+        canary::find_cookie(
+            self.get_all(http::header::COOKIE)
+                .iter()
+                .map(http::HeaderValue::as_bytes),
+            name,
+        )
+    }
+}
+
+impl RequestHeaders for &[httparse::Header<'_>] {
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+    }
+
+    fn cookie(&self, name: &str) -> Option<&[u8]> {
+        canary::find_cookie(
+            self.iter()
+                .filter(|h| h.name.eq_ignore_ascii_case("cookie"))
+                .map(|h| h.value),
+            name,
+        )
+    }
+}
+
+/// What the phases read of a request, from either protocol path.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestView<'r, 't> {
+    pub(crate) method: &'r str,
+    /// Validated; `None` for an HTTP/1.0 request without one.
+    pub(crate) host: Option<&'r str>,
+    /// The `Host` (or `:authority`) as sent, port included, for redirects that keep it.
+    pub(crate) authority: Option<&'r str>,
+    /// The target as the client sent it.
+    pub(crate) target: &'t str,
+    pub(crate) headers: &'r dyn RequestHeaders,
+    /// The body's declared length, when it has one.
+    pub(crate) body_len: Option<u64>,
+}
+
 /// What to do with a request; both HTTP paths act on it.
 pub(crate) enum Decision {
     /// Answer locally with this status (404).
     Respond(StatusCode),
-    /// Redirect to this location (308).
-    Redirect(String),
+    /// Redirect to this location with this status (3xx).
+    Redirect(StatusCode, String),
+    /// A CORS preflight answered by the proxy: 204 with these headers.
+    Preflight(cors::SetHeaders),
     /// Refused before routing (400, 421, ...): answered, and an HTTP/1.x connection closes.
     Refuse(Refusal),
     /// Not forwarded, with the error that says why (503 for a refused route or no endpoint).
@@ -64,6 +134,15 @@ pub(crate) struct Forward {
     pub(crate) timeout: Duration,
     /// The protocols this route lets a client switch to (`Upgrade`).
     pub(crate) upgrades: Arc<[String]>,
+    /// `X-Forwarded-Prefix` for the upstream (a rewritten request's `x-forwarded-prefix`).
+    pub(crate) forwarded_prefix: Option<Arc<str>>,
+    /// `Set-Cookie` for the response: a new affinity session.
+    pub(crate) set_cookie: Option<String>,
+    /// Headers set on the upstream's response, replacing its own (CORS).
+    pub(crate) set_headers: cors::SetHeaders,
+    /// The largest request body to pass on (`proxy-body-size`): a streamed body that grows
+    /// past it ends the request with 413.
+    pub(crate) max_body: Option<u64>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -111,20 +190,26 @@ pub(crate) struct Record<'a> {
 }
 
 impl Proxy {
-    /// Runs the request phases for a request naming `host` (validated; `None` for an HTTP/1.0
-    /// request without one) and `raw_target` (as the client sent it).
+    /// Runs the request phases for one request (see [`RequestView`]).
     pub(crate) fn request_phases<'t>(
         &self,
         conn: &ConnInfo,
-        host: Option<&str>,
-        raw_target: &'t str,
+        request: RequestView<'_, 't>,
     ) -> Phased<'t> {
+        let RequestView {
+            method,
+            host,
+            authority,
+            target: raw_target,
+            headers,
+            body_len,
+        } = request;
         let refused = |refusal: Refusal, target: Option<Target<'t>>| Phased {
             target,
             route: None,
             decision: Decision::Refuse(refusal),
         };
-        let target = match target::parse(raw_target, &self.settings.paths) {
+        let mut target = match target::parse(raw_target, &self.settings.paths) {
             Ok(target) => target,
             Err(err) => {
                 tracing::debug!(peer = %conn.peer, %err, "request target refused");
@@ -134,6 +219,16 @@ impl Proxy {
         let snapshot = self.published.load();
         if let Err(refusal) = tls::check(&snapshot.tls, conn, host, self.settings.no_sni_requests) {
             return refused(refusal, Some(target));
+        }
+        if let Some(decision) = snapshot
+            .host(host)
+            .and_then(|vhost| redirect::host(&vhost.policy, conn, authority, raw_target, &target))
+        {
+            return Phased {
+                target: Some(target),
+                route: None,
+                decision,
+            };
         }
         let route = match route::find(&snapshot, host, &target) {
             Ok(Some(route)) => route.clone(),
@@ -146,9 +241,49 @@ impl Proxy {
             }
             Err(refusal) => return refused(refusal, Some(target)),
         };
+        let cors = cors::check(route.policy.response.cors.as_deref(), method, headers);
         let decision = access::check(&route.policy.access, conn)
+            .or_else(|| match &cors {
+                cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
+                _ => None,
+            })
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
-            .unwrap_or_else(|| upstream::forward(&route, self.settings.response_timeout));
+            .unwrap_or_else(|| {
+                if let Some(limit) = route.policy.upstream.max_body
+                    && body_len.is_some_and(|n| n > limit)
+                {
+                    return Decision::Respond(StatusCode::PAYLOAD_TOO_LARGE);
+                }
+                // The key is made from the request as the client sent it, before any rewrite.
+                let hash_key = route.policy.upstream.hash_by.as_deref().map(|key| {
+                    affinity::hash_key(
+                        key,
+                        conn,
+                        host,
+                        raw_target,
+                        &target.path,
+                        target.query,
+                        headers,
+                    )
+                });
+                let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
+                let backend = canary::backend(&route, headers);
+                let mut decision = upstream::forward(
+                    &route,
+                    backend,
+                    headers,
+                    conn.https,
+                    self.settings.response_timeout,
+                    prefix,
+                    hash_key.as_deref(),
+                );
+                if let (Decision::Forward(forward), cors::Verdict::Headers(set)) =
+                    (&mut decision, cors)
+                {
+                    forward.set_headers = set;
+                }
+                decision
+            });
         Phased {
             target: Some(target),
             route: Some(route),

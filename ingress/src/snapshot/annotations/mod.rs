@@ -5,7 +5,12 @@
 //! Every other annotation under either prefix is judged by the table in [`registry`]: see
 //! [`unsupported`].
 
+pub mod affinity;
+pub mod canary;
+pub mod cors;
+pub mod hash;
 pub mod registry;
+pub mod rewrite;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +38,48 @@ pub struct Options {
     /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
     /// passes every `Upgrade` on.
     pub upgrades: Arc<[String]>,
+    /// `use-regex`: the paths are regular expressions, and every path of each host this Ingress
+    /// names becomes a case-insensitive prefix regex (ingress-nginx's location modifier `~*`).
+    pub use_regex: bool,
+    /// `rewrite-target`: the path the upstream is sent, made from the route's regex captures.
+    /// Like `use-regex`, it turns its hosts' paths into regexes.
+    pub rewrite_target: Option<Arc<rewrite::Template>>,
+    /// `app-root`: where a request for `/` on the hosts this Ingress names is redirected (302).
+    pub app_root: Option<Arc<str>>,
+    /// `x-forwarded-prefix`: the `X-Forwarded-Prefix` sent upstream with a rewritten request.
+    pub x_forwarded_prefix: Option<Arc<str>>,
+    /// `preserve-trailing-slash`: the HTTPS redirect keeps a target's trailing `/`.
+    pub preserve_trailing_slash: bool,
+    /// `temporal-redirect` (with its code), else `permanent-redirect` (with its code): every
+    /// request is answered with a redirect to this URL instead of reaching the upstream.
+    pub redirect: Option<UrlRedirect>,
+    /// `from-to-www-redirect`: `www.HOST` redirects to `HOST` (or `HOST` to `www.HOST` for a
+    /// host that starts with `www.`).
+    pub from_to_www: bool,
+    /// `server-alias`: more names served exactly as each host of the Ingress.
+    pub server_alias: Vec<String>,
+    /// `canary: "true"` and its rules: this Ingress's paths are alternatives of a main
+    /// Ingress's same host, path and type, and every other annotation is the main's.
+    pub canary: Option<Arc<canary::Rules>>,
+    /// `affinity: cookie` with its mode and cookie.
+    pub affinity: Option<Arc<affinity::Affinity>>,
+    /// `enable-cors` with its `cors-*` options.
+    pub cors: Option<Arc<cors::Cors>>,
+    /// `proxy-body-size`: the largest request body, in bytes; `Some(0)` is no limit; `None`
+    /// is `--proxy-body-size`.
+    pub proxy_body_size: Option<u64>,
+    /// `upstream-hash-by`: requests are spread over the endpoints by this key.
+    pub upstream_hash_by: Option<Arc<hash::HashKey>>,
+    /// `affinity-canary-behavior: legacy` (on a canary Ingress): sessions do not keep a client
+    /// on the canary or the main backend; `sticky` (the default) does.
+    pub affinity_canary_legacy: bool,
+}
+
+/// A redirect annotation: answer with `code` and `Location: url`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UrlRedirect {
+    pub code: u16,
+    pub url: Arc<str>,
 }
 
 impl Default for Options {
@@ -43,6 +90,20 @@ impl Default for Options {
             ssl_passthrough: false,
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
+            use_regex: false,
+            rewrite_target: None,
+            app_root: None,
+            x_forwarded_prefix: None,
+            preserve_trailing_slash: false,
+            redirect: None,
+            from_to_www: false,
+            server_alias: Vec::new(),
+            canary: None,
+            affinity: None,
+            cors: None,
+            proxy_body_size: None,
+            upstream_hash_by: None,
+            affinity_canary_legacy: false,
         }
     }
 }
@@ -70,7 +131,55 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.ssl_redirect = bool_of("ssl-redirect");
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
+    options.use_regex = bool_of("use-regex").unwrap_or(false);
+    options.preserve_trailing_slash = bool_of("preserve-trailing-slash").unwrap_or(false);
+    options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
+    let canary = bool_of("canary").unwrap_or(false);
+    let cors = bool_of("enable-cors").unwrap_or(false);
+    options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
+    options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
+    options.cors = cors::parse(annotations, cors, &mut errors).map(Arc::new);
+    if let Some((key, value)) = lookup(annotations, "affinity-canary-behavior") {
+        match value.trim() {
+            "sticky" => {}
+            "legacy" => options.affinity_canary_legacy = true,
+            other => errors.push(format!(
+                "{key}: {other:?} is not \"sticky\" or \"legacy\"; sticky is used"
+            )),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "upstream-hash-by") {
+        match hash::HashKey::parse(value) {
+            Ok(hash) => options.upstream_hash_by = Some(Arc::new(hash)),
+            Err(err) => errors.push(format!("{key}: {err}; requests are balanced as usual")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-body-size") {
+        match size(value) {
+            Some(n) => options.proxy_body_size = Some(n),
+            None => errors.push(format!(
+                "{key}: {value:?} is not a size (a number with an optional k, m or g; 0 for no limit)"
+            )),
+        }
+    }
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    if let Some((key, value)) = lookup(annotations, "rewrite-target") {
+        match rewrite::Template::parse(value) {
+            Ok(template) => options.rewrite_target = Some(Arc::new(template)),
+            Err(err) => errors.push(format!("{key}: {err}; requests are not rewritten")),
+        }
+    }
+    for (name, slot) in [
+        ("app-root", &mut options.app_root),
+        ("x-forwarded-prefix", &mut options.x_forwarded_prefix),
+    ] {
+        if let Some((key, value)) = lookup(annotations, name) {
+            match rewrite::literal_path(value) {
+                Ok(path) => *slot = Some(Arc::from(path)),
+                Err(err) => errors.push(format!("{key}: {err}")),
+            }
+        }
+    }
     if let Some(value) = annotations.get(&format!("{PREFIX}upgrades")) {
         match upgrade_list(value) {
             Some(list) => options.upgrades = list,
@@ -79,7 +188,84 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             )),
         }
     }
+    options.redirect = url_redirect(annotations, "temporal-redirect", 302, 307, &mut errors)
+        .or_else(|| url_redirect(annotations, "permanent-redirect", 301, 308, &mut errors));
+    if let Some((key, value)) = lookup(annotations, "server-alias") {
+        for alias in value.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            match super::host::parse_pattern(Some(alias)) {
+                Ok(super::host::HostPattern::Any) | Err(_) => errors.push(format!(
+                    "{key}: {alias:?} is not a host name or a *.wildcard (regular expressions are not supported); it is not served"
+                )),
+                Ok(_) => options.server_alias.push(alias.to_string()),
+            }
+        }
+    }
     (options, errors)
+}
+
+/// `NAME` and `NAME-code` as ingress-nginx reads them: an http(s) URL of the characters it
+/// allows, and a code in 300..=`max` (otherwise `default`, as ingress-nginx does). A code that
+/// is not a number disables the redirect, as in ingress-nginx.
+fn url_redirect(
+    annotations: &BTreeMap<String, String>,
+    name: &str,
+    default: u16,
+    max: u16,
+    errors: &mut Vec<String>,
+) -> Option<UrlRedirect> {
+    let (key, url) = lookup(annotations, name)?;
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"-._~/:,?&=".contains(&b);
+    let has_host = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .is_some_and(|host| !host.is_empty());
+    if !url.bytes().all(allowed) || !has_host {
+        errors.push(format!(
+            "{key}: {url:?} is not an http:// or https:// URL of letters, digits and -._~/:,?&=; no redirect is made"
+        ));
+        return None;
+    }
+    let code = match lookup(annotations, &format!("{name}-code")) {
+        None => default,
+        Some((code_key, value)) => match value.trim().parse::<u16>() {
+            Ok(code) if (300..=max).contains(&code) => code,
+            Ok(code) => {
+                errors.push(format!(
+                    "{code_key}: {code} is not in 300..={max}; {default} is used, as ingress-nginx does"
+                ));
+                default
+            }
+            Err(_) => {
+                errors.push(format!(
+                    "{code_key}: {value:?} is not a number; no redirect is made, as in ingress-nginx"
+                ));
+                return None;
+            }
+        },
+    };
+    Some(UrlRedirect {
+        code,
+        url: Arc::from(url),
+    })
+}
+
+/// A size as nginx writes it (ingress-nginx's `SizeRegex`): digits and an optional `b`, `k`,
+/// `m` or `g` (either case), in bytes.
+pub fn size(value: &str) -> Option<u64> {
+    let value = value.trim();
+    let (digits, unit) = match value.as_bytes().last()? {
+        b'0'..=b'9' => (value, 1),
+        b'b' | b'B' => (&value[..value.len() - 1], 1),
+        b'k' | b'K' => (&value[..value.len() - 1], 1 << 10),
+        b'm' | b'M' => (&value[..value.len() - 1], 1 << 20),
+        b'g' | b'G' => (&value[..value.len() - 1], 1 << 30),
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
 /// What an Ingress with an access-control annotation this controller cannot honour gets.
@@ -212,6 +398,29 @@ mod tests {
     }
 
     #[test]
+    fn sizes() {
+        let cases = [
+            ("0", Some(0)),
+            ("1024", Some(1024)),
+            ("10b", Some(10)),
+            ("8k", Some(8 << 10)),
+            ("1m", Some(1 << 20)),
+            ("1M", Some(1 << 20)),
+            ("2g", Some(2 << 30)),
+            (" 5m ", Some(5 << 20)),
+            ("", None),
+            ("m", None),
+            ("1.5m", None),
+            ("-1", None),
+            ("1t", None),
+            ("99999999999999999999g", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(size(value), want, "{value:?}");
+        }
+    }
+
+    #[test]
     fn source_ranges_by_annotation() {
         let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
             pairs
@@ -283,7 +492,9 @@ mod tests {
         let cases: Vec<(String, Option<(Category, bool)>)> = vec![
             (n("ssl-redirect"), None),
             (o("proxy-read-timeout"), None),
-            (n("rewrite-target"), Some((Category::Routing, true))),
+            (n("rewrite-target"), None),
+            (n("canary"), None),
+            (n("mirror-target"), Some((Category::Upstream, true))),
             (n("whitelist-source-range"), None),
             (n("auth-url"), Some((Category::AccessControl, true))),
             (o("auth-url"), Some((Category::AccessControl, true))),
@@ -377,6 +588,138 @@ mod tests {
                 0,
             ),
             (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            (
+                vec![
+                    (n("use-regex"), "true"),
+                    (n("rewrite-target"), "/$2"),
+                    (n("app-root"), "/app"),
+                    (n("x-forwarded-prefix"), "/shop"),
+                ],
+                Options {
+                    use_regex: true,
+                    rewrite_target: Some(Arc::new(rewrite::Template::parse("/$2").unwrap())),
+                    app_root: Some(Arc::from("/app")),
+                    x_forwarded_prefix: Some(Arc::from("/shop")),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("use-regex"), "True")], Options::default(), 1),
+            (
+                vec![
+                    (n("permanent-redirect"), "https://example.com/x?a=b&c=d"),
+                    (n("from-to-www-redirect"), "true"),
+                    (n("preserve-trailing-slash"), "true"),
+                    (n("server-alias"), "a.example.com, *.b.example.com,"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 301,
+                        url: Arc::from("https://example.com/x?a=b&c=d"),
+                    }),
+                    from_to_www: true,
+                    preserve_trailing_slash: true,
+                    server_alias: vec!["a.example.com".into(), "*.b.example.com".into()],
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![
+                    (n("permanent-redirect"), "http://example.com"),
+                    (n("permanent-redirect-code"), "308"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 308,
+                        url: Arc::from("http://example.com"),
+                    }),
+                    ..Default::default()
+                },
+                0,
+            ),
+            // Temporal wins over permanent; its codes stop at 307.
+            (
+                vec![
+                    (n("permanent-redirect"), "http://p.example"),
+                    (n("temporal-redirect"), "http://t.example/"),
+                    (n("temporal-redirect-code"), "308"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 302,
+                        url: Arc::from("http://t.example/"),
+                    }),
+                    ..Default::default()
+                },
+                1,
+            ),
+            (
+                vec![
+                    (n("temporal-redirect"), "http://t.example/"),
+                    (n("temporal-redirect-code"), "303"),
+                ],
+                Options {
+                    redirect: Some(UrlRedirect {
+                        code: 303,
+                        url: Arc::from("http://t.example/"),
+                    }),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![
+                    (n("permanent-redirect"), "http://p.example"),
+                    (n("permanent-redirect-code"), "moved"),
+                ],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "/relative")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "ftp://x.example")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "http://")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "http://x.example/$request_uri")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("permanent-redirect"), "http://x.example/a b")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(
+                    n("server-alias"),
+                    "ok.example.com,~^www\\d+\\.example\\.com$,Bad_Name",
+                )],
+                Options {
+                    server_alias: vec!["ok.example.com".into()],
+                    ..Default::default()
+                },
+                2,
+            ),
+            (vec![(n("rewrite-target"), "/$uri")], Options::default(), 1),
+            (vec![(n("rewrite-target"), "")], Options::default(), 1),
+            (vec![(n("app-root"), "app")], Options::default(), 1),
+            (
+                vec![(n("x-forwarded-prefix"), "/a\r\nX-Evil: 1")],
+                Options::default(),
+                1,
+            ),
             // Not an ingress-nginx annotation: its prefix does nothing here.
             (vec![(n("upgrades"), "h2c")], Options::default(), 0),
             (

@@ -276,6 +276,7 @@ fn upstream_framing_and_upgrades() {
                 body: *body,
                 upgrade: *upgrade,
                 new_request_id: [b'0'; 32],
+                forwarded_prefix: None,
             },
         );
         let text = String::from_utf8(out).unwrap();

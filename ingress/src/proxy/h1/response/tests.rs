@@ -18,6 +18,8 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     hsts: None,
     http10: false,
     upgrade: None,
+    set_cookie: None,
+    set_headers: &[],
 };
 
 /// A complete head with everything but `head_len` (checked against the input separately).

@@ -1,0 +1,61 @@
+//! CORS (`enable-cors`), as ingress-nginx's `CORS` template does it: after access, before the
+//! redirects.
+//!
+//! ```text
+//!   Origin allowed by the route's policy?  no ─> nothing (OPTIONS goes upstream like any request)
+//!     OPTIONS ─> 204 from the proxy: the CORS headers, Content-Type text/plain, no body
+//!     other   ─> forwarded; the CORS headers replace the upstream's own in the response
+//! ```
+
+use http::{HeaderName, HeaderValue, header};
+
+use super::RequestHeaders;
+use crate::snapshot::annotations::cors::Cors;
+
+/// Headers the proxy sets on a response, replacing the upstream's of the same name.
+pub(crate) type SetHeaders = Vec<(HeaderName, HeaderValue)>;
+
+/// What CORS makes of a request.
+pub(crate) enum Verdict {
+    /// Not a CORS request for this route.
+    None,
+    /// Answer 204 with these headers.
+    Preflight(SetHeaders),
+    /// Forward, and set these on the response.
+    Headers(SetHeaders),
+}
+
+/// The verdict for a request with `method` and `headers` on a route with `cors`.
+pub(crate) fn check(cors: Option<&Cors>, method: &str, headers: &dyn RequestHeaders) -> Verdict {
+    let Some(cors) = cors else {
+        return Verdict::None;
+    };
+    let Some(origin) = cors.allow_origin(headers.header("origin")) else {
+        return Verdict::None;
+    };
+    let Ok(origin) = HeaderValue::from_bytes(origin) else {
+        return Verdict::None;
+    };
+    let value = |s: &str| HeaderValue::from_str(s).ok();
+    let mut set: SetHeaders = vec![(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin)];
+    if cors.credentials {
+        set.push((
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        ));
+    }
+    set.extend(value(&cors.methods).map(|v| (header::ACCESS_CONTROL_ALLOW_METHODS, v)));
+    set.extend(value(&cors.headers).map(|v| (header::ACCESS_CONTROL_ALLOW_HEADERS, v)));
+    if let Some(expose) = cors.expose.as_deref().and_then(value) {
+        set.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, expose));
+    }
+    set.push((
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from(cors.max_age),
+    ));
+    if method == "OPTIONS" {
+        Verdict::Preflight(set)
+    } else {
+        Verdict::Headers(set)
+    }
+}

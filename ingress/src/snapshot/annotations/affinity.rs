@@ -1,0 +1,244 @@
+//! `affinity: cookie` and its `affinity-mode` and `session-cookie-*` options, as ingress-nginx's
+//! `balancer/sticky*.lua` use them.
+//!
+//! ```text
+//!   cookie NAME = "<key>|<backend key>"
+//!     balanced:   key is random; the endpoint is the key's by rendezvous hashing over the
+//!                 current endpoints, so scaling moves only some sessions
+//!     persistent: key names one endpoint (a hash of its address); gone → a new one is picked
+//!   no cookie, or a persistent key that names no endpoint → pick, and Set-Cookie
+//! ```
+
+use std::collections::BTreeMap;
+
+use super::lookup;
+
+/// ingress-nginx's default cookie name.
+pub const DEFAULT_COOKIE: &str = "INGRESSCOOKIE";
+
+/// What an Ingress's affinity annotations ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Affinity {
+    pub mode: Mode,
+    pub name: String,
+    /// `session-cookie-path`; `None` is the route's path (the location's, in ingress-nginx).
+    pub path: Option<String>,
+    pub domain: Option<String>,
+    /// `session-cookie-max-age`, seconds.
+    pub max_age: Option<u64>,
+    /// `session-cookie-expires`, seconds from now.
+    pub expires: Option<u64>,
+    pub samesite: Option<&'static str>,
+    /// `session-cookie-secure`; `None` is "when the request came over HTTPS".
+    pub secure: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Balanced,
+    Persistent,
+}
+
+/// The affinity of an Ingress, `None` without `affinity: cookie`. Problems are pushed to
+/// `errors`; a bad option keeps its default.
+pub(super) fn parse(
+    annotations: &BTreeMap<String, String>,
+    errors: &mut Vec<String>,
+) -> Option<Affinity> {
+    let options = [
+        "affinity-mode",
+        "session-cookie-name",
+        "session-cookie-path",
+        "session-cookie-domain",
+        "session-cookie-max-age",
+        "session-cookie-expires",
+        "session-cookie-samesite",
+        "session-cookie-secure",
+    ];
+    let Some((key, value)) = lookup(annotations, "affinity") else {
+        if let Some((key, _)) = options.iter().find_map(|n| lookup(annotations, n)) {
+            errors.push(format!(
+                "{key} has no effect without affinity: \"cookie\", as in ingress-nginx"
+            ));
+        }
+        return None;
+    };
+    if value.trim() != "cookie" {
+        errors.push(format!(
+            "{key}: {value:?} is not \"cookie\", the only affinity type; no affinity"
+        ));
+        return None;
+    }
+    let mut affinity = Affinity {
+        mode: Mode::Balanced,
+        name: DEFAULT_COOKIE.to_string(),
+        path: None,
+        domain: None,
+        max_age: None,
+        expires: None,
+        samesite: None,
+        secure: None,
+    };
+    let mut check = |name: &str, ok: &dyn Fn(&str) -> bool, what: &str| -> Option<String> {
+        let (key, value) = lookup(annotations, name)?;
+        let value = value.trim();
+        if ok(value) {
+            Some(value.to_string())
+        } else {
+            errors.push(format!(
+                "{key}: {value:?} is not {what}; the default is used"
+            ));
+            None
+        }
+    };
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    let path = |s: &str| {
+        s.starts_with('/')
+            && s.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b';' && b != b',')
+    };
+    let domain = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    };
+    let seconds = |s: &str| s.parse::<u64>().is_ok();
+    if let Some(mode) = check(
+        "affinity-mode",
+        &|s| s == "balanced" || s == "persistent",
+        "\"balanced\" or \"persistent\"",
+    ) {
+        affinity.mode = if mode == "persistent" {
+            Mode::Persistent
+        } else {
+            Mode::Balanced
+        };
+    }
+    if let Some(name) = check("session-cookie-name", &token, "a cookie name") {
+        affinity.name = name;
+    }
+    affinity.path = check("session-cookie-path", &path, "a path");
+    affinity.domain = check("session-cookie-domain", &domain, "a domain");
+    affinity.max_age = check("session-cookie-max-age", &seconds, "a number of seconds")
+        .and_then(|s| s.parse().ok());
+    affinity.expires = check("session-cookie-expires", &seconds, "a number of seconds")
+        .and_then(|s| s.parse().ok());
+    affinity.samesite = check(
+        "session-cookie-samesite",
+        &|s| matches!(s, "None" | "Lax" | "Strict"),
+        "None, Lax or Strict",
+    )
+    .and_then(|s| ["None", "Lax", "Strict"].into_iter().find(|v| *v == s));
+    affinity.secure = check(
+        "session-cookie-secure",
+        &|s| s == "true" || s == "false",
+        "\"true\" or \"false\"",
+    )
+    .map(|s| s == "true");
+    Some(affinity)
+}
+
+/// A stable 64-bit FNV-1a hash, the same in every process and release: cookie keys outlive
+/// the process that made them.
+pub fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        hash ^= 0xff;
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_pairs(pairs: &[(&str, &str)]) -> (Option<Affinity>, usize) {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (format!("nginx.ingress.kubernetes.io/{k}"), v.to_string()))
+            .collect();
+        let mut errors = Vec::new();
+        (parse(&map, &mut errors), errors.len())
+    }
+
+    #[test]
+    fn table() {
+        let default = Affinity {
+            mode: Mode::Balanced,
+            name: DEFAULT_COOKIE.into(),
+            path: None,
+            domain: None,
+            max_age: None,
+            expires: None,
+            samesite: None,
+            secure: None,
+        };
+        let cases: Vec<(Vec<(&str, &str)>, Option<Affinity>, usize)> = vec![
+            (vec![], None, 0),
+            (vec![("affinity", "cookie")], Some(default.clone()), 0),
+            (vec![("affinity", "ip")], None, 1),
+            (vec![("session-cookie-name", "x")], None, 1),
+            (
+                vec![
+                    ("affinity", "cookie"),
+                    ("affinity-mode", "persistent"),
+                    ("session-cookie-name", "route"),
+                    ("session-cookie-path", "/app"),
+                    ("session-cookie-domain", "example.com"),
+                    ("session-cookie-max-age", "3600"),
+                    ("session-cookie-expires", "7200"),
+                    ("session-cookie-samesite", "Lax"),
+                    ("session-cookie-secure", "true"),
+                ],
+                Some(Affinity {
+                    mode: Mode::Persistent,
+                    name: "route".into(),
+                    path: Some("/app".into()),
+                    domain: Some("example.com".into()),
+                    max_age: Some(3600),
+                    expires: Some(7200),
+                    samesite: Some("Lax"),
+                    secure: Some(true),
+                }),
+                0,
+            ),
+            (
+                vec![
+                    ("affinity", "cookie"),
+                    ("affinity-mode", "sticky"),
+                    ("session-cookie-name", "a;b"),
+                    ("session-cookie-path", "/a; Domain=evil"),
+                    ("session-cookie-max-age", "1h"),
+                    ("session-cookie-samesite", "lax"),
+                ],
+                Some(default),
+                5,
+            ),
+        ];
+        for (pairs, want, errors) in cases {
+            let (got, errs) = parse_pairs(&pairs);
+            assert_eq!(got, want, "{pairs:?}");
+            assert_eq!(errs, errors, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn the_hash_is_stable() {
+        // Pinned: a change would move every persistent session.
+        assert_eq!(
+            stable_hash(&[b"10.0.0.1:8080"]),
+            stable_hash(&[b"10.0.0.1:8080"])
+        );
+        assert_ne!(stable_hash(&[b"a", b"b"]), stable_hash(&[b"ab"]));
+        assert_eq!(stable_hash(&[]), 0xcbf2_9ce4_8422_2325);
+    }
+}
