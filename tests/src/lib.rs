@@ -23,6 +23,7 @@ pub mod client;
 pub mod corpus;
 pub mod gate_server;
 pub mod gate_site;
+pub mod https_upstream;
 pub mod manifests;
 pub mod modes;
 pub mod netns;

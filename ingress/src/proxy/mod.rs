@@ -9,12 +9,14 @@
 //!   h1/          HTTP/1.x read and written by the proxy itself; upstream streams (h1/streams.rs)
 //!   h2/          HTTP/2 served by hyper; upstream requests through hyper's client (pool.rs)
 //!   forward.rs   the header rules between client and upstream, for both paths
+//!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
 //! ```
 //!
 //! A request takes the snapshot current when it arrives and keeps its route until it is done, so
 //! a configuration change never disturbs a request in flight.
 
 pub mod caps;
+pub mod connect;
 pub mod forward;
 pub mod h1;
 pub mod h2;
@@ -66,10 +68,11 @@ impl Proxy {
             idle_timeout: Duration::from_secs(55),
             max_idle_per_endpoint: 256,
         };
+        let connectors = Arc::new(connect::Connectors::default());
         Self {
             published,
-            pool: Pool::new(pool_settings.clone()),
-            streams: h1::streams::StreamPool::new(pool_settings),
+            pool: Pool::new(pool_settings.clone(), connectors.clone()),
+            streams: h1::streams::StreamPool::new(pool_settings, connectors),
             metrics,
             settings,
         }

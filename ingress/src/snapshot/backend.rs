@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::address::AddressPolicy;
+use super::upstream::BackendProtocol;
 use crate::diagnostics::DiagnosticKind;
 use crate::store::{ObjectKey, Store};
 
@@ -128,6 +129,8 @@ pub struct Backend {
     pub service: ObjectKey,
     pub port: PortRef,
     pub target: Target,
+    /// The Service port's `appProtocol`, when it names a way to speak HTTP.
+    pub app_protocol: Option<BackendProtocol>,
 }
 
 impl Backend {
@@ -217,10 +220,17 @@ impl<'a> Resolver<'a> {
                 .entry((service, port))
                 .or_insert_with_key(|(service, port)| {
                     let (target, problems) = resolve_target(store, policy, slices, service, port);
+                    let app_protocol = store
+                        .services
+                        .get(service)
+                        .and_then(|s| find_port(s, port))
+                        .and_then(|p| p.app_protocol.as_deref())
+                        .and_then(BackendProtocol::from_app_protocol);
                     let backend = Backend {
                         service: service.clone(),
                         port: port.clone(),
                         target,
+                        app_protocol,
                     };
                     (Arc::new(backend), problems)
                 });

@@ -22,6 +22,7 @@ pub mod path;
 pub mod policy;
 pub mod sni;
 pub mod tls;
+pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -181,6 +182,7 @@ impl Snapshot {
     /// Builds a snapshot. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
+            store,
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store, &settings.backends),
             unsupported_access: settings.unsupported_access,
@@ -266,6 +268,7 @@ fn owned_ingresses<'s>(
 }
 
 struct Builder<'s> {
+    store: &'s Store,
     diagnostics: Vec<Diagnostic>,
     resolver: Resolver<'s>,
     unsupported_access: UnsupportedAccess,
@@ -287,13 +290,22 @@ struct HostBuilder {
 impl Builder<'_> {
     fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
         let subject = Subject::object(Kind::Ingress, key);
-        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
+        let (mut options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
         for message in errors {
             self.diagnostics.push(Diagnostic::error(
                 DiagnosticKind::InvalidAnnotation,
                 subject.clone(),
                 message,
             ));
+        }
+        if let Some(name) = options.proxy_ssl_secret.take() {
+            match upstream::secret_tls(self.store, key, &name, &mut options.upstream_tls) {
+                Ok(()) => {}
+                Err((kind, message)) => {
+                    self.diagnostics
+                        .push(Diagnostic::error(kind, subject.clone(), message));
+                }
+            }
         }
         let refused = self.judge_unsupported(&subject, ingress);
         // A route's policy depends on the Ingress and on whether its host has TLS here.
@@ -544,6 +556,7 @@ impl Builder<'_> {
                     None => PortRef::Number(0),
                 },
                 target: Target::Unavailable,
+                app_protocol: None,
             };
             return Some(self.make_route(ingress, Arc::new(backend), policy, tls));
         }
@@ -594,6 +607,12 @@ impl Builder<'_> {
         policy: &Arc<RoutePolicy>,
         tls: bool,
     ) -> Arc<Route> {
+        // The Service port's appProtocol, and the Service's name for TLS verification.
+        let service_dns = format!("{}.{}.svc", backend.service.name, backend.service.namespace);
+        let policy = match policy.for_backend(backend.app_protocol, &service_dns) {
+            Some(changed) => Arc::new(changed),
+            None => policy.clone(),
+        };
         let labels = RouteLabels {
             namespace: ingress.namespace.as_str().into(),
             ingress: ingress.name.as_str().into(),
@@ -603,7 +622,7 @@ impl Builder<'_> {
             ingress: ingress.clone(),
             tls,
             backend,
-            policy: policy.clone(),
+            policy,
             labels,
         })
     }

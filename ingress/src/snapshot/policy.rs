@@ -6,13 +6,17 @@
 //!   phase (proxy::phase)   reads
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured)
 //!   redirect               RedirectPolicy   ssl-redirect, force-ssl-redirect, the host's TLS
-//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed
+//!   upstream               UpstreamPolicy   backend-protocol (or the Service port's appProtocol),
+//!                                           proxy-ssl-*, proxy-read-timeout, the upgrades allowed
 //! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::annotations::Options;
+pub use super::upstream::{
+    BackendProtocol, ClientIdentity, ProtocolSource, TlsVersions, UpstreamTls, Wire,
+};
 
 /// Everything per route, by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,6 +46,11 @@ pub struct RedirectPolicy {
 /// How the upstream is spoken to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamPolicy {
+    /// The protocol toward the upstream, and where that choice came from.
+    pub protocol: BackendProtocol,
+    pub protocol_source: ProtocolSource,
+    /// How TLS to the upstream is made, for the protocols that use TLS (`proxy-ssl-*`).
+    pub tls: Arc<UpstreamTls>,
     /// `proxy-read-timeout`: how long the upstream has to send its response head, and may
     /// pause while sending the body; `None` is `--upstream-response-timeout`.
     pub read_timeout: Option<Duration>,
@@ -52,6 +61,9 @@ pub struct UpstreamPolicy {
 impl Default for UpstreamPolicy {
     fn default() -> Self {
         Self {
+            protocol: BackendProtocol::Http,
+            protocol_source: ProtocolSource::Default,
+            tls: Arc::new(UpstreamTls::default()),
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
         }
@@ -71,10 +83,46 @@ impl RoutePolicy {
                     || (tls && options.ssl_redirect.unwrap_or(true)),
             },
             upstream: UpstreamPolicy {
+                protocol: options.backend_protocol.unwrap_or_default(),
+                protocol_source: if options.backend_protocol.is_some() {
+                    ProtocolSource::Annotation
+                } else {
+                    ProtocolSource::Default
+                },
+                tls: Arc::new(options.upstream_tls.clone()),
                 read_timeout: options.read_timeout,
                 upgrades: options.upgrades.clone(),
             },
         }
+    }
+
+    /// This policy for a route whose Service port says `app_protocol`, and whose Service is
+    /// reachable by `service_dns` (the name verified when `proxy-ssl-name` is not set). `None`
+    /// when nothing changes, so routes keep sharing one policy.
+    pub fn for_backend(
+        &self,
+        app_protocol: Option<BackendProtocol>,
+        service_dns: &str,
+    ) -> Option<RoutePolicy> {
+        let protocol = match (self.upstream.protocol_source, app_protocol) {
+            (ProtocolSource::Default, Some(p)) => Some(p),
+            _ => None,
+        };
+        let name = (self.upstream.tls.name.is_none()).then(|| service_dns.to_string());
+        if protocol.is_none() && name.is_none() {
+            return None;
+        }
+        let mut policy = self.clone();
+        if let Some(p) = protocol {
+            policy.upstream.protocol = p;
+            policy.upstream.protocol_source = ProtocolSource::AppProtocol;
+        }
+        if let Some(name) = name {
+            let mut tls = (*policy.upstream.tls).clone();
+            tls.name = Some(name);
+            policy.upstream.tls = Arc::new(tls);
+        }
+        Some(policy)
     }
 }
 
@@ -102,6 +150,61 @@ mod tests {
             let policy = RoutePolicy::new(&options(ssl, force), tls, None);
             assert_eq!(policy.redirect.to_https, want, "{ssl:?} {force} {tls}");
         }
+    }
+
+    #[test]
+    fn the_annotation_wins_over_app_protocol() {
+        let annotated = Options {
+            backend_protocol: Some(BackendProtocol::Https),
+            ..Options::default()
+        };
+        let cases = [
+            // (options, appProtocol) -> (protocol, source)
+            (
+                Options::default(),
+                None,
+                BackendProtocol::Http,
+                ProtocolSource::Default,
+            ),
+            (
+                Options::default(),
+                Some(BackendProtocol::H2c),
+                BackendProtocol::H2c,
+                ProtocolSource::AppProtocol,
+            ),
+            (
+                annotated.clone(),
+                Some(BackendProtocol::H2c),
+                BackendProtocol::Https,
+                ProtocolSource::Annotation,
+            ),
+            (
+                annotated,
+                None,
+                BackendProtocol::Https,
+                ProtocolSource::Annotation,
+            ),
+        ];
+        for (options, app, protocol, source) in cases {
+            let base = RoutePolicy::new(&options, false, None);
+            let policy = base.for_backend(app, "svc.ns.svc").unwrap_or(base);
+            assert_eq!(policy.upstream.protocol, protocol, "{options:?} {app:?}");
+            assert_eq!(
+                policy.upstream.protocol_source, source,
+                "{options:?} {app:?}"
+            );
+            assert_eq!(policy.upstream.tls.name.as_deref(), Some("svc.ns.svc"));
+        }
+        // proxy-ssl-name is kept.
+        let named = Options {
+            upstream_tls: UpstreamTls {
+                name: Some("backend.example".into()),
+                ..UpstreamTls::default()
+            },
+            ..Options::default()
+        };
+        let base = RoutePolicy::new(&named, false, None);
+        assert_eq!(base.for_backend(None, "svc.ns.svc"), None);
     }
 
     #[test]

@@ -65,6 +65,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     ) -> (u16, Outcome, bool) {
         let Forward {
             key,
+            transport,
             in_flight,
             timeout,
             ..
@@ -82,7 +83,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let mut result = match upload {
             Ok(upload) => {
                 let first = tokio::select! {
-                    up = streams.checkout(&key, p.started) => up,
+                    up = streams.checkout(&key, &transport, p.started) => up,
                     () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
                 };
                 match first {
@@ -97,7 +98,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             tracing::debug!(upstream = %key, %error, "kept-alive upstream connection was closed; retrying on a new one");
             self.upstream_due.set(response_due);
             let fresh = tokio::select! {
-                up = streams.connect(&key) => up,
+                up = streams.connect(&key, &transport) => up,
                 () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
             };
             result = match fresh {
@@ -142,7 +143,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let status = response.status;
         let (keep_open, up) = self.relay(response, up, timeout).await;
         if let Some(up) = up.filter(|_| !early) {
-            streams.checkin(&key, up, Instant::now());
+            streams.checkin(&key, &transport, up, Instant::now());
         }
         let outcome = Outcome {
             upstream: Some(key),

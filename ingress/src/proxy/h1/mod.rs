@@ -50,8 +50,10 @@ use response::ResponseContext;
 
 use super::phase::route::Refusal;
 use super::settings::HttpSettings;
+use super::upstream::UpstreamError;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
+use crate::snapshot::policy::Wire;
 
 /// Room made for a client's next request head: most are well under this, and an idle
 /// kept-alive connection holds its buffer.
@@ -240,6 +242,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         });
         let phased = proxy.request_phases(self.conn, host, &req.target);
         let (action, route) = (phased.decision, phased.route);
+        // This path speaks HTTP/1.1 to upstreams; an HTTP/2 upstream is reached from HTTP/2
+        // clients (h2/).
+        let action = match action {
+            Decision::Forward(forward) if forward.wire == Wire::Http2 => {
+                Decision::Fail(UpstreamError::Protocol(
+                    "the upstream speaks HTTP/2 only (backend-protocol GRPC/GRPCS or appProtocol h2c); this request came over HTTP/1.x".into(),
+                ))
+            }
+            other => other,
+        };
         let mut upgrade = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
             upgrade = req

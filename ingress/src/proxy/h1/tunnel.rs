@@ -36,6 +36,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     ) -> (u16, Outcome, bool) {
         let Forward {
             key,
+            transport,
             in_flight,
             timeout,
             ..
@@ -47,7 +48,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         };
         self.upstream_due.set(p.started + timeout);
         let connected = tokio::select! {
-            up = self.proxy.streams.connect(&key) => up,
+            up = self.proxy.streams.connect(&key, &transport) => up,
             () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
         };
         let head = match connected {

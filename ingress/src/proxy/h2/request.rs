@@ -28,6 +28,7 @@ use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
+use crate::snapshot::policy::Wire;
 
 impl Proxy {
     /// Serves one HTTP/2 request.
@@ -171,10 +172,18 @@ impl Proxy {
         };
         let Forward {
             key,
+            transport,
+            wire,
             in_flight,
             timeout,
             ..
         } = forward;
+        if wire == Wire::Http2 {
+            return fail(
+                UpstreamError::Protocol("HTTP/2 upstreams are not spoken to yet".into()),
+                Some(key),
+            );
+        }
         let (mut parts, body) = req.into_parts();
         forward::rewrite_request(
             &mut parts.headers,
@@ -191,12 +200,16 @@ impl Proxy {
         let body = idle::IdleBody::new(body, self.settings.client_body_timeout);
         let upstream_req = Request::from_parts(parts, body);
 
-        let mut response =
-            match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(err)) => return fail(err, Some(key)),
-                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
-            };
+        let mut response = match tokio::time::timeout(
+            timeout,
+            self.pool.send(key.clone(), transport, upstream_req),
+        )
+        .await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => return fail(err, Some(key)),
+            Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+        };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_response_hop_by_hop(response.headers_mut());

@@ -34,10 +34,12 @@ use http::{StatusCode, Version};
 use ingress_wire::target::{self, Target};
 
 use super::Proxy;
+use super::connect::Transport;
 use super::pool::PoolKey;
 use super::upstream::UpstreamError;
 use crate::snapshot::Route;
 use crate::snapshot::backend::InFlight;
+use crate::snapshot::policy::Wire;
 use identity::ConnInfo;
 use route::Refusal;
 
@@ -57,6 +59,10 @@ pub(crate) enum Decision {
 /// Where and how a request goes upstream.
 pub(crate) struct Forward {
     pub(crate) key: PoolKey,
+    /// Cleartext or TLS (with the route's `proxy-ssl-*`).
+    pub(crate) transport: Transport,
+    /// HTTP/1.1 or HTTP/2 to the upstream.
+    pub(crate) wire: Wire,
     /// Counts toward the endpoint's load (least-loaded picking) until the response head.
     pub(crate) in_flight: Option<InFlight>,
     /// How long the upstream has to send its response head, and may pause in its body.
@@ -147,7 +153,9 @@ impl Proxy {
         };
         let decision = access::check(&route.policy.access)
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
-            .unwrap_or_else(|| upstream::forward(&route, self.settings.response_timeout));
+            .unwrap_or_else(|| {
+                upstream::forward(&route, conn.https, self.settings.response_timeout)
+            });
         Phased {
             target: Some(target),
             route: Some(route),

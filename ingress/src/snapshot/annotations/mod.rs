@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use registry::{Category, Status};
 
+use super::upstream::{BackendProtocol, TlsVersions, UpstreamTls};
+
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
 
@@ -31,6 +33,13 @@ pub struct Options {
     /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
     /// passes every `Upgrade` on.
     pub upgrades: Arc<[String]>,
+    /// `backend-protocol`; `None` lets the Service port's `appProtocol` decide.
+    pub backend_protocol: Option<BackendProtocol>,
+    /// `proxy-ssl-verify`, `-verify-depth`, `-server-name`, `-name`, `-protocols`; the
+    /// certificates of `proxy-ssl-secret` are filled in by the build, which reads the Secret.
+    pub upstream_tls: UpstreamTls,
+    /// `proxy-ssl-secret`: the Secret's name, in the Ingress's namespace.
+    pub proxy_ssl_secret: Option<String>,
 }
 
 impl Default for Options {
@@ -41,6 +50,9 @@ impl Default for Options {
             ssl_passthrough: false,
             read_timeout: None,
             upgrades: Arc::from(["websocket".to_string()]),
+            backend_protocol: None,
+            upstream_tls: UpstreamTls::default(),
+            proxy_ssl_secret: None,
         }
     }
 }
@@ -77,7 +89,78 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             )),
         }
     }
+    parse_upstream(annotations, &mut options, &mut errors);
     (options, errors)
+}
+
+/// `backend-protocol` and `proxy-ssl-*`, with ingress-nginx's value syntax.
+fn parse_upstream(
+    annotations: &BTreeMap<String, String>,
+    options: &mut Options,
+    errors: &mut Vec<String>,
+) {
+    let mut fail = |key: &str, why: String| errors.push(format!("{key}: {why}"));
+    if let Some((key, value)) = lookup(annotations, "backend-protocol") {
+        match BackendProtocol::from_annotation(value) {
+            Ok(p) => options.backend_protocol = Some(p),
+            Err(why) => fail(key, why),
+        }
+    }
+    let tls = &mut options.upstream_tls;
+    for (name, field) in [
+        ("proxy-ssl-verify", &mut tls.verify),
+        ("proxy-ssl-server-name", &mut tls.send_sni),
+    ] {
+        if let Some((key, value)) = lookup(annotations, name) {
+            match value.trim() {
+                "on" => *field = true,
+                "off" => *field = false,
+                other => fail(key, format!("{other:?} is not \"on\" or \"off\"")),
+            }
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-verify-depth") {
+        match value.trim().parse::<u8>() {
+            Ok(depth) if (1..=100).contains(&depth) => tls.verify_depth = depth,
+            _ => fail(key, format!("{value:?} is not a whole number in 1..=100")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-name") {
+        let name = value.trim().trim_end_matches('.').to_ascii_lowercase();
+        match rustls_pki_types::ServerName::try_from(name.as_str()) {
+            Ok(_) if !name.is_empty() => tls.name = Some(name),
+            _ => fail(key, format!("{value:?} is not a DNS name or IP address")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-protocols") {
+        match TlsVersions::parse(value) {
+            Ok(versions) => tls.versions = versions,
+            Err(why) => fail(key, why),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-secret") {
+        // ingress-nginx writes "namespace/name"; only the Ingress's own namespace is allowed
+        // (checked by the build, which knows it), and a bare name means that namespace.
+        let value = value.trim();
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b))
+        };
+        let ok = match value.split_once('/') {
+            Some((ns, name)) => valid(ns) && valid(name),
+            None => valid(value),
+        };
+        if ok {
+            options.proxy_ssl_secret = Some(value.to_string());
+        } else {
+            fail(
+                key,
+                format!("{value:?} is not \"namespace/name\" or \"name\""),
+            );
+        }
+    }
 }
 
 /// What an Ingress with an access-control annotation this controller cannot honour gets.
@@ -290,6 +373,76 @@ mod tests {
                 0,
             ),
             (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            (
+                vec![(n("backend-protocol"), "GRPCS")],
+                Options {
+                    backend_protocol: Some(BackendProtocol::Grpcs),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("backend-protocol"), "FCGI")], Options::default(), 1),
+            (vec![(n("backend-protocol"), "SPDY")], Options::default(), 1),
+            (
+                vec![
+                    (n("proxy-ssl-verify"), "on"),
+                    (n("proxy-ssl-server-name"), "on"),
+                    (n("proxy-ssl-verify-depth"), "3"),
+                    (n("proxy-ssl-name"), "Backend.Example."),
+                    (n("proxy-ssl-protocols"), "TLSv1.3"),
+                    (n("proxy-ssl-secret"), "default/backend-ca"),
+                ],
+                Options {
+                    upstream_tls: UpstreamTls {
+                        verify: true,
+                        send_sni: true,
+                        verify_depth: 3,
+                        name: Some("backend.example".into()),
+                        versions: TlsVersions {
+                            tls12: false,
+                            tls13: true,
+                        },
+                        ..UpstreamTls::default()
+                    },
+                    proxy_ssl_secret: Some("default/backend-ca".into()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("proxy-ssl-verify"), "true")], Options::default(), 1),
+            (
+                vec![(n("proxy-ssl-server-name"), "yes")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-verify-depth"), "0")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-name"), "not a name")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-protocols"), "TLSv1 TLSv1.2")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-secret"), "a/b/c")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(o("proxy-ssl-secret"), "ca-only")],
+                Options {
+                    proxy_ssl_secret: Some("ca-only".into()),
+                    ..Default::default()
+                },
+                0,
+            ),
             // Not an ingress-nginx annotation: its prefix does nothing here.
             (vec![(n("upgrades"), "h2c")], Options::default(), 0),
             (
