@@ -10,6 +10,7 @@
 //!   h2/          HTTP/2 served by hyper; upstream requests through hyper's client (pool.rs)
 //!   forward.rs   the header rules between client and upstream, for both paths
 //!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
+//!   multiplex.rs HTTP/2 upstreams (GRPC, GRPCS, h2c): multiplexed connections per endpoint
 //! ```
 //!
 //! A request takes the snapshot current when it arrives and keeps its route until it is done, so
@@ -23,6 +24,7 @@ pub mod h2;
 pub mod idle;
 pub mod listener;
 pub mod metrics;
+pub mod multiplex;
 pub mod passthrough;
 pub mod phase;
 pub mod pool;
@@ -45,12 +47,16 @@ pub(crate) use phase::{Decision, Forward, Outcome, Record};
 use pool::{Pool, PoolSettings, UpstreamBody};
 pub use settings::ProxySettings;
 
-pub type ProxyBody = Either<idle::IdleBody<UpstreamBody>, Full<Bytes>>;
+/// A response body: from an HTTP/1.1 upstream, from an HTTP/2 one, or made by the proxy.
+pub type ProxyBody =
+    Either<idle::IdleBody<UpstreamBody>, Either<idle::IdleBody<multiplex::H2Body>, Full<Bytes>>>;
 
 pub struct Proxy {
     published: Arc<Published>,
     /// HTTP/2 requests' upstream connections (hyper's client, driven inline).
     pool: Arc<Pool>,
+    /// HTTP/2 upstreams' multiplexed connections.
+    h2_pool: Arc<multiplex::H2Pool>,
     /// The HTTP/1.x path's upstream connections.
     streams: h1::streams::StreamPool,
     metrics: Arc<ProxyMetrics>,
@@ -72,6 +78,7 @@ impl Proxy {
         Self {
             published,
             pool: Pool::new(pool_settings.clone(), connectors.clone()),
+            h2_pool: multiplex::H2Pool::new(connectors.clone(), settings.connect_timeout),
             streams: h1::streams::StreamPool::new(pool_settings, connectors),
             metrics,
             settings,

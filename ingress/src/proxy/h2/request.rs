@@ -20,6 +20,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 use ingress_wire::authority::{self, AuthorityError};
 
+use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response::SERVER;
 use crate::proxy::phase::route::Refusal;
@@ -95,6 +96,7 @@ impl Proxy {
             }
             _ => {}
         }
+        let grpc = respond::is_grpc(req.headers());
         let authority = authority::of_h2(
             req.uri().authority().map(|a| a.as_str()),
             req.headers()
@@ -134,7 +136,11 @@ impl Proxy {
                 (respond::status(refusal.status), Outcome::refused(refusal))
             }
             Decision::Fail(error) => (
-                respond::status(error.status()),
+                if grpc {
+                    respond::grpc_error(error.status(), &error.to_string())
+                } else {
+                    respond::status(error.status())
+                },
                 Outcome {
                     error: Some(error),
                     ..Outcome::LOCAL
@@ -160,9 +166,14 @@ impl Proxy {
         request: &forward::RequestSide<'_>,
         conn: &ConnInfo,
     ) -> (Response<ProxyBody>, Outcome) {
+        let grpc = respond::is_grpc(req.headers());
         let fail = |error: UpstreamError, upstream: Option<PoolKey>| {
             (
-                respond::status(error.status()),
+                if grpc {
+                    respond::grpc_error(error.status(), &error.to_string())
+                } else {
+                    respond::status(error.status())
+                },
                 Outcome {
                     upstream,
                     error: Some(error),
@@ -178,13 +189,17 @@ impl Proxy {
             timeout,
             ..
         } = forward;
-        if wire == Wire::Http2 {
-            return fail(
-                UpstreamError::Protocol("HTTP/2 upstreams are not spoken to yet".into()),
-                Some(key),
-            );
-        }
         let (mut parts, body) = req.into_parts();
+        // gRPC needs `te: trailers` to reach an HTTP/2 upstream; it is hop-by-hop otherwise.
+        let te_trailers = parts
+            .headers
+            .get(header::TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+        // The client's gRPC deadline bounds the wait as well as the route's timeout.
+        let timeout = match respond::grpc_timeout(&parts.headers).filter(|_| grpc) {
+            Some(deadline) => timeout.min(deadline),
+            None => timeout,
+        };
         forward::rewrite_request(
             &mut parts.headers,
             &conn.client,
@@ -196,8 +211,49 @@ impl Proxy {
             Ok(uri) => uri,
             Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
         };
-        parts.version = Version::HTTP_11;
         let body = idle::IdleBody::new(body, self.settings.client_body_timeout);
+        if wire == Wire::Http2 {
+            // HTTP/2 carries the authority in :authority, from the URI, not in Host.
+            let authority = parts
+                .headers
+                .remove(header::HOST)
+                .and_then(|h| h.to_str().ok().map(str::to_string))
+                .unwrap_or_else(|| key.to_string());
+            let scheme = match transport {
+                Transport::Plain => "http",
+                Transport::Tls(_) => "https",
+            };
+            parts.uri = match Uri::try_from(format!("{scheme}://{authority}{target}")) {
+                Ok(uri) => uri,
+                Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
+            };
+            parts.version = Version::HTTP_2;
+            if te_trailers {
+                parts
+                    .headers
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+            let upstream_req = Request::from_parts(parts, body);
+            let sent =
+                tokio::time::timeout(timeout, self.h2_pool.send(&key, &transport, upstream_req))
+                    .await;
+            let mut response = match sent {
+                Ok(Ok(response)) => response,
+                Ok(Err(err)) => return fail(err, Some(key)),
+                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+            };
+            drop(in_flight);
+            forward::strip_response_hop_by_hop(response.headers_mut());
+            let response = response
+                .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
+            let outcome = Outcome {
+                upstream: Some(key),
+                error: None,
+                refused: None,
+            };
+            return (response, outcome);
+        }
+        parts.version = Version::HTTP_11;
         let upstream_req = Request::from_parts(parts, body);
 
         let mut response = match tokio::time::timeout(

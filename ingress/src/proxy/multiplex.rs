@@ -1,0 +1,285 @@
+//! HTTP/2 to upstreams (`GRPC`, `GRPCS`, `appProtocol: kubernetes.io/h2c`): multiplexed
+//! connections per endpoint and transport, through hyper's HTTP/2 client.
+//!
+//! ```text
+//!   send(key, transport, req)
+//!     ├─ a live connection with a free stream (in flight < MAX_STREAMS_PER_CONN) → reuse it
+//!     └─ none: open one (TCP, TLS with ALPN h2, HTTP/2 handshake), add it to the list
+//!   the stream is refused before the upstream read any of it (REFUSED_STREAM, or above a
+//!   GOAWAY's last stream id) and none of its body was sent → once more on a new connection
+//!   response body: counts against its connection until it ends or is dropped
+//! ```
+//!
+//! hyper does not expose the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, so each connection takes
+//! at most [`MAX_STREAMS_PER_CONN`] streams at once; a peer allowing fewer makes hyper queue the
+//! surplus on that connection rather than fail it. A connection that received GOAWAY or closed
+//! is dropped from the list and never chosen again.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+
+use super::connect::{Connectors, PoolKey, Transport};
+use super::upstream::UpstreamError;
+use crate::snapshot::policy::Wire;
+
+/// Streams one upstream connection carries at once before another is opened.
+pub const MAX_STREAMS_PER_CONN: usize = 100;
+
+/// A request body on its way to an HTTP/2 upstream.
+pub type RequestBody = super::pool::RequestBody;
+
+pub struct H2Pool {
+    conns: Mutex<HashMap<(PoolKey, Transport), Vec<Conn>, foldhash::fast::RandomState>>,
+    connectors: Arc<Connectors>,
+    connect_timeout: Duration,
+    keepalive: Duration,
+}
+
+#[derive(Clone)]
+struct Conn {
+    sender: http2::SendRequest<Replayable>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl H2Pool {
+    pub fn new(connectors: Arc<Connectors>, connect_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            conns: Mutex::new(HashMap::default()),
+            connectors,
+            connect_timeout,
+            keepalive: Duration::from_secs(30),
+        })
+    }
+
+    /// Sends `req` and returns the response head; its body holds the stream's place on its
+    /// connection until it ends.
+    pub async fn send(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        transport: &Transport,
+        req: Request<RequestBody>,
+    ) -> Result<Response<H2Body>, UpstreamError> {
+        let (parts, body) = req.into_parts();
+        let slot = Arc::new(Mutex::new(Some(body)));
+        let mut fresh = false;
+        loop {
+            let conn = match (fresh, self.pick(key, transport)) {
+                (false, Some(conn)) => conn,
+                _ => self.open(key, transport).await?,
+            };
+            let guard = StreamGuard(conn.in_flight.clone());
+            let body = Replayable {
+                slot: slot.clone(),
+                inner: None,
+                started: false,
+            };
+            let request = Request::from_parts(parts.clone(), body);
+            let mut sender = conn.sender.clone();
+            let sent = match sender.ready().await {
+                Ok(()) => sender.send_request(request).await,
+                Err(err) => Err(err),
+            };
+            match sent {
+                Ok(response) => {
+                    return Ok(response.map(|body| H2Body {
+                        body,
+                        _guard: guard,
+                    }));
+                }
+                Err(err) => {
+                    drop(guard);
+                    let refused = refused(&err);
+                    self.forget(key, transport, &conn);
+                    // Retried once, and only while the body is still whole.
+                    let whole = slot.lock().map(|s| s.is_some()).unwrap_or(false);
+                    if refused && whole && !fresh {
+                        tracing::debug!(upstream = %key, %err, "HTTP/2 stream refused; retrying on a new connection");
+                        fresh = true;
+                        continue;
+                    }
+                    return Err(UpstreamError::from_hyper(err));
+                }
+            }
+        }
+    }
+
+    /// A live connection with a free stream.
+    fn pick(&self, key: &PoolKey, transport: &Transport) -> Option<Conn> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let list = conns.get_mut(&(key.clone(), transport.clone()))?;
+        list.retain(|c| !c.sender.is_closed());
+        let conn = list
+            .iter()
+            .filter(|c| c.in_flight.load(Ordering::Relaxed) < MAX_STREAMS_PER_CONN)
+            .min_by_key(|c| c.in_flight.load(Ordering::Relaxed))?;
+        conn.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(conn.clone())
+    }
+
+    async fn open(&self, key: &PoolKey, transport: &Transport) -> Result<Conn, UpstreamError> {
+        let stream = self
+            .connectors
+            .open(key, transport, Wire::Http2, self.connect_timeout)
+            .await?;
+        if let Transport::Tls(_) = transport
+            && stream.alpn() != Some(b"h2")
+        {
+            return Err(UpstreamError::Protocol(
+                "the upstream did not agree to HTTP/2 (ALPN h2)".into(),
+            ));
+        }
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive_interval(self.keepalive)
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .initial_stream_window_size(256 * 1024)
+            .initial_connection_window_size(1024 * 1024);
+        let handshake = builder.handshake(TokioIo::new(stream));
+        let (sender, connection) = tokio::time::timeout(self.connect_timeout, handshake)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout)?
+            .map_err(UpstreamError::from_hyper)?;
+        let upstream = key.to_string();
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(%upstream, %err, "HTTP/2 upstream connection ended");
+            }
+        });
+        let conn = Conn {
+            sender,
+            in_flight: Arc::new(AtomicUsize::new(1)),
+        };
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns
+            .entry((key.clone(), transport.clone()))
+            .or_default()
+            .push(conn.clone());
+        Ok(conn)
+    }
+
+    fn forget(&self, key: &PoolKey, transport: &Transport, conn: &Conn) {
+        if !conn.sender.is_closed() {
+            return;
+        }
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = conns.get_mut(&(key.clone(), transport.clone())) {
+            list.retain(|c| !Arc::ptr_eq(&c.in_flight, &conn.in_flight));
+        }
+    }
+
+    /// Connections open now, for tests and metrics.
+    pub fn connection_count(&self) -> usize {
+        self.conns
+            .lock()
+            .map(|c| c.values().map(Vec::len).sum())
+            .unwrap_or(0)
+    }
+}
+
+/// Whether the upstream refused the stream without processing it: REFUSED_STREAM, or a GOAWAY
+/// whose last stream id is below it (RFC 9113 §8.7: safe to retry).
+fn refused(err: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR));
+        }
+        source = e.source();
+    }
+    err.is_canceled()
+}
+
+/// Counts a stream against its connection.
+struct StreamGuard(Arc<AtomicUsize>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A request body that can be handed to a second connection if the first refused the stream
+/// before any of it was sent: it stays in a shared slot until the first frame is asked for.
+pub struct Replayable {
+    slot: Arc<Mutex<Option<RequestBody>>>,
+    inner: Option<RequestBody>,
+    started: bool,
+}
+
+impl Body for Replayable {
+    type Data = Bytes;
+    type Error = <RequestBody as Body>::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if !this.started {
+            this.started = true;
+            this.inner = this.slot.lock().ok().and_then(|mut s| s.take());
+        }
+        match this.inner.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match (&self.inner, self.started) {
+            (Some(body), _) => body.is_end_stream(),
+            (None, true) => true,
+            (None, false) => self
+                .slot
+                .lock()
+                .map(|s| s.as_ref().is_none_or(Body::is_end_stream))
+                .unwrap_or(true),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Some(body) => body.size_hint(),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+/// A response body from an HTTP/2 upstream, trailers included.
+pub struct H2Body {
+    body: Incoming,
+    _guard: StreamGuard,
+}
+
+impl Body for H2Body {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
