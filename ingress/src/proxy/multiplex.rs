@@ -4,7 +4,8 @@
 //! ```text
 //!   send(key, transport, req)
 //!     ├─ a live connection with a free stream (in flight < MAX_STREAMS_PER_CONN) → reuse it
-//!     └─ none: open one (TCP, TLS with ALPN h2, HTTP/2 handshake), add it to the list
+//!     └─ none: open one (TCP, TLS with ALPN h2, HTTP/2 handshake), add it to the list; one
+//!        opening at a time per endpoint, the requests waiting behind it share what it opened
 //!   the stream is refused before the upstream read any of it (REFUSED_STREAM, or above a
 //!   GOAWAY's last stream id) and none of its body was sent → once more on a new connection
 //!   response body: counts against its connection until it ends or is dropped
@@ -39,10 +40,18 @@ pub const MAX_STREAMS_PER_CONN: usize = 100;
 pub type RequestBody = super::pool::RequestBody;
 
 pub struct H2Pool {
-    conns: Mutex<HashMap<(PoolKey, Transport), Vec<Conn>, foldhash::fast::RandomState>>,
+    conns: Mutex<HashMap<(PoolKey, Transport), Endpoint, foldhash::fast::RandomState>>,
     connectors: Arc<Connectors>,
     connect_timeout: Duration,
     keepalive: Duration,
+}
+
+/// One endpoint's connections, and the lock that lets one task at a time open another (the
+/// others wait for it and share it rather than each opening their own).
+#[derive(Default)]
+struct Endpoint {
+    conns: Vec<Conn>,
+    opening: Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Clone)]
@@ -75,7 +84,8 @@ impl H2Pool {
         loop {
             let conn = match (fresh, self.pick(key, transport)) {
                 (false, Some(conn)) => conn,
-                _ => self.open(key, transport).await?,
+                (false, None) => self.open_shared(key, transport).await?,
+                (true, _) => self.open(key, transport).await?,
             };
             let guard = StreamGuard(conn.in_flight.clone());
             let body = Replayable {
@@ -116,7 +126,7 @@ impl H2Pool {
     /// A live connection with a free stream.
     fn pick(&self, key: &PoolKey, transport: &Transport) -> Option<Conn> {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        let list = conns.get_mut(&(key.clone(), transport.clone()))?;
+        let list = &mut conns.get_mut(&(key.clone(), transport.clone()))?.conns;
         list.retain(|c| !c.sender.is_closed());
         let conn = list
             .iter()
@@ -124,6 +134,28 @@ impl H2Pool {
             .min_by_key(|c| c.in_flight.load(Ordering::Relaxed))?;
         conn.in_flight.fetch_add(1, Ordering::Relaxed);
         Some(conn.clone())
+    }
+
+    /// A new connection, or the one another request just opened if it has room: one opening at
+    /// a time per endpoint, so a burst of requests does not open a connection each.
+    async fn open_shared(
+        &self,
+        key: &PoolKey,
+        transport: &Transport,
+    ) -> Result<Conn, UpstreamError> {
+        let opening = {
+            let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+            conns
+                .entry((key.clone(), transport.clone()))
+                .or_default()
+                .opening
+                .clone()
+        };
+        let _turn = opening.lock().await;
+        if let Some(conn) = self.pick(key, transport) {
+            return Ok(conn);
+        }
+        self.open(key, transport).await
     }
 
     async fn open(&self, key: &PoolKey, transport: &Transport) -> Result<Conn, UpstreamError> {
@@ -165,6 +197,7 @@ impl H2Pool {
         conns
             .entry((key.clone(), transport.clone()))
             .or_default()
+            .conns
             .push(conn.clone());
         Ok(conn)
     }
@@ -174,8 +207,10 @@ impl H2Pool {
             return;
         }
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(list) = conns.get_mut(&(key.clone(), transport.clone())) {
-            list.retain(|c| !Arc::ptr_eq(&c.in_flight, &conn.in_flight));
+        if let Some(endpoint) = conns.get_mut(&(key.clone(), transport.clone())) {
+            endpoint
+                .conns
+                .retain(|c| !Arc::ptr_eq(&c.in_flight, &conn.in_flight));
         }
     }
 
@@ -183,7 +218,7 @@ impl H2Pool {
     pub fn connection_count(&self) -> usize {
         self.conns
             .lock()
-            .map(|c| c.values().map(Vec::len).sum())
+            .map(|c| c.values().map(|e| e.conns.len()).sum())
             .unwrap_or(0)
     }
 }
