@@ -70,7 +70,6 @@ impl Proxy {
         settings: ProxySettings,
     ) -> Self {
         let pool_settings = PoolSettings {
-            connect_timeout: settings.connect_timeout,
             idle_timeout: Duration::from_secs(55),
             max_idle_per_endpoint: 256,
         };
@@ -78,7 +77,7 @@ impl Proxy {
         Self {
             published,
             pool: Pool::new(pool_settings.clone(), connectors.clone()),
-            h2_pool: multiplex::H2Pool::new(connectors.clone(), settings.connect_timeout),
+            h2_pool: multiplex::H2Pool::new(connectors.clone()),
             streams: h1::streams::StreamPool::new(pool_settings, connectors),
             metrics,
             settings,

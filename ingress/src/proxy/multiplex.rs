@@ -42,7 +42,6 @@ pub type RequestBody = super::pool::RequestBody;
 pub struct H2Pool {
     conns: Mutex<HashMap<(PoolKey, Transport), Endpoint, foldhash::fast::RandomState>>,
     connectors: Arc<Connectors>,
-    connect_timeout: Duration,
     keepalive: Duration,
 }
 
@@ -61,11 +60,10 @@ struct Conn {
 }
 
 impl H2Pool {
-    pub fn new(connectors: Arc<Connectors>, connect_timeout: Duration) -> Arc<Self> {
+    pub fn new(connectors: Arc<Connectors>) -> Arc<Self> {
         Arc::new(Self {
             conns: Mutex::new(HashMap::default()),
             connectors,
-            connect_timeout,
             keepalive: Duration::from_secs(30),
         })
     }
@@ -76,6 +74,7 @@ impl H2Pool {
         self: &Arc<Self>,
         key: &PoolKey,
         transport: &Transport,
+        connect_timeout: Duration,
         req: Request<RequestBody>,
     ) -> Result<Response<H2Body>, UpstreamError> {
         let (parts, body) = req.into_parts();
@@ -84,8 +83,8 @@ impl H2Pool {
         loop {
             let conn = match (fresh, self.pick(key, transport)) {
                 (false, Some(conn)) => conn,
-                (false, None) => self.open_shared(key, transport).await?,
-                (true, _) => self.open(key, transport).await?,
+                (false, None) => self.open_shared(key, transport, connect_timeout).await?,
+                (true, _) => self.open(key, transport, connect_timeout).await?,
             };
             let guard = StreamGuard(conn.in_flight.clone());
             let body = Replayable {
@@ -142,6 +141,7 @@ impl H2Pool {
         &self,
         key: &PoolKey,
         transport: &Transport,
+        connect_timeout: Duration,
     ) -> Result<Conn, UpstreamError> {
         let opening = {
             let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
@@ -155,13 +155,18 @@ impl H2Pool {
         if let Some(conn) = self.pick(key, transport) {
             return Ok(conn);
         }
-        self.open(key, transport).await
+        self.open(key, transport, connect_timeout).await
     }
 
-    async fn open(&self, key: &PoolKey, transport: &Transport) -> Result<Conn, UpstreamError> {
+    async fn open(
+        &self,
+        key: &PoolKey,
+        transport: &Transport,
+        connect_timeout: Duration,
+    ) -> Result<Conn, UpstreamError> {
         let stream = self
             .connectors
-            .open(key, transport, Wire::Http2, self.connect_timeout)
+            .open(key, transport, Wire::Http2, connect_timeout)
             .await?;
         if let Transport::Tls(_) = transport
             && stream.alpn() != Some(b"h2")
@@ -179,7 +184,7 @@ impl H2Pool {
             .initial_stream_window_size(256 * 1024)
             .initial_connection_window_size(1024 * 1024);
         let handshake = builder.handshake(TokioIo::new(stream));
-        let (sender, connection) = tokio::time::timeout(self.connect_timeout, handshake)
+        let (sender, connection) = tokio::time::timeout(connect_timeout, handshake)
             .await
             .map_err(|_| UpstreamError::ConnectTimeout)?
             .map_err(UpstreamError::from_hyper)?;

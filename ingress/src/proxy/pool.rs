@@ -52,7 +52,6 @@ pub struct Pool {
 
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
-    pub connect_timeout: Duration,
     /// Idle connections older than this are closed rather than reused; below the 60 s most
     /// servers use, so the upstream rarely closes a connection we are about to use.
     pub idle_timeout: Duration,
@@ -90,10 +89,11 @@ impl Pool {
         self: &Arc<Self>,
         key: PoolKey,
         transport: Transport,
+        connect_timeout: Duration,
         req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let key = (key, transport);
-        let mut checked = self.checkout(&key).await?;
+        let mut checked = self.checkout(&key, connect_timeout).await?;
         let outcome = checked.send(req).await;
         match outcome {
             Ok(response) => Ok(response.map(|body| UpstreamBody {
@@ -104,7 +104,7 @@ impl Pool {
             Err(mut err) if checked.reused => match err.take_message() {
                 Some(req) => {
                     drop(checked);
-                    let mut fresh = self.connect(&key).await?;
+                    let mut fresh = self.connect(&key, connect_timeout).await?;
                     match fresh.send(req).await {
                         Ok(response) => Ok(response.map(|body| UpstreamBody {
                             body,
@@ -120,7 +120,11 @@ impl Pool {
         }
     }
 
-    async fn checkout(self: &Arc<Self>, key: &IdleKey) -> Result<Checked, UpstreamError> {
+    async fn checkout(
+        self: &Arc<Self>,
+        key: &IdleKey,
+        connect_timeout: Duration,
+    ) -> Result<Checked, UpstreamError> {
         while let Some(mut idle) = self.pop(key) {
             // Let the connection notice a close that arrived while it sat idle.
             let closed = (&mut idle.conn).now_or_never().is_some();
@@ -137,7 +141,7 @@ impl Pool {
                 });
             }
         }
-        self.connect(key).await
+        self.connect(key, connect_timeout).await
     }
 
     fn pop(&self, key: &IdleKey) -> Option<Idle> {
@@ -145,16 +149,15 @@ impl Pool {
         idle.get_mut(key).and_then(Vec::pop)
     }
 
-    async fn connect(self: &Arc<Self>, key: &IdleKey) -> Result<Checked, UpstreamError> {
+    async fn connect(
+        self: &Arc<Self>,
+        key: &IdleKey,
+        connect_timeout: Duration,
+    ) -> Result<Checked, UpstreamError> {
         let (target, transport) = key;
         let stream = self
             .connectors
-            .open(
-                target,
-                transport,
-                Wire::Http1,
-                self.settings.connect_timeout,
-            )
+            .open(target, transport, Wire::Http1, connect_timeout)
             .await?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))

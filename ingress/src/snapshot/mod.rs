@@ -556,6 +556,7 @@ impl Builder<'_> {
                     None => PortRef::Number(0),
                 },
                 target: Target::Unavailable,
+                next: std::sync::atomic::AtomicUsize::new(0),
                 app_protocol: None,
             };
             return Some(self.make_route(ingress, Arc::new(backend), policy, tls));
@@ -584,7 +585,8 @@ impl Builder<'_> {
             }
         };
         let service_key = ObjectKey::new(ingress.namespace.clone(), service.name.clone());
-        let (backend, problems) = self.resolver.resolve(service_key, port);
+        let cluster_ip = policy.upstream.service_upstream;
+        let (backend, problems) = self.resolver.resolve(service_key, port, cluster_ip);
         for problem in problems {
             let severity = match problem.kind {
                 DiagnosticKind::NoReadyEndpoints => Severity::Warning,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use super::annotations::Options;
 pub use super::upstream::{
-    BackendProtocol, ClientIdentity, ProtocolSource, TlsVersions, UpstreamTls, Wire,
+    BackendProtocol, Balance, ClientIdentity, ProtocolSource, TlsVersions, UpstreamTls, Wire,
 };
 
 /// Everything per route, by phase.
@@ -54,6 +54,19 @@ pub struct UpstreamPolicy {
     /// `proxy-read-timeout`: how long the upstream has to send its response head, and may
     /// pause while sending the body; `None` is `--upstream-response-timeout`.
     pub read_timeout: Option<Duration>,
+    /// `proxy-connect-timeout`: for a new connection (TCP and TLS); `None` is
+    /// `--upstream-connect-timeout`.
+    pub connect_timeout: Option<Duration>,
+    /// `proxy-send-timeout`: how long a write of the request to the upstream may block; `None`
+    /// is `--upstream-send-timeout`.
+    pub send_timeout: Option<Duration>,
+    /// `upstream-vhost`: the `Host` (`:authority`) sent upstream instead of the client's.
+    pub vhost: Option<Arc<str>>,
+    /// `load-balance`.
+    pub balance: Balance,
+    /// `service-upstream`: the backend is the Service's ClusterIP and port, not its endpoints
+    /// (read when the route's backend is resolved).
+    pub service_upstream: bool,
     /// The protocols a client may switch to with `Upgrade` (lower-case).
     pub upgrades: Arc<[String]>,
 }
@@ -65,6 +78,11 @@ impl Default for UpstreamPolicy {
             protocol_source: ProtocolSource::Default,
             tls: Arc::new(UpstreamTls::default()),
             read_timeout: None,
+            connect_timeout: None,
+            send_timeout: None,
+            vhost: None,
+            balance: Balance::TwoChoices,
+            service_upstream: false,
             upgrades: Arc::from(["websocket".to_string()]),
         }
     }
@@ -91,6 +109,11 @@ impl RoutePolicy {
                 },
                 tls: Arc::new(options.upstream_tls.clone()),
                 read_timeout: options.read_timeout,
+                connect_timeout: options.connect_timeout,
+                send_timeout: options.send_timeout,
+                vhost: options.upstream_vhost.as_deref().map(Arc::from),
+                balance: options.load_balance.unwrap_or_default(),
+                service_upstream: options.service_upstream,
                 upgrades: options.upgrades.clone(),
             },
         }

@@ -172,6 +172,32 @@ impl BackendProtocol {
     }
 }
 
+/// `load-balance`: how a request picks among a backend's endpoints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Balance {
+    /// The less loaded (requests in flight) of two random endpoints: this project's default.
+    #[default]
+    TwoChoices,
+    /// `round_robin` (ingress-nginx's default): each endpoint in turn.
+    RoundRobin,
+    /// `ewma`: the better of two random endpoints by response-time average (exponentially
+    /// weighted) times requests in flight.
+    Ewma,
+}
+
+impl Balance {
+    /// The annotation's value. ingress-nginx's own values only; `chash…` is `upstream-hash-by`.
+    pub fn from_annotation(value: &str) -> Result<Balance, String> {
+        match value.trim() {
+            "round_robin" => Ok(Balance::RoundRobin),
+            "ewma" => Ok(Balance::Ewma),
+            // Not an ingress-nginx value, but the way to say "the default" explicitly.
+            "p2c" => Ok(Balance::TwoChoices),
+            other => Err(format!("{other:?} is not round_robin, ewma or p2c")),
+        }
+    }
+}
+
 /// Where a route's protocol came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProtocolSource {
@@ -340,6 +366,25 @@ mod tests {
             assert_eq!(p.tls(https), tls, "{p:?} {https}");
             assert_eq!(p.wire(), wire, "{p:?}");
             assert_eq!(p.grpc(), grpc, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn balance_values() {
+        let cases = [
+            ("round_robin", Ok(Balance::RoundRobin)),
+            (" ewma ", Ok(Balance::Ewma)),
+            ("p2c", Ok(Balance::TwoChoices)),
+            ("least_conn", Err(())),
+            ("chash", Err(())),
+            ("", Err(())),
+        ];
+        for (value, want) in cases {
+            assert_eq!(
+                Balance::from_annotation(value).map_err(|_| ()),
+                want,
+                "{value:?}"
+            );
         }
     }
 

@@ -68,8 +68,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             transport,
             in_flight,
             timeout,
+            connect_timeout,
+            send_timeout,
+            vhost: _,
             ..
         } = forward;
+        self.send_timeout = send_timeout;
         let upload = self.buffer_small_body(p).await;
         // After a failure reading the body, part of it may be unread: treat it as streamed.
         let sent_as = upload
@@ -83,7 +87,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let mut result = match upload {
             Ok(upload) => {
                 let first = tokio::select! {
-                    up = streams.checkout(&key, &transport, p.started) => up,
+                    up = streams.checkout(&key, &transport, connect_timeout, p.started) => up,
                     () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
                 };
                 match first {
@@ -98,7 +102,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             tracing::debug!(upstream = %key, %error, "kept-alive upstream connection was closed; retrying on a new one");
             self.upstream_due.set(response_due);
             let fresh = tokio::select! {
-                up = streams.connect(&key, &transport) => up,
+                up = streams.connect(&key, &transport, connect_timeout) => up,
                 () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
             };
             result = match fresh {
@@ -216,7 +220,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 Failure::Error(error)
             }
         };
-        let send_timeout = self.proxy.settings.upstream_send_timeout;
+        let send_timeout = self.send_timeout;
         if let Err(err) = write_timed(
             &mut up.stream,
             &self.request,
@@ -303,7 +307,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         framing: BodyFraming,
     ) -> Result<Sent, Failure> {
         let body_timeout = self.proxy.settings.client_body_timeout;
-        let send_timeout = self.proxy.settings.upstream_send_timeout;
+        let send_timeout = self.send_timeout;
         let mut left = match framing {
             BodyFraming::Length(n) => n,
             _ => 0,

@@ -96,6 +96,7 @@ where
         response: Vec::with_capacity(1024),
         client_due: Deadline::new(),
         upstream_due: Deadline::new(),
+        send_timeout: proxy.settings.upstream_send_timeout,
     };
     let mut stopped = pin!(stop.cancelled());
     let mut waiting_since = Instant::now();
@@ -134,6 +135,8 @@ struct Client<'a, IO> {
     client_due: Deadline,
     /// Reads from and writes to the upstream.
     upstream_due: Deadline,
+    /// How long a write to the upstream may block: the current request's route's.
+    send_timeout: Duration,
 }
 
 // A request is moved through these once; boxing it would allocate once per request.
@@ -266,6 +269,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 &request::Upstream {
                     target,
                     authority,
+                    host: forward.vhost.as_deref(),
                     client: self.conn.client.facts(),
                     underscores: proxy.settings.headers.underscores,
                     body: req.body.into(),

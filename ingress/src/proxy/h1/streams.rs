@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
@@ -52,6 +52,7 @@ impl StreamPool {
         &self,
         key: &PoolKey,
         transport: &Transport,
+        connect_timeout: Duration,
         now: Instant,
     ) -> Result<Upstream, UpstreamError> {
         while let Some(mut idle) = self.pop(key, transport) {
@@ -65,17 +66,19 @@ impl StreamPool {
                 });
             }
         }
-        self.connect(key, transport).await
+        self.connect(key, transport, connect_timeout).await
     }
 
+    /// A new connection, made within `connect_timeout` (the route's `proxy-connect-timeout`).
     pub async fn connect(
         &self,
         key: &PoolKey,
         transport: &Transport,
+        connect_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
         let stream = self
             .connectors
-            .open(key, transport, Wire::Http1, self.settings.connect_timeout)
+            .open(key, transport, Wire::Http1, connect_timeout)
             .await?;
         Ok(Upstream {
             stream,

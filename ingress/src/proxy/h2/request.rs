@@ -147,7 +147,9 @@ impl Proxy {
                 },
             ),
             Decision::Forward(forward) => {
+                let vhost = forward.vhost.clone();
                 let request = forward::RequestSide {
+                    host: vhost.as_deref(),
                     authority: &authority_raw,
                     original_uri: &original,
                 };
@@ -187,6 +189,7 @@ impl Proxy {
             wire,
             in_flight,
             timeout,
+            connect_timeout,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -234,9 +237,12 @@ impl Proxy {
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
             let upstream_req = Request::from_parts(parts, body);
-            let sent =
-                tokio::time::timeout(timeout, self.h2_pool.send(&key, &transport, upstream_req))
-                    .await;
+            let sent = tokio::time::timeout(
+                timeout,
+                self.h2_pool
+                    .send(&key, &transport, connect_timeout, upstream_req),
+            )
+            .await;
             let mut response = match sent {
                 Ok(Ok(response)) => response,
                 Ok(Err(err)) => return fail(err, Some(key)),
@@ -258,7 +264,8 @@ impl Proxy {
 
         let mut response = match tokio::time::timeout(
             timeout,
-            self.pool.send(key.clone(), transport, upstream_req),
+            self.pool
+                .send(key.clone(), transport, connect_timeout, upstream_req),
         )
         .await
         {

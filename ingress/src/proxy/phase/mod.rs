@@ -67,6 +67,12 @@ pub(crate) struct Forward {
     pub(crate) in_flight: Option<InFlight>,
     /// How long the upstream has to send its response head, and may pause in its body.
     pub(crate) timeout: Duration,
+    /// For a new upstream connection, TCP and TLS (`proxy-connect-timeout`).
+    pub(crate) connect_timeout: Duration,
+    /// How long a write to the upstream may block (`proxy-send-timeout`).
+    pub(crate) send_timeout: Duration,
+    /// The `Host` sent upstream instead of the client's (`upstream-vhost`).
+    pub(crate) vhost: Option<Arc<str>>,
     /// The protocols this route lets a client switch to (`Upgrade`).
     pub(crate) upgrades: Arc<[String]>,
 }
@@ -154,7 +160,12 @@ impl Proxy {
         let decision = access::check(&route.policy.access)
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| {
-                upstream::forward(&route, conn.https, self.settings.response_timeout)
+                let defaults = upstream::Defaults {
+                    response: self.settings.response_timeout,
+                    connect: self.settings.connect_timeout,
+                    send: self.settings.upstream_send_timeout,
+                };
+                upstream::forward(&route, conn.https, &defaults)
             });
         Phased {
             target: Some(target),

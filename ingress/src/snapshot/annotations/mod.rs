@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use registry::{Category, Status};
 
-use super::upstream::{BackendProtocol, TlsVersions, UpstreamTls};
+use super::upstream::{BackendProtocol, Balance, TlsVersions, UpstreamTls};
 
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
@@ -40,6 +40,15 @@ pub struct Options {
     pub upstream_tls: UpstreamTls,
     /// `proxy-ssl-secret`: the Secret's name, in the Ingress's namespace.
     pub proxy_ssl_secret: Option<String>,
+    /// `proxy-connect-timeout`, `proxy-send-timeout`, in seconds.
+    pub connect_timeout: Option<Duration>,
+    pub send_timeout: Option<Duration>,
+    /// `upstream-vhost`.
+    pub upstream_vhost: Option<String>,
+    /// `service-upstream`: the Service's ClusterIP instead of its endpoints.
+    pub service_upstream: bool,
+    /// `load-balance`.
+    pub load_balance: Option<Balance>,
 }
 
 impl Default for Options {
@@ -53,6 +62,11 @@ impl Default for Options {
             backend_protocol: None,
             upstream_tls: UpstreamTls::default(),
             proxy_ssl_secret: None,
+            connect_timeout: None,
+            send_timeout: None,
+            upstream_vhost: None,
+            service_upstream: false,
+            load_balance: None,
         }
     }
 }
@@ -80,7 +94,10 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.ssl_redirect = bool_of("ssl-redirect");
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
+    options.service_upstream = bool_of("service-upstream").unwrap_or(false);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    options.connect_timeout = seconds_of(annotations, "proxy-connect-timeout", &mut errors);
+    options.send_timeout = seconds_of(annotations, "proxy-send-timeout", &mut errors);
     if let Some(value) = annotations.get(&format!("{PREFIX}upgrades")) {
         match upgrade_list(value) {
             Some(list) => options.upgrades = list,
@@ -100,6 +117,29 @@ fn parse_upstream(
     errors: &mut Vec<String>,
 ) {
     let mut fail = |key: &str, why: String| errors.push(format!("{key}: {why}"));
+    if let Some((key, value)) = lookup(annotations, "upstream-vhost") {
+        // A host, optionally with a port: what a Host header may carry, nothing more.
+        let value = value.trim();
+        let ok = !value.is_empty()
+            && value.len() <= 255
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        if ok {
+            options.upstream_vhost = Some(value.to_string());
+        } else {
+            fail(
+                key,
+                format!("{value:?} is not a host name with an optional port"),
+            );
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "load-balance") {
+        match Balance::from_annotation(value) {
+            Ok(b) => options.load_balance = Some(b),
+            Err(why) => fail(key, why),
+        }
+    }
     if let Some((key, value)) = lookup(annotations, "backend-protocol") {
         match BackendProtocol::from_annotation(value) {
             Ok(p) => options.backend_protocol = Some(p),
