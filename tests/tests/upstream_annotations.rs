@@ -147,3 +147,73 @@ async fn vhost_connect_timeout_service_upstream_and_round_robin() {
         );
     }
 }
+
+/// `proxy-next-upstream`: a Service with a dead endpoint and a live one, taken in turn
+/// (`round_robin`), over HTTP/1.1. By default (ingress-nginx's `error timeout`, 3 tries) every
+/// GET reaches the live one; POSTs only with `non_idempotent`; `off` answers the failures.
+#[tokio::test(flavor = "multi_thread")]
+async fn next_upstream_moves_failed_requests_to_another_endpoint() {
+    let live = Backend::start("live");
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let dir = Scratch::new("next-upstream");
+    let mut yaml = service_at("t", "pair", &[dead, live.addr]);
+    let rr = ("load-balance", "round_robin");
+    yaml += &ingress("default", "pair", 80, &[rr]);
+    yaml += &ingress("off", "pair", 80, &[rr, ("proxy-next-upstream", "off")]);
+    yaml += &ingress(
+        "posts",
+        "pair",
+        80,
+        &[rr, ("proxy-next-upstream", "error timeout non_idempotent")],
+    );
+    yaml += &ingress(
+        "one-try",
+        "pair",
+        80,
+        &[rr, ("proxy-next-upstream-tries", "1")],
+    );
+    dir.write("next.yaml", &yaml);
+    let ingress = Ingress::builder().manifests(dir.path()).start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ingress.admin_get("/routes").1.contains("one-try.example") {
+        assert!(Instant::now() < deadline, "never routed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let statuses = |host: &'static str, post: bool| {
+        let ingress = &ingress;
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..6 {
+                let mut cmd = tokio::process::Command::new("curl");
+                cmd.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--http1.1"])
+                    .args(["-H", &format!("Host: {host}")]);
+                if post {
+                    cmd.args(["-d", "x=1"]);
+                }
+                let out_ = cmd.arg(ingress.url("/")).output().await.expect("curl runs");
+                out.push(
+                    String::from_utf8_lossy(&out_.stdout)
+                        .parse::<u16>()
+                        .unwrap_or(0),
+                );
+            }
+            out
+        }
+    };
+    assert_eq!(statuses("default.example", false).await, [200; 6]);
+    let off = statuses("off.example", false).await;
+    assert_eq!(off.iter().filter(|s| **s == 502).count(), 3, "{off:?}");
+    let one = statuses("one-try.example", false).await;
+    assert_eq!(one.iter().filter(|s| **s == 502).count(), 3, "{one:?}");
+    let posts = statuses("default.example", true).await;
+    assert_eq!(
+        posts.iter().filter(|s| **s == 502).count(),
+        3,
+        "not repeated: {posts:?}"
+    );
+    assert_eq!(statuses("posts.example", true).await, [200; 6]);
+    assert_eq!(live.served(), 6 + 3 + 3 + 3 + 6);
+}

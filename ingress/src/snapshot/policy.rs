@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use super::annotations::Options;
 pub use super::upstream::{
-    BackendProtocol, Balance, ClientIdentity, ProtocolSource, TlsVersions, UpstreamTls, Wire,
+    BackendProtocol, Balance, ClientIdentity, NextUpstream, ProtocolSource, TlsVersions,
+    UpstreamTls, Wire,
 };
 
 /// Everything per route, by phase.
@@ -64,6 +65,8 @@ pub struct UpstreamPolicy {
     pub vhost: Option<Arc<str>>,
     /// `load-balance`.
     pub balance: Balance,
+    /// `proxy-next-upstream`, `-tries`, `-timeout`.
+    pub next_upstream: NextUpstream,
     /// `service-upstream`: the backend is the Service's ClusterIP and port, not its endpoints
     /// (read when the route's backend is resolved).
     pub service_upstream: bool,
@@ -82,6 +85,7 @@ impl Default for UpstreamPolicy {
             send_timeout: None,
             vhost: None,
             balance: Balance::TwoChoices,
+            next_upstream: NextUpstream::default(),
             service_upstream: false,
             upgrades: Arc::from(["websocket".to_string()]),
         }
@@ -113,6 +117,7 @@ impl RoutePolicy {
                 send_timeout: options.send_timeout,
                 vhost: options.upstream_vhost.as_deref().map(Arc::from),
                 balance: options.load_balance.unwrap_or_default(),
+                next_upstream: options.next_upstream,
                 service_upstream: options.service_upstream,
                 upgrades: options.upgrades.clone(),
             },

@@ -198,6 +198,72 @@ impl Balance {
     }
 }
 
+/// `proxy-next-upstream`, `-tries`, `-timeout`: when a failed attempt is made again on another
+/// endpoint. ingress-nginx's defaults: on `error` and `timeout`, 3 tries in all, no time limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NextUpstream {
+    /// `error`: the connection could not be made, or failed before a response head.
+    pub error: bool,
+    /// `timeout`: connecting or waiting for the response head timed out.
+    pub timeout: bool,
+    /// `non_idempotent`: POST, PATCH, LOCK too (otherwise only methods that may be repeated).
+    pub non_idempotent: bool,
+    /// `proxy-next-upstream-tries`: attempts in all, the first included; 0 is no limit (as
+    /// many as there are endpoints).
+    pub tries: u32,
+    /// `proxy-next-upstream-timeout`: no new attempt after this long since the first; `None`
+    /// is no limit.
+    pub within: Option<std::time::Duration>,
+}
+
+impl Default for NextUpstream {
+    fn default() -> Self {
+        Self {
+            error: true,
+            timeout: true,
+            non_idempotent: false,
+            tries: 3,
+            within: None,
+        }
+    }
+}
+
+impl NextUpstream {
+    /// `proxy-next-upstream`'s value: space-separated conditions, or `off`. The `http_…` and
+    /// `invalid_header` conditions are refused (not honoured here yet), so the value is an
+    /// error rather than half applied.
+    pub fn parse_conditions(value: &str, into: &mut NextUpstream) -> Result<(), String> {
+        let (mut error, mut timeout, mut non_idempotent) = (false, false, false);
+        for word in value.split_whitespace() {
+            match word {
+                "error" => error = true,
+                "timeout" => timeout = true,
+                "non_idempotent" => non_idempotent = true,
+                "off" => {}
+                "invalid_header" | "http_500" | "http_502" | "http_503" | "http_504"
+                | "http_403" | "http_404" | "http_429" => {
+                    return Err(format!(
+                        "{word} is not supported by this controller (error, timeout, non_idempotent and off are)"
+                    ));
+                }
+                other => return Err(format!("{other:?} is not a proxy-next-upstream condition")),
+            }
+        }
+        if value.split_whitespace().any(|w| w == "off") && (error || timeout) {
+            return Err("off cannot be combined with other conditions".into());
+        }
+        into.error = error;
+        into.timeout = timeout;
+        into.non_idempotent = non_idempotent;
+        Ok(())
+    }
+
+    /// Whether attempt number `made + 1` may be made.
+    pub fn allows_another(&self, made: u32) -> bool {
+        (self.error || self.timeout) && (self.tries == 0 || made < self.tries)
+    }
+}
+
 /// Where a route's protocol came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProtocolSource {
@@ -386,6 +452,37 @@ mod tests {
                 "{value:?}"
             );
         }
+    }
+
+    #[test]
+    fn next_upstream_conditions() {
+        let d = NextUpstream::default();
+        let cases = [
+            ("error timeout", Ok((true, true, false))),
+            ("error", Ok((true, false, false))),
+            ("timeout non_idempotent", Ok((false, true, true))),
+            ("off", Ok((false, false, false))),
+            ("error http_502", Err(())),
+            ("invalid_header", Err(())),
+            ("error off", Err(())),
+            ("sometimes", Err(())),
+        ];
+        for (value, want) in cases {
+            let mut n = d;
+            let got = NextUpstream::parse_conditions(value, &mut n)
+                .map(|()| (n.error, n.timeout, n.non_idempotent))
+                .map_err(|_| ());
+            assert_eq!(got, want, "{value:?}");
+        }
+        assert!(d.allows_another(1) && d.allows_another(2) && !d.allows_another(3));
+        let off = NextUpstream {
+            error: false,
+            timeout: false,
+            ..d
+        };
+        assert!(!off.allows_another(1));
+        let unlimited = NextUpstream { tries: 0, ..d };
+        assert!(unlimited.allows_another(100));
     }
 
     #[test]

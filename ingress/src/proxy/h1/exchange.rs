@@ -23,6 +23,7 @@ use super::streams::Upstream;
 use super::{
     BUFFERED_BODY, Client, MAX_RESPONSE_HEAD, Prepared, READ_SIZE, read_timed, write_timed,
 };
+use crate::proxy::phase::upstream;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Forward, Outcome};
 
@@ -64,13 +65,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         ctx: &mut ResponseContext<'_>,
     ) -> (u16, Outcome, bool) {
         let Forward {
-            key,
+            mut key,
             transport,
-            in_flight,
+            mut in_flight,
             timeout,
             connect_timeout,
             send_timeout,
-            vhost: _,
+            next_upstream,
             ..
         } = forward;
         self.send_timeout = send_timeout;
@@ -106,6 +107,39 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
             };
             result = match fresh {
+                Ok(up) => self.send(up, upload, p, timeout, ctx).await,
+                Err(error) => Err(Failure::Error(error)),
+            };
+        }
+        // proxy-next-upstream: a request that can be sent again goes to another endpoint.
+        let replayable =
+            matches!(upload, Upload::WithHead) && (p.idempotent || next_upstream.non_idempotent);
+        let mut tried = vec![key.clone()];
+        while let (Err(Failure::Error(error)), Some(route), true) =
+            (&result, p.route.as_ref(), replayable)
+        {
+            let attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
+            let in_time = next_upstream.within.is_none_or(|w| p.started.elapsed() < w);
+            if !in_time
+                || !next_upstream.allows_another(attempts)
+                || !upstream::retries_on(&next_upstream, error)
+            {
+                break;
+            }
+            let Some((next_key, next_in_flight)) = upstream::next_endpoint(route, &tried) else {
+                break;
+            };
+            tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");
+            drop(in_flight);
+            in_flight = Some(next_in_flight);
+            key = next_key;
+            tried.push(key.clone());
+            self.upstream_due.set(Instant::now() + timeout);
+            let up = tokio::select! {
+                up = streams.checkout(&key, &transport, connect_timeout, Instant::now()) => up,
+                () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
+            };
+            result = match up {
                 Ok(up) => self.send(up, upload, p, timeout, ctx).await,
                 Err(error) => Err(Failure::Error(error)),
             };

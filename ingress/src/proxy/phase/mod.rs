@@ -39,7 +39,7 @@ use super::pool::PoolKey;
 use super::upstream::UpstreamError;
 use crate::snapshot::Route;
 use crate::snapshot::backend::InFlight;
-use crate::snapshot::policy::Wire;
+use crate::snapshot::policy::{NextUpstream, Wire};
 use identity::ConnInfo;
 use route::Refusal;
 
@@ -73,6 +73,8 @@ pub(crate) struct Forward {
     pub(crate) send_timeout: Duration,
     /// The `Host` sent upstream instead of the client's (`upstream-vhost`).
     pub(crate) vhost: Option<Arc<str>>,
+    /// When a failed attempt is made again on another endpoint.
+    pub(crate) next_upstream: NextUpstream,
     /// The protocols this route lets a client switch to (`Upgrade`).
     pub(crate) upgrades: Arc<[String]>,
 }

@@ -13,8 +13,8 @@ use crate::proxy::connect::Transport;
 use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::Route;
-use crate::snapshot::backend::Target;
-use crate::snapshot::policy::Balance;
+use crate::snapshot::backend::{Endpoint, InFlight, Target};
+use crate::snapshot::policy::{Balance, NextUpstream};
 
 /// The timeouts of routes that set none: the flags'.
 pub(crate) struct Defaults {
@@ -52,6 +52,70 @@ pub(crate) fn forward(route: &Arc<Route>, https: bool, defaults: &Defaults) -> D
         connect_timeout: policy.connect_timeout.unwrap_or(defaults.connect),
         send_timeout: policy.send_timeout.unwrap_or(defaults.send),
         vhost: policy.vhost.clone(),
+        next_upstream: policy.next_upstream,
         upgrades: policy.upgrades.clone(),
     })
+}
+
+/// Another endpoint for a failed request (`proxy-next-upstream`): the balancer's choice if it
+/// was not tried yet, else the first endpoint not tried; `None` when every one was.
+pub(crate) fn next_endpoint(route: &Route, tried: &[PoolKey]) -> Option<(PoolKey, InFlight)> {
+    let Target::Endpoints(endpoints) = &route.backend.target else {
+        return None;
+    };
+    let balance = route.policy.upstream.balance;
+    let untried = |e: &&Arc<Endpoint>| !tried.contains(&PoolKey::Addr(e.addr));
+    let endpoint = route
+        .backend
+        .pick(balance)
+        .filter(untried)
+        .or_else(|| endpoints.iter().find(untried))?;
+    Some((
+        PoolKey::Addr(endpoint.addr),
+        endpoint.start(balance == Balance::Ewma),
+    ))
+}
+
+/// Whether `error`, on an attempt that sent the client nothing, is one `next` retries on:
+/// `error` for a connection that failed or broke before a response head, `timeout` for a
+/// connect or response-head timeout.
+pub(crate) fn retries_on(next: &NextUpstream, error: &UpstreamError) -> bool {
+    match error {
+        UpstreamError::Connect(_) | UpstreamError::Protocol(_) | UpstreamError::Tls(..) => {
+            next.error
+        }
+        UpstreamError::ConnectTimeout | UpstreamError::ResponseTimeout(_) => next.timeout,
+        UpstreamError::NoEndpoints
+        | UpstreamError::AddressRefused { .. }
+        | UpstreamError::Refused(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_errors_are_retried() {
+        let both = NextUpstream::default();
+        let error_only = NextUpstream {
+            timeout: false,
+            ..both
+        };
+        let cases = [
+            (UpstreamError::Connect("refused".into()), true, true),
+            (UpstreamError::Protocol("closed".into()), true, true),
+            (UpstreamError::ConnectTimeout, true, false),
+            (
+                UpstreamError::ResponseTimeout(Duration::from_secs(1)),
+                true,
+                false,
+            ),
+            (UpstreamError::NoEndpoints, false, false),
+        ];
+        for (error, with_both, with_error_only) in cases {
+            assert_eq!(retries_on(&both, &error), with_both, "{error}");
+            assert_eq!(retries_on(&error_only, &error), with_error_only, "{error}");
+        }
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use registry::{Category, Status};
 
-use super::upstream::{BackendProtocol, Balance, TlsVersions, UpstreamTls};
+use super::upstream::{BackendProtocol, Balance, NextUpstream, TlsVersions, UpstreamTls};
 
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
@@ -49,6 +49,8 @@ pub struct Options {
     pub service_upstream: bool,
     /// `load-balance`.
     pub load_balance: Option<Balance>,
+    /// `proxy-next-upstream`, `-tries`, `-timeout`.
+    pub next_upstream: NextUpstream,
 }
 
 impl Default for Options {
@@ -67,6 +69,7 @@ impl Default for Options {
             upstream_vhost: None,
             service_upstream: false,
             load_balance: None,
+            next_upstream: NextUpstream::default(),
         }
     }
 }
@@ -132,6 +135,31 @@ fn parse_upstream(
                 key,
                 format!("{value:?} is not a host name with an optional port"),
             );
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-next-upstream") {
+        let mut next = options.next_upstream;
+        match NextUpstream::parse_conditions(value, &mut next) {
+            Ok(()) => options.next_upstream = next,
+            Err(why) => fail(key, why),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-next-upstream-tries") {
+        match value.trim().parse::<u32>() {
+            Ok(n) if n <= 100 => options.next_upstream.tries = n,
+            _ => fail(key, format!("{value:?} is not a whole number in 0..=100")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-next-upstream-timeout") {
+        match value.trim().parse::<u64>() {
+            Ok(0) => options.next_upstream.within = None,
+            Ok(s) if s <= 86_400 => {
+                options.next_upstream.within = Some(Duration::from_secs(s));
+            }
+            _ => fail(
+                key,
+                format!("{value:?} is not a whole number of seconds in 0..=86400"),
+            ),
         }
     }
     if let Some((key, value)) = lookup(annotations, "load-balance") {
@@ -472,6 +500,69 @@ mod tests {
             ),
             (
                 vec![(n("proxy-ssl-secret"), "a/b/c")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-connect-timeout"), "3"),
+                    (n("proxy-send-timeout"), "30"),
+                    (n("upstream-vhost"), "internal.example:8080"),
+                    (n("service-upstream"), "true"),
+                    (n("load-balance"), "ewma"),
+                ],
+                Options {
+                    connect_timeout: Some(Duration::from_secs(3)),
+                    send_timeout: Some(Duration::from_secs(30)),
+                    upstream_vhost: Some("internal.example:8080".into()),
+                    service_upstream: true,
+                    load_balance: Some(Balance::Ewma),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("proxy-connect-timeout"), "5s")],
+                Options::default(),
+                1,
+            ),
+            (vec![(n("upstream-vhost"), "a b")], Options::default(), 1),
+            (
+                vec![(n("upstream-vhost"), "a\r\nx: y")],
+                Options::default(),
+                1,
+            ),
+            (vec![(n("service-upstream"), "on")], Options::default(), 1),
+            (
+                vec![(n("load-balance"), "least_conn")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-next-upstream"), "error non_idempotent"),
+                    (n("proxy-next-upstream-tries"), "5"),
+                    (n("proxy-next-upstream-timeout"), "10"),
+                ],
+                Options {
+                    next_upstream: NextUpstream {
+                        error: true,
+                        timeout: false,
+                        non_idempotent: true,
+                        tries: 5,
+                        within: Some(Duration::from_secs(10)),
+                    },
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("proxy-next-upstream"), "http_502")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-next-upstream-tries"), "-1")],
                 Options::default(),
                 1,
             ),
