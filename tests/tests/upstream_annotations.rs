@@ -148,9 +148,25 @@ async fn vhost_connect_timeout_service_upstream_and_round_robin() {
     }
 }
 
-/// `proxy-next-upstream`: a Service with a dead endpoint and a live one, taken in turn
-/// (`round_robin`), over HTTP/1.1. By default (ingress-nginx's `error timeout`, 3 tries) every
-/// GET reaches the live one; POSTs only with `non_idempotent`; `off` answers the failures.
+/// An endpoint that takes each request and closes without answering.
+fn hang_up_endpoint() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut stream, &mut buf);
+        }
+    });
+    addr
+}
+
+/// `proxy-next-upstream`: Services with a failing endpoint and a live one, taken in turn
+/// (`round_robin`). By default (ingress-nginx's `error timeout`, 3 tries) every GET reaches the
+/// live one; a POST the failing endpoint took and dropped is repeated only with
+/// `non_idempotent`, while one that found no connection at all always moves on; `off` and
+/// `tries: 1` answer the failures. Over HTTP/1.1, and h2c for what reaches no connection.
 #[tokio::test(flavor = "multi_thread")]
 async fn next_upstream_moves_failed_requests_to_another_endpoint() {
     let live = Backend::start("live");
@@ -158,37 +174,40 @@ async fn next_upstream_moves_failed_requests_to_another_endpoint() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr")
     };
+    let hang_up = hang_up_endpoint();
     let dir = Scratch::new("next-upstream");
-    let mut yaml = service_at("t", "pair", &[dead, live.addr]);
+    let mut yaml = service_at("t", "hangup", &[hang_up, live.addr]);
+    yaml += &service_at("t", "dead", &[dead, live.addr]);
     let rr = ("load-balance", "round_robin");
-    yaml += &ingress("default", "pair", 80, &[rr]);
-    yaml += &ingress("off", "pair", 80, &[rr, ("proxy-next-upstream", "off")]);
+    yaml += &ingress("default", "hangup", 80, &[rr]);
+    yaml += &ingress("off", "hangup", 80, &[rr, ("proxy-next-upstream", "off")]);
     yaml += &ingress(
         "posts",
-        "pair",
+        "hangup",
         80,
         &[rr, ("proxy-next-upstream", "error timeout non_idempotent")],
     );
     yaml += &ingress(
         "one-try",
-        "pair",
+        "hangup",
         80,
         &[rr, ("proxy-next-upstream-tries", "1")],
     );
+    yaml += &ingress("refused", "dead", 80, &[rr]);
     dir.write("next.yaml", &yaml);
     let ingress = Ingress::builder().manifests(dir.path()).start();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ingress.admin_get("/routes").1.contains("one-try.example") {
+    while !ingress.admin_get("/routes").1.contains("refused.example") {
         assert!(Instant::now() < deadline, "never routed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let statuses = |host: &'static str, post: bool| {
+    let statuses = |host: &'static str, post: bool, version: &'static str| {
         let ingress = &ingress;
         async move {
             let mut out = Vec::new();
             for _ in 0..6 {
                 let mut cmd = tokio::process::Command::new("curl");
-                cmd.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--http1.1"])
+                cmd.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", version])
                     .args(["-H", &format!("Host: {host}")]);
                 if post {
                     cmd.args(["-d", "x=1"]);
@@ -203,17 +222,22 @@ async fn next_upstream_moves_failed_requests_to_another_endpoint() {
             out
         }
     };
-    assert_eq!(statuses("default.example", false).await, [200; 6]);
-    let off = statuses("off.example", false).await;
-    assert_eq!(off.iter().filter(|s| **s == 502).count(), 3, "{off:?}");
-    let one = statuses("one-try.example", false).await;
-    assert_eq!(one.iter().filter(|s| **s == 502).count(), 3, "{one:?}");
-    let posts = statuses("default.example", true).await;
-    assert_eq!(
-        posts.iter().filter(|s| **s == 502).count(),
-        3,
-        "not repeated: {posts:?}"
-    );
-    assert_eq!(statuses("posts.example", true).await, [200; 6]);
-    assert_eq!(live.served(), 6 + 3 + 3 + 3 + 6);
+    let h1 = "--http1.1";
+    let failures = |s: &[u16]| s.iter().filter(|s| **s == 502).count();
+    assert_eq!(statuses("default.example", false, h1).await, [200; 6]);
+    let off = statuses("off.example", false, h1).await;
+    assert_eq!(failures(&off), 3, "{off:?}");
+    let one = statuses("one-try.example", false, h1).await;
+    assert_eq!(failures(&one), 3, "{one:?}");
+    let posts = statuses("default.example", true, h1).await;
+    assert_eq!(failures(&posts), 3, "taken, so not repeated: {posts:?}");
+    assert_eq!(statuses("posts.example", true, h1).await, [200; 6]);
+    for version in VERSIONS {
+        assert_eq!(
+            statuses("refused.example", true, version).await,
+            [200; 6],
+            "{version}"
+        );
+    }
+    assert_eq!(live.served(), 6 + 3 + 3 + 3 + 6 + 12);
 }

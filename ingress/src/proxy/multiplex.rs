@@ -30,6 +30,7 @@ use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::connect::{Connectors, PoolKey, Transport};
+use super::pool::SendError;
 use super::upstream::UpstreamError;
 use crate::snapshot::policy::Wire;
 
@@ -76,15 +77,26 @@ impl H2Pool {
         transport: &Transport,
         connect_timeout: Duration,
         req: Request<RequestBody>,
-    ) -> Result<Response<H2Body>, UpstreamError> {
+    ) -> Result<Response<H2Body>, SendError> {
         let (parts, body) = req.into_parts();
         let slot = Arc::new(Mutex::new(Some(body)));
         let mut fresh = false;
         loop {
-            let conn = match (fresh, self.pick(key, transport)) {
-                (false, Some(conn)) => conn,
-                (false, None) => self.open_shared(key, transport, connect_timeout).await?,
-                (true, _) => self.open(key, transport, connect_timeout).await?,
+            let opened = match (fresh, self.pick(key, transport)) {
+                (false, Some(conn)) => Ok(conn),
+                (false, None) => self.open_shared(key, transport, connect_timeout).await,
+                (true, _) => self.open(key, transport, connect_timeout).await,
+            };
+            let conn = match opened {
+                Ok(conn) => conn,
+                Err(error) => {
+                    // Nothing was sent: the request can go elsewhere, body and all.
+                    let body = slot.lock().ok().and_then(|mut s| s.take());
+                    return Err(match body {
+                        Some(body) => SendError::unsent(error, Request::from_parts(parts, body)),
+                        None => SendError::sent(error),
+                    });
+                }
             };
             let guard = StreamGuard(conn.in_flight.clone());
             let body = Replayable {
@@ -116,7 +128,7 @@ impl H2Pool {
                         fresh = true;
                         continue;
                     }
-                    return Err(UpstreamError::from_hyper(err));
+                    return Err(SendError::sent(UpstreamError::from_hyper(err)));
                 }
             }
         }

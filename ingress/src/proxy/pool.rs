@@ -64,6 +64,29 @@ struct Idle {
     since: Instant,
 }
 
+/// A request that could not be sent, with the request itself when no connection could be made
+/// for it (nothing of it reached an upstream, so it can go to another: `proxy-next-upstream`).
+pub struct SendError {
+    pub error: UpstreamError,
+    pub unsent: Option<Request<RequestBody>>,
+}
+
+impl SendError {
+    pub fn unsent(error: UpstreamError, req: Request<RequestBody>) -> Self {
+        Self {
+            error,
+            unsent: Some(req),
+        }
+    }
+
+    pub fn sent(error: UpstreamError) -> Self {
+        Self {
+            error,
+            unsent: None,
+        }
+    }
+}
+
 /// A connection checked out for one request.
 pub struct Checked {
     sender: http1::SendRequest<RequestBody>,
@@ -91,9 +114,12 @@ impl Pool {
         transport: Transport,
         connect_timeout: Duration,
         req: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, SendError> {
         let key = (key, transport);
-        let mut checked = self.checkout(&key, connect_timeout).await?;
+        let mut checked = match self.checkout(&key, connect_timeout).await {
+            Ok(checked) => checked,
+            Err(error) => return Err(SendError::unsent(error, req)),
+        };
         let outcome = checked.send(req).await;
         match outcome {
             Ok(response) => Ok(response.map(|body| UpstreamBody {
@@ -104,19 +130,24 @@ impl Pool {
             Err(mut err) if checked.reused => match err.take_message() {
                 Some(req) => {
                     drop(checked);
-                    let mut fresh = self.connect(&key, connect_timeout).await?;
+                    let mut fresh = match self.connect(&key, connect_timeout).await {
+                        Ok(fresh) => fresh,
+                        Err(error) => return Err(SendError::unsent(error, req)),
+                    };
                     match fresh.send(req).await {
                         Ok(response) => Ok(response.map(|body| UpstreamBody {
                             body,
                             checked: Some(fresh),
                             done: false,
                         })),
-                        Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
+                        Err(err) => {
+                            Err(SendError::sent(UpstreamError::from_hyper(err.into_error())))
+                        }
                     }
                 }
-                None => Err(UpstreamError::from_hyper(err.into_error())),
+                None => Err(SendError::sent(UpstreamError::from_hyper(err.into_error()))),
             },
-            Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
+            Err(err) => Err(SendError::sent(UpstreamError::from_hyper(err.into_error()))),
         }
     }
 

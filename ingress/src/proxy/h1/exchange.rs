@@ -111,22 +111,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 Err(error) => Err(Failure::Error(error)),
             };
         }
-        // proxy-next-upstream: a request that can be sent again goes to another endpoint.
+        // proxy-next-upstream: a request that can be sent again goes to another endpoint; one
+        // that never reached an upstream (no connection) always can.
         let replayable =
             matches!(upload, Upload::WithHead) && (p.idempotent || next_upstream.non_idempotent);
         let mut tried = vec![key.clone()];
-        while let (Err(Failure::Error(error)), Some(route), true) =
-            (&result, p.route.as_ref(), replayable)
-        {
-            let attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
-            let in_time = next_upstream.within.is_none_or(|w| p.started.elapsed() < w);
-            if !in_time
-                || !next_upstream.allows_another(attempts)
-                || !upstream::retries_on(&next_upstream, error)
-            {
+        while let Err(Failure::Error(error)) = &result {
+            if !replayable && !upstream::nothing_sent(error) {
                 break;
             }
-            let Some((next_key, next_in_flight)) = upstream::next_endpoint(route, &tried) else {
+            let next = upstream::retry(p.route.as_ref(), &next_upstream, &tried, p.started, error);
+            let Some((next_key, next_in_flight)) = next else {
                 break;
             };
             tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");

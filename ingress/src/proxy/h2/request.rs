@@ -24,8 +24,10 @@ use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response::SERVER;
 use crate::proxy::phase::route::Refusal;
+use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record};
 use crate::proxy::pool::PoolKey;
+use crate::proxy::pool::SendError;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
@@ -153,8 +155,15 @@ impl Proxy {
                     authority: &authority_raw,
                     original_uri: &original,
                 };
-                self.forward(req, forward, &forwarded_target, &request, conn)
-                    .await
+                self.forward(
+                    req,
+                    forward,
+                    &forwarded_target,
+                    &request,
+                    conn,
+                    route.as_ref(),
+                )
+                .await
             }
         };
         (response, route, Some(host), outcome)
@@ -167,7 +176,9 @@ impl Proxy {
         target: &str,
         request: &forward::RequestSide<'_>,
         conn: &ConnInfo,
+        route: Option<&Arc<Route>>,
     ) -> (Response<ProxyBody>, Outcome) {
+        let started = std::time::Instant::now();
         let grpc = respond::is_grpc(req.headers());
         let fail = |error: UpstreamError, upstream: Option<PoolKey>| {
             (
@@ -184,14 +195,27 @@ impl Proxy {
             )
         };
         let Forward {
-            key,
+            mut key,
             transport,
             wire,
-            in_flight,
+            mut in_flight,
             timeout,
             connect_timeout,
+            next_upstream,
             ..
         } = forward;
+        // proxy-next-upstream, for attempts that could not connect: the request comes back
+        // unsent and goes to another endpoint.
+        let mut tried = vec![key.clone()];
+        let mut retry = |error: &UpstreamError, key: &mut PoolKey, in_flight: &mut Option<_>| {
+            let (next_key, next_in_flight) =
+                upstream::retry(route, &next_upstream, &tried, started, error)?;
+            tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");
+            *key = next_key;
+            *in_flight = Some(next_in_flight);
+            tried.push(key.clone());
+            Some(())
+        };
         let (mut parts, body) = req.into_parts();
         // gRPC needs `te: trailers` to reach an HTTP/2 upstream; it is hop-by-hop otherwise.
         let te_trailers = parts
@@ -236,17 +260,25 @@ impl Proxy {
                     .headers
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
-            let upstream_req = Request::from_parts(parts, body);
-            let sent = tokio::time::timeout(
-                timeout,
-                self.h2_pool
-                    .send(&key, &transport, connect_timeout, upstream_req),
-            )
-            .await;
-            let mut response = match sent {
-                Ok(Ok(response)) => response,
-                Ok(Err(err)) => return fail(err, Some(key)),
-                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+            let mut upstream_req = Request::from_parts(parts, body);
+            let mut response = loop {
+                let sent = tokio::time::timeout(
+                    timeout,
+                    self.h2_pool
+                        .send(&key, &transport, connect_timeout, upstream_req),
+                )
+                .await;
+                match sent {
+                    Ok(Ok(response)) => break response,
+                    Ok(Err(SendError {
+                        error,
+                        unsent: Some(again),
+                    })) if retry(&error, &mut key, &mut in_flight).is_some() => {
+                        upstream_req = again;
+                    }
+                    Ok(Err(err)) => return fail(err.error, Some(key)),
+                    Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+                }
             };
             drop(in_flight);
             forward::strip_response_hop_by_hop(response.headers_mut());
@@ -260,18 +292,29 @@ impl Proxy {
             return (response, outcome);
         }
         parts.version = Version::HTTP_11;
-        let upstream_req = Request::from_parts(parts, body);
-
-        let mut response = match tokio::time::timeout(
-            timeout,
-            self.pool
-                .send(key.clone(), transport, connect_timeout, upstream_req),
-        )
-        .await
-        {
-            Ok(Ok(response)) => response,
-            Ok(Err(err)) => return fail(err, Some(key)),
-            Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+        let mut upstream_req = Request::from_parts(parts, body);
+        let mut response = loop {
+            let sent = tokio::time::timeout(
+                timeout,
+                self.pool.send(
+                    key.clone(),
+                    transport.clone(),
+                    connect_timeout,
+                    upstream_req,
+                ),
+            )
+            .await;
+            match sent {
+                Ok(Ok(response)) => break response,
+                Ok(Err(SendError {
+                    error,
+                    unsent: Some(again),
+                })) if retry(&error, &mut key, &mut in_flight).is_some() => {
+                    upstream_req = again;
+                }
+                Ok(Err(err)) => return fail(err.error, Some(key)),
+                Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+            }
         };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);

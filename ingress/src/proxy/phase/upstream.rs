@@ -76,6 +76,32 @@ pub(crate) fn next_endpoint(route: &Route, tried: &[PoolKey]) -> Option<(PoolKey
     ))
 }
 
+/// The endpoint for the next attempt of a request on `route` that began at `started`, after
+/// `error` on the endpoints `tried`, if `next` allows one (`proxy-next-upstream`).
+pub(crate) fn retry(
+    route: Option<&Arc<Route>>,
+    next: &NextUpstream,
+    tried: &[PoolKey],
+    started: std::time::Instant,
+    error: &UpstreamError,
+) -> Option<(PoolKey, InFlight)> {
+    let attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
+    let in_time = next.within.is_none_or(|w| started.elapsed() < w);
+    if !in_time || !next.allows_another(attempts) || !retries_on(next, error) {
+        return None;
+    }
+    next_endpoint(route?, tried)
+}
+
+/// Whether `error` failed before anything of the request reached the upstream (no connection
+/// could be made), so that even a request that must not be repeated can go elsewhere.
+pub(crate) fn nothing_sent(error: &UpstreamError) -> bool {
+    matches!(
+        error,
+        UpstreamError::Connect(_) | UpstreamError::ConnectTimeout | UpstreamError::Tls(..)
+    )
+}
+
 /// Whether `error`, on an attempt that sent the client nothing, is one `next` retries on:
 /// `error` for a connection that failed or broke before a response head, `timeout` for a
 /// connect or response-head timeout.
