@@ -14,14 +14,15 @@
 //! hyper does not expose the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, so each connection takes
 //! at most [`MAX_STREAMS_PER_CONN`] streams at once; a peer allowing fewer makes hyper queue the
 //! surplus on that connection rather than fail it. A connection that received GOAWAY or closed
-//! is dropped from the list and never chosen again.
+//! is dropped from the list and never chosen again, and one idle for [`IDLE_TIMEOUT`] is
+//! closed.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -57,7 +58,41 @@ struct Endpoint {
 #[derive(Clone)]
 struct Conn {
     sender: http2::SendRequest<Replayable>,
-    in_flight: Arc<AtomicUsize>,
+    in_flight: Arc<Load>,
+}
+
+/// A connection's streams in flight, and since when it has had none.
+struct Load {
+    streams: AtomicUsize,
+    born: Instant,
+    /// Milliseconds after `born` when the last stream ended.
+    idle_since_ms: AtomicU64,
+}
+
+impl Load {
+    fn load(&self, order: Ordering) -> usize {
+        self.streams.load(order)
+    }
+
+    fn fetch_add(&self, n: usize, order: Ordering) -> usize {
+        self.streams.fetch_add(n, order)
+    }
+
+    /// Idle (no stream) for at least `idle`.
+    fn idle_for(&self, idle: Duration) -> bool {
+        self.streams.load(Ordering::Relaxed) == 0
+            && self.born.elapsed()
+                >= Duration::from_millis(self.idle_since_ms.load(Ordering::Relaxed)) + idle
+    }
+}
+
+/// Connections idle this long are closed (dropping the last sender ends the connection with
+/// GOAWAY), so an endpoint that left its Service does not keep one open forever.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Whether a connection is worth keeping.
+fn alive(conn: &Conn) -> bool {
+    !conn.sender.is_closed() && !conn.in_flight.idle_for(IDLE_TIMEOUT)
 }
 
 impl H2Pool {
@@ -138,7 +173,7 @@ impl H2Pool {
     fn pick(&self, key: &PoolKey, transport: &Transport) -> Option<Conn> {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         let list = &mut conns.get_mut(&(key.clone(), transport.clone()))?.conns;
-        list.retain(|c| !c.sender.is_closed());
+        list.retain(alive);
         let conn = list
             .iter()
             .filter(|c| c.in_flight.load(Ordering::Relaxed) < MAX_STREAMS_PER_CONN)
@@ -208,9 +243,19 @@ impl H2Pool {
         });
         let conn = Conn {
             sender,
-            in_flight: Arc::new(AtomicUsize::new(1)),
+            in_flight: Arc::new(Load {
+                streams: AtomicUsize::new(1),
+                born: Instant::now(),
+                idle_since_ms: AtomicU64::new(0),
+            }),
         };
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        // Opening is rare: a good moment to drop every idle or closed connection, and the
+        // endpoints left with none (ones no route names any more are never picked again).
+        conns.retain(|_, endpoint| {
+            endpoint.conns.retain(alive);
+            !endpoint.conns.is_empty() || Arc::strong_count(&endpoint.opening) > 1
+        });
         conns
             .entry((key.clone(), transport.clone()))
             .or_default()
@@ -255,11 +300,14 @@ fn refused(err: &hyper::Error) -> bool {
 }
 
 /// Counts a stream against its connection.
-struct StreamGuard(Arc<AtomicUsize>);
+struct StreamGuard(Arc<Load>);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        if self.0.streams.fetch_sub(1, Ordering::Relaxed) == 1 {
+            let ms = u64::try_from(self.0.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.0.idle_since_ms.store(ms, Ordering::Relaxed);
+        }
     }
 }
 
