@@ -383,3 +383,39 @@ impl Body for H2Body {
         self.body.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_is_idle_only_without_streams_for_the_whole_timeout() {
+        let Some(born) = Instant::now().checked_sub(Duration::from_secs(100)) else {
+            return;
+        };
+        let load = |streams: usize, idle_since_s: u64| Load {
+            streams: AtomicUsize::new(streams),
+            born,
+            idle_since_ms: AtomicU64::new(idle_since_s * 1000),
+        };
+        let cases = [
+            // (streams, idle since (s after birth, 100 s ago)) -> idle for 90 s
+            (0, 0, true),
+            (0, 5, true),
+            (0, 20, false),
+            (1, 0, false),
+        ];
+        for (streams, since, want) in cases {
+            assert_eq!(
+                load(streams, since).idle_for(IDLE_TIMEOUT),
+                want,
+                "{streams} {since}"
+            );
+        }
+        // A stream ending marks the moment.
+        let l = Arc::new(load(1, 0));
+        drop(StreamGuard(l.clone()));
+        assert!(!l.idle_for(IDLE_TIMEOUT));
+        assert_eq!(l.load(Ordering::Relaxed), 0);
+    }
+}
