@@ -376,3 +376,68 @@ async fn bad_annotations_are_diagnostics() {
     let reply = curl(&ingress, "fcgi.example", "--http1.1").await;
     assert_eq!(reply.status, 200);
 }
+
+/// `AUTO_HTTP` follows the client's scheme, as ingress-nginx's `$scheme://`: a TLS upstream is
+/// reached from HTTPS clients and refused (502, plaintext to a TLS port) from HTTP ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_http_follows_the_clients_scheme() {
+    let ca = Ca::new("front CA");
+    let front = ca.leaf(
+        "auto.example",
+        &["auto.example"],
+        KeyKind::EcdsaP256,
+        KeyFormat::Pkcs8,
+        false,
+    );
+    let back = ca.leaf(
+        "auto.t.svc",
+        &["auto.t.svc"],
+        KeyKind::EcdsaP256,
+        KeyFormat::Pkcs8,
+        false,
+    );
+    let secure = HttpsBackend::start("secure", &back, HttpsOptions::default());
+    let dir = Scratch::new("auto-http");
+    let mut yaml = service_at("t", "secure", &[secure.addr]);
+    yaml += &ingress_tests::pki::secret_yaml("t", "front", &front.chain, &front.key);
+    yaml += &ingress(
+        "auto",
+        "auto.example",
+        "secure",
+        &[("backend-protocol", "AUTO_HTTP"), ("ssl-redirect", "false")],
+    )
+    .replace(
+        "  rules:",
+        "  tls:\n  - hosts: [auto.example]\n    secretName: front\n  rules:",
+    );
+    dir.write("auto.yaml", &yaml);
+    let ingress = Ingress::builder().manifests(dir.path()).start();
+    wait_for_route(&ingress, "auto.example").await;
+    let https = tokio::process::Command::new("curl")
+        .args([
+            "-sk",
+            "--max-time",
+            "10",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .args([
+            "--resolve",
+            &format!("auto.example:{}:127.0.0.1", ingress.https.port()),
+        ])
+        .arg(format!("https://auto.example:{}/", ingress.https.port()))
+        .output()
+        .await
+        .expect("curl runs");
+    assert_eq!(
+        String::from_utf8_lossy(&https.stdout),
+        "200",
+        "{}",
+        ingress.logs()
+    );
+    let http = curl(&ingress, "auto.example", "--http1.1").await;
+    assert_eq!(http.status, 502, "{}", http.body);
+    assert_eq!(secure.served(), 1);
+}
