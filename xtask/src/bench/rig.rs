@@ -3,7 +3,8 @@
 //! the forwarding headers ingress-nginx's template sets, so both proxies do the same work.
 //!
 //! A second host, [`TLS_HOST`], reaches the same upstream over TLS (TLS 1.3, kept alive): nginx
-//! with `proxy_pass https://` and `proxy_ssl_session_reuse on`, ingress with
+//! with `proxy_pass https://`, `proxy_ssl_session_reuse on` and `proxy_ssl_protocols TLSv1.3`
+//! (Debian's nginx 1.22 leaves TLS 1.3 out by default), ingress with
 //! `backend-protocol: HTTPS`.
 
 use std::path::PathBuf;
@@ -105,7 +106,7 @@ impl Rig {
              proxy_set_header X-Original-URI $request_uri; proxy_set_header X-Request-ID $request_id; }} }}\n\
              upstream backend_tls {{ server 127.0.0.1:{UPSTREAM_TLS_PORT}; keepalive 128; }}\n\
              server {{ listen 127.0.0.1:{NGINX_HTTP}; server_name {TLS_HOST}; keepalive_requests 100000000;\n\
-             location / {{ proxy_pass https://backend_tls; proxy_ssl_session_reuse on; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
+             location / {{ proxy_pass https://backend_tls; proxy_ssl_session_reuse on; proxy_ssl_protocols TLSv1.3; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
              proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr;\n\
              proxy_set_header X-Original-Forwarded-For $http_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
              proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Scheme $scheme; proxy_set_header X-Scheme $scheme;\n\
