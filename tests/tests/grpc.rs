@@ -133,6 +133,28 @@ async fn wait_for_route(ingress: &Ingress, host: &str) {
     }
 }
 
+/// A plaintext HTTP/2 server that never answers any stream, and ignores `grpc-timeout`.
+async fn silent_server() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                let mut held = Vec::new();
+                while let Some(Ok(stream)) = conn.accept().await {
+                    held.push(stream);
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// A plaintext HTTP/2 server that answers every stream with headers and data but never sends
 /// trailers, then resets the stream: a gRPC server that breaks the protocol.
 async fn no_trailers_server() -> std::net::SocketAddr {
@@ -187,6 +209,7 @@ async fn grpc_over_h2c_and_tls_with_grpc_shaped_errors() {
     let plain = GrpcServer::start(None);
     let secure = GrpcServer::start(Some((&cert, &key)));
     let broken = no_trailers_server().await;
+    let silent = silent_server().await;
     let web = Backend::start("web");
     // A port nothing listens on: bound, then closed.
     let down = {
@@ -198,6 +221,7 @@ async fn grpc_over_h2c_and_tls_with_grpc_shaped_errors() {
     yaml += &service_at("t", "plain", &[plain.addr()]);
     yaml += &service_at("t", "secure", &[secure.addr()]);
     yaml += &service_at("t", "broken", &[broken]);
+    yaml += &service_at("t", "silent", &[silent]);
     yaml += &service_at("t", "down", &[down]);
     yaml += &service_at("t", "empty", &[]);
     yaml += &service_at("t", "web", &[web.addr]);
@@ -205,6 +229,7 @@ async fn grpc_over_h2c_and_tls_with_grpc_shaped_errors() {
     yaml += &ingress_yaml("plain", "grpc.example", "plain", "GRPC", false);
     yaml += &ingress_yaml("secure", "grpcs.example", "secure", "GRPCS", true);
     yaml += &ingress_yaml("broken", "broken.example", "broken", "GRPC", false);
+    yaml += &ingress_yaml("silent", "silent.example", "silent", "GRPC", false);
     yaml += &ingress_yaml("down", "down.example", "down", "GRPC", false);
     yaml += &ingress_yaml("empty", "empty.example", "empty", "GRPC", false);
     yaml += &ingress_yaml("web", "web.example", "web", "HTTP", false);
@@ -224,7 +249,8 @@ async fn grpc_over_h2c_and_tls_with_grpc_shaped_errors() {
     .await;
     assert_all_calls(&got, "tls");
     // The proxy itself gives up at the client's deadline (grpc-timeout), in gRPC form: curl
-    // waits 10 s, the slow method takes 3 s, the deadline is 300 ms.
+    // waits 10 s, the upstream never answers (and ignores grpc-timeout), the deadline is
+    // 300 ms.
     let started = Instant::now();
     let frame = dir.write("frame.bin", "\0\0\0\0\x01x");
     let out = tokio::process::Command::new("curl")
@@ -239,7 +265,7 @@ async fn grpc_over_h2c_and_tls_with_grpc_shaped_errors() {
             "--http2-prior-knowledge",
         ])
         .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
-        .args(["-H", "grpc-timeout: 300m", "-H", "host: grpc.example"])
+        .args(["-H", "grpc-timeout: 300m", "-H", "host: silent.example"])
         .arg("--data-binary")
         .arg(format!("@{}", frame.display()))
         .arg(format!("http://{}/test.Echo/Slow", ingress.http))
