@@ -24,6 +24,7 @@ pub mod corpus;
 pub mod curl;
 pub mod gate_server;
 pub mod gate_site;
+pub mod https_upstream;
 pub mod manifests;
 pub mod modes;
 pub mod netns;

@@ -212,3 +212,19 @@ pub fn secret_yaml(namespace: &str, name: &str, chain: &str, key: &str) -> Strin
         indent(key)
     )
 }
+
+/// A `kubernetes.io/tls` Secret that also carries `ca.crt`, as `proxy-ssl-secret` reads it.
+pub fn secret_yaml_with_ca(
+    namespace: &str,
+    name: &str,
+    chain: &str,
+    key: &str,
+    ca: &str,
+) -> String {
+    let indent = |s: &str| s.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    format!(
+        "{}  ca.crt: |\n{}",
+        secret_yaml(namespace, name, chain, key),
+        indent(ca)
+    )
+}

@@ -116,7 +116,8 @@ impl Drop for Backend {
     }
 }
 
-async fn handle(
+/// The echo every test upstream answers with (also behind TLS, `https_upstream`).
+pub async fn handle(
     mut req: Request<Incoming>,
     name: Arc<str>,
     served: Arc<AtomicUsize>,

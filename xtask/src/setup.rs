@@ -5,6 +5,7 @@
 //! ```text
 //!   Debian packages   PACKAGES: the compiler route, then the tools tests and benchmarks drive
 //!   cargo tools       CARGO_TOOLS: cargo-fuzz, cargo-machete, cargo-deny (cargo install --locked)
+//!   Python packages   PYTHON_PACKAGES: grpcio, the gRPC stack on both sides of tests/grpc.rs
 //!   bpf-linker        built against the Debian LLVM
 //! ```
 //!
@@ -54,6 +55,10 @@ pub const CARGO_TOOLS: &[(&str, &str)] = &[
     ("deny", "cargo-deny"),
 ];
 
+/// Python modules the tests import, and the PyPI packages that provide them (`pip install
+/// --user` when the module does not import; Debian's python3-grpcio is years older).
+pub const PYTHON_PACKAGES: &[(&str, &str)] = &[("grpc", "grpcio")];
+
 /// Release-profile overrides for `cargo install`: these are tools, and how fast they build
 /// matters more on a fresh CI machine than how fast they run (about a second each here).
 const FAST_INSTALL: &[(&str, &str)] = &[
@@ -96,6 +101,23 @@ pub fn run(args: &Args) -> Result<()> {
         )?;
     }
     if !args.build_only {
+        for (module, package) in PYTHON_PACKAGES {
+            if !python_module_installed(module) {
+                let pip = |extra: &[&str]| {
+                    run_shown(
+                        Command::new("python3")
+                            .args(["-m", "pip", "install", "--user", "--quiet"])
+                            .args(extra)
+                            .arg(package),
+                    )
+                };
+                // Debian's own python3 refuses user installs without the flag (PEP 668); a
+                // pyenv or venv python takes them, and older pips do not know the flag.
+                if pip(&[]).is_err() {
+                    pip(&["--break-system-packages"])?;
+                }
+            }
+        }
         for (subcommand, krate) in CARGO_TOOLS {
             if !cargo_tool_installed(subcommand) {
                 let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -130,6 +152,14 @@ pub fn cargo_tool_installed(subcommand: &str) -> bool {
         .args([subcommand, "--version"])
         // Set by `cargo run` for xtask; cargo-machete would take it to mean it was run directly.
         .env_remove("CARGO_PKG_NAME")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Whether `python3 -c "import MODULE"` works.
+fn python_module_installed(module: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {module}")])
         .output()
         .is_ok_and(|o| o.status.success())
 }

@@ -43,6 +43,8 @@ pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 pub struct RequestSide<'a> {
     /// The validated authority: the upstream's `Host` and `X-Forwarded-Host`.
     pub authority: &'a str,
+    /// A `Host` to send instead (`upstream-vhost`); `X-Forwarded-Host` keeps `authority`.
+    pub host: Option<&'a str>,
     /// The target as the client sent it: `X-Original-URI`.
     pub original_uri: &'a str,
 }
@@ -87,7 +89,8 @@ pub fn rewrite_request(
     }
     let value = |s: &str| HeaderValue::from_str(s).ok();
     if let Some(host) = value(request.authority) {
-        headers.insert(header::HOST, host.clone());
+        let sent = request.host.and_then(value).unwrap_or_else(|| host.clone());
+        headers.insert(header::HOST, sent);
         headers.insert(X_FORWARDED_HOST.clone(), host);
     }
     headers.insert(X_FORWARDED_FOR.clone(), client.client_ip.clone());
@@ -206,6 +209,7 @@ mod tests {
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         let client = ClientSide::new(ip, false, 80);
         let request = RequestSide {
+            host: None,
             authority: "shop.example.com:8080",
             original_uri: "/a/../b?x",
         };
@@ -263,6 +267,7 @@ mod tests {
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         let tls = ClientSide::new(ip, true, 443);
         let request = RequestSide {
+            host: None,
             authority: "shop.example.com",
             original_uri: "/p?q=1",
         };
@@ -388,6 +393,7 @@ mod tests {
                 &Upstream {
                     target: &target,
                     authority,
+                    host: Some("internal.example"),
                     client: client.facts(),
                     underscores: options.underscores,
                     body: UpstreamBody::None,
@@ -418,6 +424,7 @@ mod tests {
             }
             let request = RequestSide {
                 authority,
+                host: Some("internal.example"),
                 original_uri: "/p/../q?x=1",
             };
             rewrite_request(&mut slow, &client, &request, &options);

@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -29,42 +28,30 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{TrySendError, http1};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
+use super::connect::{Connectors, Transport, UpstreamStream};
+pub use super::connect::{PoolKey, connect_to_any, open, resolve_external};
 use super::upstream::UpstreamError;
-use crate::snapshot::backend::ExternalName;
+use crate::snapshot::policy::Wire;
+
+/// Idle connections are kept per endpoint and transport.
+type IdleKey = (PoolKey, Transport);
 
 /// Boxed: the connection's state is large, and a checked-out connection travels inside the
 /// response body, which is moved several times per request.
-type Conn = Box<http1::Connection<TokioIo<TcpStream>, RequestBody>>;
+type Conn = Box<http1::Connection<TokioIo<UpstreamStream>, RequestBody>>;
 
 /// A client's request body on its way upstream, failing if the client pauses too long.
 pub type RequestBody = super::idle::IdleBody<Incoming>;
 
-/// Where a pooled connection goes: an endpoint address, or a DNS name for ExternalName.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum PoolKey {
-    Addr(SocketAddr),
-    Name(Arc<ExternalName>),
-}
-
-impl std::fmt::Display for PoolKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PoolKey::Addr(a) => write!(f, "{a}"),
-            PoolKey::Name(name) => write!(f, "{name}"),
-        }
-    }
-}
-
 pub struct Pool {
-    idle: Mutex<HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>>,
+    idle: Mutex<HashMap<IdleKey, Vec<Idle>, foldhash::fast::RandomState>>,
     settings: PoolSettings,
+    connectors: Arc<Connectors>,
 }
 
 #[derive(Clone, Debug)]
 pub struct PoolSettings {
-    pub connect_timeout: Duration,
     /// Idle connections older than this are closed rather than reused; below the 60 s most
     /// servers use, so the upstream rarely closes a connection we are about to use.
     pub idle_timeout: Duration,
@@ -77,21 +64,45 @@ struct Idle {
     since: Instant,
 }
 
+/// A request that could not be sent, with the request itself when no connection could be made
+/// for it (nothing of it reached an upstream, so it can go to another: `proxy-next-upstream`).
+pub struct SendError {
+    pub error: UpstreamError,
+    pub unsent: Option<Request<RequestBody>>,
+}
+
+impl SendError {
+    pub fn unsent(error: UpstreamError, req: Request<RequestBody>) -> Self {
+        Self {
+            error,
+            unsent: Some(req),
+        }
+    }
+
+    pub fn sent(error: UpstreamError) -> Self {
+        Self {
+            error,
+            unsent: None,
+        }
+    }
+}
+
 /// A connection checked out for one request.
 pub struct Checked {
     sender: http1::SendRequest<RequestBody>,
     conn: Conn,
-    key: PoolKey,
+    key: IdleKey,
     pool: Arc<Pool>,
     /// It served a request before, so a failure to send may just mean the upstream closed it.
     reused: bool,
 }
 
 impl Pool {
-    pub fn new(settings: PoolSettings) -> Arc<Self> {
+    pub fn new(settings: PoolSettings, connectors: Arc<Connectors>) -> Arc<Self> {
         Arc::new(Self {
             idle: Mutex::new(HashMap::default()),
             settings,
+            connectors,
         })
     }
 
@@ -100,9 +111,15 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         key: PoolKey,
+        transport: Transport,
+        connect_timeout: Duration,
         req: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let mut checked = self.checkout(&key).await?;
+    ) -> Result<Response<UpstreamBody>, SendError> {
+        let key = (key, transport);
+        let mut checked = match self.checkout(&key, connect_timeout).await {
+            Ok(checked) => checked,
+            Err(error) => return Err(SendError::unsent(error, req)),
+        };
         let outcome = checked.send(req).await;
         match outcome {
             Ok(response) => Ok(response.map(|body| UpstreamBody {
@@ -113,23 +130,32 @@ impl Pool {
             Err(mut err) if checked.reused => match err.take_message() {
                 Some(req) => {
                     drop(checked);
-                    let mut fresh = self.connect(&key).await?;
+                    let mut fresh = match self.connect(&key, connect_timeout).await {
+                        Ok(fresh) => fresh,
+                        Err(error) => return Err(SendError::unsent(error, req)),
+                    };
                     match fresh.send(req).await {
                         Ok(response) => Ok(response.map(|body| UpstreamBody {
                             body,
                             checked: Some(fresh),
                             done: false,
                         })),
-                        Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
+                        Err(err) => {
+                            Err(SendError::sent(UpstreamError::from_hyper(err.into_error())))
+                        }
                     }
                 }
-                None => Err(UpstreamError::from_hyper(err.into_error())),
+                None => Err(SendError::sent(UpstreamError::from_hyper(err.into_error()))),
             },
-            Err(err) => Err(UpstreamError::from_hyper(err.into_error())),
+            Err(err) => Err(SendError::sent(UpstreamError::from_hyper(err.into_error()))),
         }
     }
 
-    async fn checkout(self: &Arc<Self>, key: &PoolKey) -> Result<Checked, UpstreamError> {
+    async fn checkout(
+        self: &Arc<Self>,
+        key: &IdleKey,
+        connect_timeout: Duration,
+    ) -> Result<Checked, UpstreamError> {
         while let Some(mut idle) = self.pop(key) {
             // Let the connection notice a close that arrived while it sat idle.
             let closed = (&mut idle.conn).now_or_never().is_some();
@@ -146,16 +172,24 @@ impl Pool {
                 });
             }
         }
-        self.connect(key).await
+        self.connect(key, connect_timeout).await
     }
 
-    fn pop(&self, key: &PoolKey) -> Option<Idle> {
+    fn pop(&self, key: &IdleKey) -> Option<Idle> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.get_mut(key).and_then(Vec::pop)
     }
 
-    async fn connect(self: &Arc<Self>, key: &PoolKey) -> Result<Checked, UpstreamError> {
-        let stream = self.open(key).await?;
+    async fn connect(
+        self: &Arc<Self>,
+        key: &IdleKey,
+        connect_timeout: Duration,
+    ) -> Result<Checked, UpstreamError> {
+        let (target, transport) = key;
+        let stream = self
+            .connectors
+            .open(target, transport, Wire::Http1, connect_timeout)
+            .await?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -167,10 +201,6 @@ impl Pool {
             pool: self.clone(),
             reused: false,
         })
-    }
-
-    async fn open(&self, key: &PoolKey) -> Result<TcpStream, UpstreamError> {
-        open(key, self.settings.connect_timeout).await
     }
 
     fn checkin(&self, checked: Checked) {
@@ -195,67 +225,6 @@ impl Pool {
             .map(|i| i.values().map(Vec::len).sum())
             .unwrap_or(0)
     }
-}
-
-/// Opens a new connection to `key`, with Nagle off: requests and responses are written whole.
-/// Both HTTP paths (hyper's and the HTTP/1.1 fast path) connect through here.
-pub async fn open(key: &PoolKey, timeout: Duration) -> Result<TcpStream, UpstreamError> {
-    let connect = async {
-        let stream = match key {
-            // Endpoint addresses were judged when the snapshot was built.
-            PoolKey::Addr(addr) => TcpStream::connect(addr)
-                .await
-                .map_err(|e| UpstreamError::Connect(e.to_string()))?,
-            PoolKey::Name(name) => connect_to_any(&resolve_external(name).await?).await?,
-        };
-        let _ = stream.set_nodelay(true);
-        Ok(stream)
-    };
-    tokio::time::timeout(timeout, connect)
-        .await
-        .map_err(|_| UpstreamError::ConnectTimeout)?
-}
-
-/// Resolves an ExternalName with the system resolver (on each new connection, so DNS changes
-/// apply) and judges every address it returns: one refused address refuses the name, since a
-/// name that resolves to this node's loopback is a mistake or an attack either way. The caller
-/// connects to the addresses returned, never to the name, so what was judged is what is used.
-pub async fn resolve_external(name: &ExternalName) -> Result<Vec<SocketAddr>, UpstreamError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.host.as_str(), name.port))
-        .await
-        .map_err(|e| UpstreamError::Connect(format!("resolving {name}: {e}")))?
-        .collect();
-    for addr in &addrs {
-        if let Err(refusal) = name.addresses.check(addr.ip()) {
-            tracing::warn!(
-                external_name = %name,
-                addr = %addr.ip(),
-                reason = refusal.as_str(),
-                "ExternalName resolved to an address refused as a backend (--allow-local-backends)"
-            );
-            return Err(UpstreamError::AddressRefused {
-                name: name.to_string(),
-                addr: addr.ip(),
-                refusal,
-            });
-        }
-    }
-    Ok(addrs)
-}
-
-/// Connects to the first address that accepts, in the resolver's order.
-pub async fn connect_to_any(addrs: &[SocketAddr]) -> Result<TcpStream, UpstreamError> {
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect(addr).await {
-            Ok(stream) => return Ok(stream),
-            Err(err) => last = Some(err),
-        }
-    }
-    Err(UpstreamError::Connect(match last {
-        Some(err) => err.to_string(),
-        None => "the name resolved to no address".into(),
-    }))
 }
 
 impl Checked {

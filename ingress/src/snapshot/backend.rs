@@ -9,12 +9,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::address::AddressPolicy;
+use super::upstream::{BackendProtocol, Balance};
 use crate::diagnostics::DiagnosticKind;
 use crate::store::{ObjectKey, Store};
 
@@ -37,11 +39,15 @@ impl fmt::Display for PortRef {
     }
 }
 
-/// One upstream address with its live load, which power-of-two-choices balancing reads.
+/// One upstream address with its live load, which the balancers read: requests in flight, and
+/// (for `ewma`) an average time to the response head.
 #[derive(Debug)]
 pub struct Endpoint {
     pub addr: SocketAddr,
     in_flight: AtomicU32,
+    /// Exponentially weighted average time to the response head, in microseconds; 0 before
+    /// the first sample.
+    ewma_us: AtomicU64,
 }
 
 impl Endpoint {
@@ -49,6 +55,7 @@ impl Endpoint {
         Self {
             addr,
             in_flight: AtomicU32::new(0),
+            ewma_us: AtomicU64::new(0),
         }
     }
 
@@ -56,18 +63,46 @@ impl Endpoint {
         self.in_flight.load(Ordering::Relaxed)
     }
 
-    /// Counts a request against this endpoint until the guard drops.
-    pub fn start(self: &Arc<Self>) -> InFlight {
+    pub fn ewma_us(&self) -> u64 {
+        self.ewma_us.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request against this endpoint until the guard drops; with `timed`, the time
+    /// until then is a sample of the endpoint's response time.
+    pub fn start(self: &Arc<Self>, timed: bool) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        InFlight(self.clone(), timed.then(Instant::now))
+    }
+
+    /// Folds one response time into the average, weighting it 1/8 (racing updates may lose
+    /// a sample, which an average can afford).
+    fn sample(&self, us: u64) {
+        let old = self.ewma_us.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            us.max(1)
+        } else {
+            (old.saturating_mul(7).saturating_add(us) / 8).max(1)
+        };
+        self.ewma_us.store(new, Ordering::Relaxed);
+    }
+
+    /// The `ewma` score: lower is better; an endpoint never measured scores best.
+    fn ewma_score(&self) -> u64 {
+        self.ewma_us()
+            .saturating_mul(u64::from(self.in_flight()) + 1)
     }
 }
 
-pub struct InFlight(Arc<Endpoint>);
+/// Holds a request's place on an endpoint until its response head (or its failure).
+pub struct InFlight(Arc<Endpoint>, Option<Instant>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(started) = self.1 {
+            let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            self.0.sample(us);
+        }
     }
 }
 
@@ -128,6 +163,10 @@ pub struct Backend {
     pub service: ObjectKey,
     pub port: PortRef,
     pub target: Target,
+    /// The `round_robin` cursor.
+    pub next: AtomicUsize,
+    /// The Service port's `appProtocol`, when it names a way to speak HTTP.
+    pub app_protocol: Option<BackendProtocol>,
 }
 
 impl Backend {
@@ -139,13 +178,18 @@ impl Backend {
         }
     }
 
-    /// Picks the less loaded of two random endpoints: nearly as good as least-loaded, without
-    /// scanning, and without the herd effect of always picking the single minimum.
-    pub fn pick(&self) -> Option<&Arc<Endpoint>> {
+    /// Picks an endpoint by `balance`. The default takes the less loaded of two random
+    /// endpoints: nearly as good as least-loaded, without scanning, and without the herd
+    /// effect of always picking the single minimum. `ewma` does the same with response time
+    /// times load; `round_robin` takes each in turn.
+    pub fn pick(&self, balance: Balance) -> Option<&Arc<Endpoint>> {
         let endpoints = self.endpoints();
         match endpoints.len() {
             0 => None,
             1 => endpoints.first(),
+            n if balance == Balance::RoundRobin => {
+                endpoints.get(self.next.fetch_add(1, Ordering::Relaxed) % n)
+            }
             n => {
                 let a = fastrand::usize(..n);
                 let mut b = fastrand::usize(..n - 1);
@@ -153,11 +197,11 @@ impl Backend {
                     b += 1;
                 }
                 let (ea, eb) = (&endpoints[a], &endpoints[b]);
-                Some(if eb.in_flight() < ea.in_flight() {
-                    eb
-                } else {
-                    ea
-                })
+                let b_better = match balance {
+                    Balance::Ewma => eb.ewma_score() < ea.ewma_score(),
+                    _ => eb.in_flight() < ea.in_flight(),
+                };
+                Some(if b_better { eb } else { ea })
             }
         }
     }
@@ -176,7 +220,7 @@ pub struct Resolver<'a> {
     store: &'a Store,
     policy: &'a BackendPolicy,
     slices: SliceIndex<'a>,
-    cache: HashMap<(ObjectKey, PortRef), (Arc<Backend>, Vec<Problem>)>,
+    cache: HashMap<(ObjectKey, PortRef, bool), (Arc<Backend>, Vec<Problem>)>,
 }
 
 impl<'a> Resolver<'a> {
@@ -203,27 +247,44 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    /// The backend for `service`:`port`, and the problems with it. Callers attach the problems
-    /// to their own Ingress.
-    pub fn resolve(&mut self, service: ObjectKey, port: PortRef) -> (Arc<Backend>, &[Problem]) {
+    /// The backend for `service`:`port` (its endpoints, or with `cluster_ip` the Service's own
+    /// ClusterIP and port, `service-upstream`), and the problems with it. Callers attach the
+    /// problems to their own Ingress.
+    pub fn resolve(
+        &mut self,
+        service: ObjectKey,
+        port: PortRef,
+        cluster_ip: bool,
+    ) -> (Arc<Backend>, &[Problem]) {
         let Self {
             store,
             policy,
             slices,
             cache,
         } = self;
-        let (backend, problems) =
-            cache
-                .entry((service, port))
-                .or_insert_with_key(|(service, port)| {
-                    let (target, problems) = resolve_target(store, policy, slices, service, port);
-                    let backend = Backend {
-                        service: service.clone(),
-                        port: port.clone(),
-                        target,
-                    };
-                    (Arc::new(backend), problems)
-                });
+        let (backend, problems) = cache.entry((service, port, cluster_ip)).or_insert_with_key(
+            |(service, port, cluster_ip)| {
+                let (target, problems) = match cluster_ip {
+                    true => resolve_cluster_ip(store, policy, service, port)
+                        .unwrap_or_else(|| resolve_target(store, policy, slices, service, port)),
+                    false => resolve_target(store, policy, slices, service, port),
+                };
+                let app_protocol = store
+                    .services
+                    .get(service)
+                    .and_then(|s| find_port(s, port))
+                    .and_then(|p| p.app_protocol.as_deref())
+                    .and_then(BackendProtocol::from_app_protocol);
+                let backend = Backend {
+                    service: service.clone(),
+                    port: port.clone(),
+                    target,
+                    next: AtomicUsize::new(0),
+                    app_protocol,
+                };
+                (Arc::new(backend), problems)
+            },
+        );
         (backend.clone(), problems)
     }
 }
@@ -318,6 +379,38 @@ fn resolve_target(
     (Target::Endpoints(endpoints), problems)
 }
 
+/// `service-upstream`: the Service's ClusterIP and port as the one endpoint, so kube-proxy (or
+/// whatever implements Services) balances. `None` for a Service without a usable ClusterIP
+/// (headless, ExternalName, missing), which falls back to its endpoints as ingress-nginx does.
+fn resolve_cluster_ip(
+    store: &Store,
+    policy: &BackendPolicy,
+    service_key: &ObjectKey,
+    port: &PortRef,
+) -> Option<(Target, Vec<Problem>)> {
+    let service = store.services.get(service_key)?;
+    let spec = service.spec.as_ref()?;
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return None;
+    }
+    let ip: IpAddr = spec.cluster_ip.as_deref()?.parse().ok()?;
+    let number = u16::try_from(find_port(service, port)?.port).ok()?;
+    let addr = SocketAddr::new(ip, number);
+    if let Err(why) = policy.addresses.check(ip) {
+        let problem = Problem {
+            kind: DiagnosticKind::BackendAddressRefused,
+            message: format!(
+                "service {service_key} port {port}: ClusterIP {addr} ({why}) refused as a backend (service-upstream); local backends are refused (--allow-local-backends)"
+            ),
+        };
+        return Some((Target::Endpoints(Vec::new()), vec![problem]));
+    }
+    Some((
+        Target::Endpoints(vec![Arc::new(Endpoint::new(addr))]),
+        Vec::new(),
+    ))
+}
+
 /// The address an ExternalName stands for without asking DNS: an IP literal, or a name the
 /// resolver answers from this host (`localhost` and its subdomains, RFC 6761).
 fn local_name(name: &str) -> Option<std::net::IpAddr> {
@@ -401,5 +494,72 @@ fn port_problem(service: &ObjectKey, port: &PortRef) -> Problem {
     Problem {
         kind: DiagnosticKind::ServicePortNotFound,
         message: format!("service {service} has no port {port}"),
+    }
+}
+
+#[cfg(test)]
+mod balance_tests {
+    use super::*;
+
+    fn backend(n: u8) -> Backend {
+        let endpoints = (0..n)
+            .map(|i| Arc::new(Endpoint::new(SocketAddr::from(([10, 0, 0, i], 80)))))
+            .collect();
+        Backend {
+            service: ObjectKey::new("t".to_string(), "s".to_string()),
+            port: PortRef::Number(80),
+            target: Target::Endpoints(endpoints),
+            next: AtomicUsize::new(0),
+            app_protocol: None,
+        }
+    }
+
+    #[test]
+    fn round_robin_takes_each_in_turn() {
+        let b = backend(3);
+        let picked: Vec<u8> = (0..6)
+            .filter_map(|_| b.pick(Balance::RoundRobin))
+            .map(|e| match e.addr.ip() {
+                IpAddr::V4(v4) => v4.octets()[3],
+                IpAddr::V6(_) => 255,
+            })
+            .collect();
+        assert_eq!(picked, [0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn ewma_avoids_the_slow_endpoint_and_two_choices_the_busy_one() {
+        let b = backend(2);
+        let endpoints = b.endpoints();
+        for _ in 0..20 {
+            endpoints[0].sample(100_000);
+            endpoints[1].sample(1_000);
+        }
+        assert!(
+            endpoints[0].ewma_us() > 50_000,
+            "{}",
+            endpoints[0].ewma_us()
+        );
+        for _ in 0..50 {
+            let e = b.pick(Balance::Ewma).expect("an endpoint");
+            assert_eq!(e.addr, endpoints[1].addr);
+        }
+        // Two choices ignores response times and goes by requests in flight.
+        let _busy: Vec<InFlight> = (0..5).map(|_| endpoints[1].start(false)).collect();
+        for _ in 0..50 {
+            let e = b.pick(Balance::TwoChoices).expect("an endpoint");
+            assert_eq!(e.addr, endpoints[0].addr);
+        }
+    }
+
+    #[test]
+    fn a_timed_request_is_a_sample() {
+        let b = backend(1);
+        let e = &b.endpoints()[0];
+        drop(e.start(false));
+        assert_eq!(e.ewma_us(), 0);
+        drop(e.start(true));
+        assert!(e.ewma_us() >= 1);
+        assert_eq!(e.in_flight(), 0);
     }
 }

@@ -23,6 +23,7 @@ pub mod policy;
 pub mod sni;
 pub mod sources;
 pub mod tls;
+pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -196,6 +197,7 @@ impl Snapshot {
         let mut builder = Builder {
             max_body: settings.max_body,
             rank: 0,
+            store,
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store, &settings.backends),
             unsupported_access: settings.unsupported_access,
@@ -453,6 +455,7 @@ struct Builder<'s> {
     max_body: Option<u64>,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
+    store: &'s Store,
     diagnostics: Vec<Diagnostic>,
     resolver: Resolver<'s>,
     unsupported_access: UnsupportedAccess,
@@ -482,13 +485,22 @@ struct HostBuilder {
 impl Builder<'_> {
     fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
         let subject = Subject::object(Kind::Ingress, key);
-        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
+        let (mut options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
         for message in errors {
             self.diagnostics.push(Diagnostic::error(
                 DiagnosticKind::InvalidAnnotation,
                 subject.clone(),
                 message,
             ));
+        }
+        if let Some(name) = options.proxy_ssl_secret.take() {
+            match upstream::secret_tls(self.store, key, &name, &mut options.upstream_tls) {
+                Ok(()) => {}
+                Err((kind, message)) => {
+                    self.diagnostics
+                        .push(Diagnostic::error(kind, subject.clone(), message));
+                }
+            }
         }
         if options.x_forwarded_prefix.is_some() && options.rewrite_target.is_none() {
             self.diagnostics.push(Diagnostic::warning(
@@ -942,6 +954,8 @@ impl Builder<'_> {
                     None => PortRef::Number(0),
                 },
                 target: Target::Unavailable,
+                next: std::sync::atomic::AtomicUsize::new(0),
+                app_protocol: None,
             };
             return Some(self.make_route(ingress, Arc::new(backend), policy, tls));
         }
@@ -969,7 +983,8 @@ impl Builder<'_> {
             }
         };
         let service_key = ObjectKey::new(ingress.namespace.clone(), service.name.clone());
-        let (backend, problems) = self.resolver.resolve(service_key, port);
+        let cluster_ip = policy.upstream.service_upstream;
+        let (backend, problems) = self.resolver.resolve(service_key, port, cluster_ip);
         for problem in problems {
             let severity = match problem.kind {
                 DiagnosticKind::NoReadyEndpoints => Severity::Warning,
@@ -992,6 +1007,12 @@ impl Builder<'_> {
         policy: &Arc<RoutePolicy>,
         tls: bool,
     ) -> Arc<Route> {
+        // The Service port's appProtocol, and the Service's name for TLS verification.
+        let service_dns = format!("{}.{}.svc", backend.service.name, backend.service.namespace);
+        let policy = match policy.for_backend(backend.app_protocol, &service_dns) {
+            Some(changed) => Arc::new(changed),
+            None => policy.clone(),
+        };
         let labels = RouteLabels {
             namespace: ingress.namespace.as_str().into(),
             ingress: ingress.name.as_str().into(),
@@ -1001,7 +1022,7 @@ impl Builder<'_> {
             ingress: ingress.clone(),
             tls,
             backend,
-            policy: policy.clone(),
+            policy,
             labels,
         })
     }

@@ -13,7 +13,9 @@
 //!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
-//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity
+//!   upstream               UpstreamPolicy   backend-protocol (or the Service port's appProtocol),
+//!                                           proxy-ssl-*, timeouts, upstream-vhost, load-balance,
+//!                                           proxy-next-upstream, the upgrades allowed, affinity
 //!                          CanaryPolicy     a canary Ingress's backend and rules (header,
 //!                                           cookie, weight)
 //! ```
@@ -31,6 +33,10 @@ use super::annotations::rewrite::Template;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
 use super::sources::SourcePolicy;
+pub use super::upstream::{
+    BackendProtocol, Balance, ClientIdentity, NextUpstream, ProtocolSource, TlsVersions,
+    UpstreamTls, Wire,
+};
 use crate::store::ObjectKey;
 
 /// Everything per route, by phase.
@@ -175,9 +181,29 @@ pub struct RedirectPolicy {
 /// How the upstream is spoken to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamPolicy {
+    /// The protocol toward the upstream, and where that choice came from.
+    pub protocol: BackendProtocol,
+    pub protocol_source: ProtocolSource,
+    /// How TLS to the upstream is made, for the protocols that use TLS (`proxy-ssl-*`).
+    pub tls: Arc<UpstreamTls>,
     /// `proxy-read-timeout`: how long the upstream has to send its response head, and may
     /// pause while sending the body; `None` is `--upstream-response-timeout`.
     pub read_timeout: Option<Duration>,
+    /// `proxy-connect-timeout`: for a new connection (TCP and TLS); `None` is
+    /// `--upstream-connect-timeout`.
+    pub connect_timeout: Option<Duration>,
+    /// `proxy-send-timeout`: how long a write of the request to the upstream may block; `None`
+    /// is `--upstream-send-timeout`.
+    pub send_timeout: Option<Duration>,
+    /// `upstream-vhost`: the `Host` (`:authority`) sent upstream instead of the client's.
+    pub vhost: Option<Arc<str>>,
+    /// `load-balance`.
+    pub balance: Balance,
+    /// `proxy-next-upstream`, `-tries`, `-timeout`.
+    pub next_upstream: NextUpstream,
+    /// `service-upstream`: the backend is the Service's ClusterIP and port, not its endpoints
+    /// (read when the route's backend is resolved).
+    pub service_upstream: bool,
     /// The protocols a client may switch to with `Upgrade` (lower-case).
     pub upgrades: Arc<[String]>,
     /// `affinity: cookie`, its cookie's path resolved (the route's path by default).
@@ -193,7 +219,16 @@ pub struct UpstreamPolicy {
 impl Default for UpstreamPolicy {
     fn default() -> Self {
         Self {
+            protocol: BackendProtocol::Http,
+            protocol_source: ProtocolSource::Default,
+            tls: Arc::new(UpstreamTls::default()),
             read_timeout: None,
+            connect_timeout: None,
+            send_timeout: None,
+            vhost: None,
+            balance: Balance::TwoChoices,
+            next_upstream: NextUpstream::default(),
+            service_upstream: false,
             upgrades: Arc::from(["websocket".to_string()]),
             affinity: None,
             max_body: None,
@@ -251,7 +286,20 @@ impl RoutePolicy {
                 cors: options.cors.clone(),
             },
             upstream: UpstreamPolicy {
+                protocol: options.backend_protocol.unwrap_or_default(),
+                protocol_source: if options.backend_protocol.is_some() {
+                    ProtocolSource::Annotation
+                } else {
+                    ProtocolSource::Default
+                },
+                tls: Arc::new(options.upstream_tls.clone()),
                 read_timeout: options.read_timeout,
+                connect_timeout: options.connect_timeout,
+                send_timeout: options.send_timeout,
+                vhost: options.upstream_vhost.as_deref().map(Arc::from),
+                balance: options.load_balance.unwrap_or_default(),
+                next_upstream: options.next_upstream,
+                service_upstream: options.service_upstream,
                 upgrades: options.upgrades.clone(),
                 affinity: options.affinity.clone(),
                 max_body: match options.proxy_body_size {
@@ -262,6 +310,35 @@ impl RoutePolicy {
                 hash_by: options.upstream_hash_by.clone(),
             },
         }
+    }
+
+    /// This policy for a route whose Service port says `app_protocol`, and whose Service is
+    /// reachable by `service_dns` (the name verified when `proxy-ssl-name` is not set). `None`
+    /// when nothing changes, so routes keep sharing one policy.
+    pub fn for_backend(
+        &self,
+        app_protocol: Option<BackendProtocol>,
+        service_dns: &str,
+    ) -> Option<RoutePolicy> {
+        let protocol = match (self.upstream.protocol_source, app_protocol) {
+            (ProtocolSource::Default, Some(p)) => Some(p),
+            _ => None,
+        };
+        let name = (self.upstream.tls.name.is_none()).then(|| service_dns.to_string());
+        if protocol.is_none() && name.is_none() {
+            return None;
+        }
+        let mut policy = self.clone();
+        if let Some(p) = protocol {
+            policy.upstream.protocol = p;
+            policy.upstream.protocol_source = ProtocolSource::AppProtocol;
+        }
+        if let Some(name) = name {
+            let mut tls = (*policy.upstream.tls).clone();
+            tls.name = Some(name);
+            policy.upstream.tls = Arc::new(tls);
+        }
+        Some(policy)
     }
 }
 
@@ -341,6 +418,61 @@ mod tests {
             Rewrite::for_path(&options("/x"), "/a("),
             Some(Err(_))
         ));
+    }
+
+    #[test]
+    fn the_annotation_wins_over_app_protocol() {
+        let annotated = Options {
+            backend_protocol: Some(BackendProtocol::Https),
+            ..Options::default()
+        };
+        let cases = [
+            // (options, appProtocol) -> (protocol, source)
+            (
+                Options::default(),
+                None,
+                BackendProtocol::Http,
+                ProtocolSource::Default,
+            ),
+            (
+                Options::default(),
+                Some(BackendProtocol::H2c),
+                BackendProtocol::H2c,
+                ProtocolSource::AppProtocol,
+            ),
+            (
+                annotated.clone(),
+                Some(BackendProtocol::H2c),
+                BackendProtocol::Https,
+                ProtocolSource::Annotation,
+            ),
+            (
+                annotated,
+                None,
+                BackendProtocol::Https,
+                ProtocolSource::Annotation,
+            ),
+        ];
+        for (options, app, protocol, source) in cases {
+            let base = RoutePolicy::new(&options, false, None, None);
+            let policy = base.for_backend(app, "svc.ns.svc").unwrap_or(base);
+            assert_eq!(policy.upstream.protocol, protocol, "{options:?} {app:?}");
+            assert_eq!(
+                policy.upstream.protocol_source, source,
+                "{options:?} {app:?}"
+            );
+            assert_eq!(policy.upstream.tls.name.as_deref(), Some("svc.ns.svc"));
+        }
+        // proxy-ssl-name is kept.
+        let named = Options {
+            upstream_tls: UpstreamTls {
+                name: Some("backend.example".into()),
+                ..UpstreamTls::default()
+            },
+            ..Options::default()
+        };
+        let base = RoutePolicy::new(&named, false, None, None);
+        assert_eq!(base.for_backend(None, "svc.ns.svc"), None);
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub fn ours(input: &[u8]) -> Ours {
             &mut head,
             &req,
             &Upstream {
+                host: None,
                 target: &target,
                 authority: host,
                 client: ClientFacts {

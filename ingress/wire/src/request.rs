@@ -355,6 +355,9 @@ pub struct Upstream<'a> {
     pub target: &'a Target<'a>,
     /// `Host` and `X-Forwarded-Host`.
     pub authority: &'a str,
+    /// A `Host` to send instead of `authority` (`upstream-vhost`); `X-Forwarded-Host` keeps
+    /// the client's.
+    pub host: Option<&'a str>,
     pub client: ClientFacts<'a>,
     /// Pass on header names with `_`.
     pub underscores: bool,
@@ -374,7 +377,7 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
     push(out, &[req.method.as_bytes(), b" "]);
     up.target.write(out);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    out.extend_from_slice(up.authority.as_bytes());
+    out.extend_from_slice(up.host.unwrap_or(up.authority).as_bytes());
     out.extend_from_slice(b"\r\n");
     let mut request_id = None;
     let mut chain = Vec::new();

@@ -1,15 +1,28 @@
 //! Plain HTTP/1.1 keep-alive through each proxy to the same upstream.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::rig::{self, Rig};
-use super::{Bench, median, wrk};
+use super::{Bench, median, procs, wrk};
 
 pub fn run(bench: &Bench) -> Result<()> {
     let rig = Rig::start(bench, &[])?;
     let ngx_url = format!("http://127.0.0.1:{}/", rig::NGINX_HTTP);
     let ing_url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
     compare("HTTP/1.1 keep-alive", bench, &ngx_url, &ing_url, None)?;
+    let timeout = std::time::Duration::from_secs(20);
+    procs::wait_http(&ngx_url, rig::TLS_HOST, timeout).context("nginx to the TLS upstream")?;
+    procs::wait_http(&ing_url, rig::TLS_HOST, timeout).context("ingress to the TLS upstream")?;
+    // The same through a TLS upstream connection (kept alive; nginx reuses TLS sessions with
+    // proxy_ssl_session_reuse, ingress with its per-policy session cache).
+    compare_on(
+        "HTTP/1.1 keep-alive to an HTTPS upstream (backend-protocol: HTTPS)",
+        bench,
+        rig::TLS_HOST,
+        &ngx_url,
+        &ing_url,
+        None,
+    )?;
     drop(rig);
     Ok(())
 }
@@ -22,21 +35,33 @@ pub fn compare(
     ingress_url: &str,
     header: Option<&str>,
 ) -> Result<()> {
+    compare_on(title, bench, rig::HOST, nginx_url, ingress_url, header)
+}
+
+/// [`compare`] for requests naming `host`.
+pub fn compare_on(
+    title: &str,
+    bench: &Bench,
+    host: &str,
+    nginx_url: &str,
+    ingress_url: &str,
+    header: Option<&str>,
+) -> Result<()> {
     let warm = std::time::Duration::from_secs(1);
-    wrk::run(nginx_url, rig::HOST, warm, bench.connections, header)?;
-    wrk::run(ingress_url, rig::HOST, warm, bench.connections, header)?;
+    wrk::run(nginx_url, host, warm, bench.connections, header)?;
+    wrk::run(ingress_url, host, warm, bench.connections, header)?;
     let (mut n, mut i) = (Vec::new(), Vec::new());
     for _ in 0..bench.rounds {
         n.push(wrk::run(
             nginx_url,
-            rig::HOST,
+            host,
             bench.duration,
             bench.connections,
             header,
         )?);
         i.push(wrk::run(
             ingress_url,
-            rig::HOST,
+            host,
             bench.duration,
             bench.connections,
             header,

@@ -1,6 +1,11 @@
 //! The shared rig: one upstream, nginx as the peer proxy, ingress as the proxy under test, both
 //! serving the same host over HTTP and HTTPS (TLS 1.3, ECDSA P-256, one certificate). nginx sets
 //! the forwarding headers ingress-nginx's template sets, so both proxies do the same work.
+//!
+//! A second host, [`TLS_HOST`], reaches the same upstream over TLS (TLS 1.3, kept alive): nginx
+//! with `proxy_pass https://`, `proxy_ssl_session_reuse on` and `proxy_ssl_protocols TLSv1.3`
+//! (Debian's nginx 1.22 leaves TLS 1.3 out by default), ingress with
+//! `backend-protocol: HTTPS`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -13,6 +18,9 @@ use super::{Bench, write};
 
 pub const HOST: &str = "bench.local";
 pub const UPSTREAM_PORT: u16 = 19000;
+/// The upstream's TLS port, and the host both proxies send there.
+pub const UPSTREAM_TLS_PORT: u16 = 19001;
+pub const TLS_HOST: &str = "tls.bench.local";
 pub const NGINX_HTTP: u16 = 19080;
 pub const NGINX_HTTPS: u16 = 19443;
 pub const INGRESS_HTTP: u16 = 19081;
@@ -30,6 +38,7 @@ impl Rig {
     pub fn start(bench: &Bench, extra_args: &[&str]) -> Result<Rig> {
         procs::ensure_free(&[
             UPSTREAM_PORT,
+            UPSTREAM_TLS_PORT,
             NGINX_HTTP,
             NGINX_HTTPS,
             INGRESS_HTTP,
@@ -70,8 +79,13 @@ impl Rig {
              events {{ worker_connections 8192; }}\n\
              http {{ access_log off; server {{ listen 127.0.0.1:{UPSTREAM_PORT} backlog=4096; keepalive_requests 100000000;\n\
              location / {{ return 200 \"hello from the upstream\\n\"; }}\n\
-             location /upload {{ client_max_body_size 1m; proxy_pass http://127.0.0.1:{UPSTREAM_PORT}/; }} }} }}\n",
-                d = dir.display()
+             location /upload {{ client_max_body_size 1m; proxy_pass http://127.0.0.1:{UPSTREAM_PORT}/; }} }}\n\
+             server {{ listen 127.0.0.1:{UPSTREAM_TLS_PORT} ssl backlog=4096; keepalive_requests 100000000;\n\
+             ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.3;\n\
+             location / {{ return 200 \"hello from the upstream\\n\"; }} }} }}\n",
+                d = dir.display(),
+                cert = cert.display(),
+                key = key.display()
             ),
         )?;
         write(
@@ -85,6 +99,14 @@ impl Rig {
              ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.3; ssl_session_tickets off;\n\
              keepalive_requests 100000000;\n\
              location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
+             proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr;\n\
+             proxy_set_header X-Original-Forwarded-For $http_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
+             proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Scheme $scheme; proxy_set_header X-Scheme $scheme;\n\
+             proxy_set_header X-Forwarded-Host $host; proxy_set_header X-Forwarded-Port $server_port;\n\
+             proxy_set_header X-Original-URI $request_uri; proxy_set_header X-Request-ID $request_id; }} }}\n\
+             upstream backend_tls {{ server 127.0.0.1:{UPSTREAM_TLS_PORT}; keepalive 128; }}\n\
+             server {{ listen 127.0.0.1:{NGINX_HTTP}; server_name {TLS_HOST}; keepalive_requests 100000000;\n\
+             location / {{ proxy_pass https://backend_tls; proxy_ssl_session_reuse on; proxy_ssl_protocols TLSv1.3; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
              proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr;\n\
              proxy_set_header X-Original-Forwarded-For $http_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
              proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Scheme $scheme; proxy_set_header X-Scheme $scheme;\n\
@@ -122,7 +144,12 @@ impl Rig {
              addressType: IPv4\nports: [{{name: http, port: {UPSTREAM_PORT}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
              apiVersion: v1\nkind: Secret\nmetadata: {{name: bench-tls, namespace: bench}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{crt}  tls.key: |\n{key}---\n\
              apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: bench, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/ssl-redirect: \"false\"}}}}\n\
-             spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{HOST}], secretName: bench-tls}}]\n  rules:\n  - host: {HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
+             spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{HOST}], secretName: bench-tls}}]\n  rules:\n  - host: {HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata: {{name: upstream-tls, namespace: bench}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-tls-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream-tls}}}}\n\
+             addressType: IPv4\nports: [{{name: https, port: {UPSTREAM_TLS_PORT}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
+             apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: bench-tls-upstream, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/backend-protocol: HTTPS}}}}\n\
+             spec:\n  ingressClassName: ingress\n  rules:\n  - host: {TLS_HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream-tls, port: {{number: 443}}}}}}}}]}}\n",
                 crt = indent(&cert)?,
                 key = indent(&key)?
             ),

@@ -23,6 +23,7 @@ use super::streams::Upstream;
 use super::{
     BUFFERED_BODY, Client, MAX_RESPONSE_HEAD, Prepared, READ_SIZE, read_timed, write_timed,
 };
+use crate::proxy::phase::upstream;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Forward, Outcome};
 
@@ -64,12 +65,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         ctx: &mut ResponseContext<'_>,
     ) -> (u16, Outcome, bool) {
         let Forward {
-            key,
-            in_flight,
+            mut key,
+            transport,
+            mut in_flight,
             timeout,
             max_body,
+            connect_timeout,
+            send_timeout,
+            next_upstream,
             ..
         } = forward;
+        self.send_timeout = send_timeout;
         let upload = self.buffer_small_body(p).await;
         // After a failure reading the body, part of it may be unread: treat it as streamed.
         let sent_as = upload
@@ -83,7 +89,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let mut result = match upload {
             Ok(upload) => {
                 let first = tokio::select! {
-                    up = streams.checkout(&key, p.started) => up,
+                    up = streams.checkout(&key, &transport, connect_timeout, p.started) => up,
                     () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
                 };
                 match first {
@@ -98,10 +104,38 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             tracing::debug!(upstream = %key, %error, "kept-alive upstream connection was closed; retrying on a new one");
             self.upstream_due.set(response_due);
             let fresh = tokio::select! {
-                up = streams.connect(&key) => up,
+                up = streams.connect(&key, &transport, connect_timeout) => up,
                 () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
             };
             result = match fresh {
+                Ok(up) => self.send(up, upload, p, timeout, max_body, ctx).await,
+                Err(error) => Err(Failure::Error(error)),
+            };
+        }
+        // proxy-next-upstream: a request that can be sent again goes to another endpoint; one
+        // that never reached an upstream (no connection) always can.
+        let replayable =
+            matches!(upload, Upload::WithHead) && (p.idempotent || next_upstream.non_idempotent);
+        let mut tried = vec![key.clone()];
+        while let Err(Failure::Error(error)) = &result {
+            if !replayable && !upstream::nothing_sent(error) {
+                break;
+            }
+            let next = upstream::retry(p.route.as_ref(), &next_upstream, &tried, p.started, error);
+            let Some((next_key, next_in_flight)) = next else {
+                break;
+            };
+            tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");
+            drop(in_flight);
+            in_flight = Some(next_in_flight);
+            key = next_key;
+            tried.push(key.clone());
+            self.upstream_due.set(Instant::now() + timeout);
+            let up = tokio::select! {
+                up = streams.checkout(&key, &transport, connect_timeout, Instant::now()) => up,
+                () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
+            };
+            result = match up {
                 Ok(up) => self.send(up, upload, p, timeout, max_body, ctx).await,
                 Err(error) => Err(Failure::Error(error)),
             };
@@ -143,7 +177,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let status = response.status;
         let (keep_open, up) = self.relay(response, up, timeout).await;
         if let Some(up) = up.filter(|_| !early) {
-            streams.checkin(&key, up, Instant::now());
+            streams.checkin(&key, &transport, up, Instant::now());
         }
         let outcome = Outcome {
             upstream: Some(key),
@@ -217,7 +251,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 Failure::Error(error)
             }
         };
-        let send_timeout = self.proxy.settings.upstream_send_timeout;
+        let send_timeout = self.send_timeout;
         if let Err(err) = write_timed(
             &mut up.stream,
             &self.request,
@@ -307,7 +341,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     ) -> Result<Sent, Failure> {
         let mut received: u64 = 0;
         let body_timeout = self.proxy.settings.client_body_timeout;
-        let send_timeout = self.proxy.settings.upstream_send_timeout;
+        let send_timeout = self.send_timeout;
         let mut left = match framing {
             BodyFraming::Length(n) => n,
             _ => 0,

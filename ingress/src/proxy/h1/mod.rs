@@ -51,8 +51,10 @@ use response::ResponseContext;
 use super::phase::RequestView;
 use super::phase::route::Refusal;
 use super::settings::HttpSettings;
+use super::upstream::UpstreamError;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
+use crate::snapshot::policy::Wire;
 
 /// Room made for a client's next request head: most are well under this, and an idle
 /// kept-alive connection holds its buffer.
@@ -95,6 +97,7 @@ where
         response: Vec::with_capacity(1024),
         client_due: Deadline::new(),
         upstream_due: Deadline::new(),
+        send_timeout: proxy.settings.upstream_send_timeout,
     };
     let mut stopped = pin!(stop.cancelled());
     let mut waiting_since = Instant::now();
@@ -133,6 +136,8 @@ struct Client<'a, IO> {
     client_due: Deadline,
     /// Reads from and writes to the upstream.
     upstream_due: Deadline,
+    /// How long a write to the upstream may block: the current request's route's.
+    send_timeout: Duration,
 }
 
 // A request is moved through these once; boxing it would allocate once per request.
@@ -256,6 +261,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             },
         );
         let (action, route) = (phased.decision, phased.route);
+        // This path speaks HTTP/1.1 to upstreams; an HTTP/2 upstream is reached from HTTP/2
+        // clients (h2/).
+        let action = match action {
+            Decision::Forward(forward) if forward.wire == Wire::Http2 => {
+                Decision::Fail(UpstreamError::Protocol(
+                    "the upstream speaks HTTP/2 only (backend-protocol GRPC/GRPCS or appProtocol h2c); this request came over HTTP/1.x".into(),
+                ))
+            }
+            other => other,
+        };
         let mut upgrade = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
             upgrade = req
@@ -270,6 +285,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 &request::Upstream {
                     target,
                     authority,
+                    host: forward.vhost.as_deref(),
                     client: self.conn.client.facts(),
                     underscores: proxy.settings.headers.underscores,
                     body: req.body.into(),

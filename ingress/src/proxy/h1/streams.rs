@@ -1,20 +1,25 @@
-//! Kept-alive upstream connections for the fast path: plain TCP streams, each with the read
-//! buffer it came back with, one idle list per endpoint.
+//! Kept-alive upstream connections for the fast path: TCP or TLS streams, each with the read
+//! buffer it came back with, one idle list per endpoint and transport (a TLS connection made
+//! under one `proxy-ssl-*` policy is never handed to a route with another).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
-use tokio::net::TcpStream;
 
-use crate::proxy::pool::{self, PoolKey, PoolSettings};
+use crate::proxy::connect::{Connectors, Transport, UpstreamStream};
+use crate::proxy::pool::{PoolKey, PoolSettings};
 use crate::proxy::upstream::UpstreamError;
+use crate::snapshot::policy::Wire;
+
+/// Per endpoint, the idle connections of each transport (nearly always just one).
+type IdleLists = Vec<(Transport, Vec<Idle>)>;
 
 /// An upstream connection checked out for one request.
 pub struct Upstream {
-    pub stream: TcpStream,
+    pub stream: UpstreamStream,
     pub buf: BytesMut,
     /// It served a request before, so a failure before any answer may only mean the upstream
     /// closed it while it sat idle.
@@ -22,29 +27,37 @@ pub struct Upstream {
 }
 
 struct Idle {
-    stream: TcpStream,
+    stream: UpstreamStream,
     buf: BytesMut,
     since: Instant,
 }
 
 pub struct StreamPool {
-    idle: Mutex<HashMap<PoolKey, Vec<Idle>, foldhash::fast::RandomState>>,
+    idle: Mutex<HashMap<PoolKey, IdleLists, foldhash::fast::RandomState>>,
     settings: PoolSettings,
+    connectors: Arc<Connectors>,
 }
 
 impl StreamPool {
-    pub fn new(settings: PoolSettings) -> Self {
+    pub fn new(settings: PoolSettings, connectors: Arc<Connectors>) -> Self {
         Self {
             idle: Mutex::new(HashMap::default()),
             settings,
+            connectors,
         }
     }
 
     /// An idle connection that is still open, or a new one.
-    pub async fn checkout(&self, key: &PoolKey, now: Instant) -> Result<Upstream, UpstreamError> {
-        while let Some(idle) = self.pop(key) {
+    pub async fn checkout(
+        &self,
+        key: &PoolKey,
+        transport: &Transport,
+        connect_timeout: Duration,
+        now: Instant,
+    ) -> Result<Upstream, UpstreamError> {
+        while let Some(mut idle) = self.pop(key, transport) {
             if now.saturating_duration_since(idle.since) < self.settings.idle_timeout
-                && still_open(&idle.stream)
+                && still_open(&mut idle.stream)
             {
                 return Ok(Upstream {
                     stream: idle.stream,
@@ -53,23 +66,43 @@ impl StreamPool {
                 });
             }
         }
-        self.connect(key).await
+        self.connect(key, transport, connect_timeout).await
     }
 
-    pub async fn connect(&self, key: &PoolKey) -> Result<Upstream, UpstreamError> {
+    /// A new connection, made within `connect_timeout` (the route's `proxy-connect-timeout`).
+    pub async fn connect(
+        &self,
+        key: &PoolKey,
+        transport: &Transport,
+        connect_timeout: Duration,
+    ) -> Result<Upstream, UpstreamError> {
+        let stream = self
+            .connectors
+            .open(key, transport, Wire::Http1, connect_timeout)
+            .await?;
         Ok(Upstream {
-            stream: pool::open(key, self.settings.connect_timeout).await?,
+            stream,
             buf: BytesMut::new(),
             reused: false,
         })
     }
 
     /// Takes back a connection whose last response was read to its end and nothing more.
-    pub fn checkin(&self, key: &PoolKey, upstream: Upstream, now: Instant) {
+    pub fn checkin(&self, key: &PoolKey, transport: &Transport, upstream: Upstream, now: Instant) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = match idle.get_mut(key) {
-            Some(list) => list,
+        let lists = match idle.get_mut(key) {
+            Some(lists) => lists,
             None => idle.entry(key.clone()).or_default(),
+        };
+        let at = match lists.iter().position(|(t, _)| t == transport) {
+            Some(at) => at,
+            None => {
+                lists.push((transport.clone(), Vec::new()));
+                lists.len() - 1
+            }
+        };
+        let Some((_, list)) = lists.get_mut(at) else {
+            return;
         };
         if list.len() < self.settings.max_idle_per_endpoint {
             list.push(Idle {
@@ -80,29 +113,32 @@ impl StreamPool {
         }
     }
 
-    fn pop(&self, key: &PoolKey) -> Option<Idle> {
+    fn pop(&self, key: &PoolKey, transport: &Transport) -> Option<Idle> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.get_mut(key).and_then(Vec::pop)
+        idle.get_mut(key)?
+            .iter_mut()
+            .find(|(t, _)| t == transport)
+            .and_then(|(_, list)| list.pop())
     }
 
     /// Idle connections held right now, for tests and metrics.
     pub fn idle_count(&self) -> usize {
         self.idle
             .lock()
-            .map(|i| i.values().map(Vec::len).sum())
+            .map(|i| i.values().flatten().map(|(_, list)| list.len()).sum())
             .unwrap_or(0)
     }
 }
 
 /// An idle connection has nothing to say: if the reactor saw it become readable, the upstream
 /// closed it (or sent something unasked). Costs a syscall only when readiness is set.
-fn still_open(stream: &TcpStream) -> bool {
+fn still_open(stream: &mut UpstreamStream) -> bool {
     match stream.readable().now_or_never() {
         None => true,
         Some(Err(_)) => false,
         Some(Ok(())) => {
-            let mut byte = [0u8; 1];
-            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            let mut byte = BytesMut::with_capacity(1);
+            matches!(stream.try_read_buf(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
         }
     }
 }

@@ -36,10 +36,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     ) -> (u16, Outcome, bool) {
         let Forward {
             key,
+            transport,
             in_flight,
             timeout,
+            connect_timeout,
+            send_timeout,
             ..
         } = forward;
+        self.send_timeout = send_timeout;
         let fail = |this: &mut Self, error: UpstreamError, ctx: &ResponseContext<'_>| {
             let code = error.status();
             response::write_local(&mut this.response, code, None, ctx);
@@ -47,12 +51,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         };
         self.upstream_due.set(p.started + timeout);
         let connected = tokio::select! {
-            up = self.proxy.streams.connect(&key) => up,
+            up = self.proxy.streams.connect(&key, &transport, connect_timeout) => up,
             () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
         };
         let head = match connected {
             Ok(mut up) => {
-                let send_timeout = self.proxy.settings.upstream_send_timeout;
+                let send_timeout = self.send_timeout;
                 match write_timed(
                     &mut up.stream,
                     &self.request,
@@ -108,7 +112,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         }
         if !self.inbuf.is_empty() {
             let early = self.inbuf.split();
-            let upstream_send = self.proxy.settings.upstream_send_timeout;
+            let upstream_send = self.send_timeout;
             if write_timed(
                 &mut up.stream,
                 &early,

@@ -21,14 +21,18 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 use ingress_wire::authority::{self, AuthorityError};
 
+use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response::SERVER;
 use crate::proxy::phase::route::Refusal;
+use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
 use crate::proxy::pool::PoolKey;
+use crate::proxy::pool::SendError;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
+use crate::snapshot::policy::Wire;
 
 impl Proxy {
     /// Serves one HTTP/2 request.
@@ -95,6 +99,7 @@ impl Proxy {
             }
             _ => {}
         }
+        let grpc = respond::is_grpc(req.headers());
         let authority = authority::of_h2(
             req.uri().authority().map(|a| a.as_str()),
             req.headers()
@@ -147,19 +152,32 @@ impl Proxy {
                 (respond::status(refusal.status), Outcome::refused(refusal))
             }
             Decision::Fail(error) => (
-                respond::status(error.status()),
+                if grpc {
+                    respond::grpc_error(error.status(), &error.to_string())
+                } else {
+                    respond::status(error.status())
+                },
                 Outcome {
                     error: Some(error),
                     ..Outcome::LOCAL
                 },
             ),
             Decision::Forward(forward) => {
+                let vhost = forward.vhost.clone();
                 let request = forward::RequestSide {
+                    host: vhost.as_deref(),
                     authority: &authority_raw,
                     original_uri: &original,
                 };
-                self.forward(req, forward, &forwarded_target, &request, conn)
-                    .await
+                self.forward(
+                    req,
+                    forward,
+                    &forwarded_target,
+                    &request,
+                    conn,
+                    route.as_ref(),
+                )
+                .await
             }
         };
         (response, route, Some(host), outcome)
@@ -172,10 +190,17 @@ impl Proxy {
         target: &str,
         request: &forward::RequestSide<'_>,
         conn: &ConnInfo,
+        route: Option<&Arc<Route>>,
     ) -> (Response<ProxyBody>, Outcome) {
+        let started = std::time::Instant::now();
+        let grpc = respond::is_grpc(req.headers());
         let fail = |error: UpstreamError, upstream: Option<PoolKey>| {
             (
-                respond::status(error.status()),
+                if grpc {
+                    respond::grpc_error(error.status(), &error.to_string())
+                } else {
+                    respond::status(error.status())
+                },
                 Outcome {
                     upstream,
                     error: Some(error),
@@ -184,16 +209,42 @@ impl Proxy {
             )
         };
         let Forward {
-            key,
-            in_flight,
+            mut key,
+            transport,
+            wire,
+            mut in_flight,
             timeout,
             forwarded_prefix,
             set_cookie,
             set_headers,
             max_body,
+            connect_timeout,
+            next_upstream,
             ..
         } = forward;
+        // proxy-next-upstream, for attempts that could not connect: the request comes back
+        // unsent and goes to another endpoint.
+        let mut tried = vec![key.clone()];
+        let mut retry = |error: &UpstreamError, key: &mut PoolKey, in_flight: &mut Option<_>| {
+            let (next_key, next_in_flight) =
+                upstream::retry(route, &next_upstream, &tried, started, error)?;
+            tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");
+            *key = next_key;
+            *in_flight = Some(next_in_flight);
+            tried.push(key.clone());
+            Some(())
+        };
         let (mut parts, body) = req.into_parts();
+        // gRPC needs `te: trailers` to reach an HTTP/2 upstream; it is hop-by-hop otherwise.
+        let te_trailers = parts
+            .headers
+            .get(header::TE)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+        // The client's gRPC deadline bounds the wait as well as the route's timeout.
+        let timeout = match respond::grpc_timeout(&parts.headers).filter(|_| grpc) {
+            Some(deadline) => timeout.min(deadline),
+            None => timeout,
+        };
         forward::rewrite_request(
             &mut parts.headers,
             &conn.client,
@@ -210,26 +261,107 @@ impl Proxy {
             Ok(uri) => uri,
             Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
         };
-        parts.version = Version::HTTP_11;
         let mut body = idle::IdleBody::new(body, self.settings.client_body_timeout);
+        // proxy-body-size: a body that grows past the limit ends the exchange with 413.
         let too_large = Arc::new(AtomicBool::new(false));
         if let Some(limit) = max_body {
             body = body.limited(limit, too_large.clone());
         }
-        let upstream_req = Request::from_parts(parts, body);
-
-        let mut response =
-            match tokio::time::timeout(timeout, self.pool.send(key.clone(), upstream_req)).await {
-                Ok(Ok(response)) => response,
+        if wire == Wire::Http2 {
+            // HTTP/2 carries the authority in :authority, from the URI, not in Host.
+            let authority = parts
+                .headers
+                .remove(header::HOST)
+                .and_then(|h| h.to_str().ok().map(str::to_string))
+                .unwrap_or_else(|| key.to_string());
+            let scheme = match transport {
+                Transport::Plain => "http",
+                Transport::Tls(_) => "https",
+            };
+            parts.uri = match Uri::try_from(format!("{scheme}://{authority}{target}")) {
+                Ok(uri) => uri,
+                Err(_) => return fail(UpstreamError::Protocol("unusable target".into()), None),
+            };
+            parts.version = Version::HTTP_2;
+            if te_trailers {
+                parts
+                    .headers
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+            let mut upstream_req = Request::from_parts(parts, body);
+            let mut response = loop {
+                let sent = tokio::time::timeout(
+                    timeout,
+                    self.h2_pool
+                        .send(&key, &transport, connect_timeout, upstream_req),
+                )
+                .await;
+                match sent {
+                    Ok(Ok(response)) => break response,
+                    Ok(Err(SendError {
+                        error,
+                        unsent: Some(again),
+                    })) if retry(&error, &mut key, &mut in_flight).is_some() => {
+                        upstream_req = again;
+                    }
+                    Ok(Err(_)) if too_large.load(Ordering::Relaxed) => {
+                        return (
+                            respond::status(StatusCode::PAYLOAD_TOO_LARGE),
+                            Outcome::LOCAL,
+                        );
+                    }
+                    Ok(Err(err)) => return fail(err.error, Some(key)),
+                    Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
+                }
+            };
+            drop(in_flight);
+            forward::strip_response_hop_by_hop(response.headers_mut());
+            if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+                response.headers_mut().append(header::SET_COOKIE, cookie);
+            }
+            for (name, value) in set_headers {
+                response.headers_mut().insert(name, value);
+            }
+            let response = response
+                .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
+            let outcome = Outcome {
+                upstream: Some(key),
+                error: None,
+                refused: None,
+            };
+            return (response, outcome);
+        }
+        parts.version = Version::HTTP_11;
+        let mut upstream_req = Request::from_parts(parts, body);
+        let mut response = loop {
+            let sent = tokio::time::timeout(
+                timeout,
+                self.pool.send(
+                    key.clone(),
+                    transport.clone(),
+                    connect_timeout,
+                    upstream_req,
+                ),
+            )
+            .await;
+            match sent {
+                Ok(Ok(response)) => break response,
+                Ok(Err(SendError {
+                    error,
+                    unsent: Some(again),
+                })) if retry(&error, &mut key, &mut in_flight).is_some() => {
+                    upstream_req = again;
+                }
                 Ok(Err(_)) if too_large.load(Ordering::Relaxed) => {
                     return (
                         respond::status(StatusCode::PAYLOAD_TOO_LARGE),
                         Outcome::LOCAL,
                     );
                 }
-                Ok(Err(err)) => return fail(err, Some(key)),
+                Ok(Err(err)) => return fail(err.error, Some(key)),
                 Err(_) => return fail(UpstreamError::ResponseTimeout(timeout), Some(key)),
-            };
+            }
+        };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_response_hop_by_hop(response.headers_mut());

@@ -53,6 +53,11 @@ pub struct RouteOnlyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
     pub listener: &'static str,
 }
@@ -90,6 +95,7 @@ pub struct ProxyMetrics {
     /// userspace); `ingress_sni_gate_total` adds the kernel's before-accept ones to these.
     pub sni_gate: Family<ReasonLabels, Counter>,
     upstream_address_refused: Family<ReasonLabels, Counter>,
+    upstream_errors: Family<KindLabels, Counter>,
     pub passthrough: PassthroughMetrics,
     routes: RouteStatsTable,
     unrouted: OnceLock<RouteStats>,
@@ -154,6 +160,12 @@ impl ProxyMetrics {
             "Connections not made because an ExternalName resolved to an address refused as a backend, by reason (loopback, link_local, unspecified, host_address)",
             upstream_address_refused.clone(),
         );
+        let upstream_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "upstream_errors",
+            "Requests the proxy answered itself because the upstream failed, by kind (connect, connect_timeout, response_timeout, protocol, tls_certificate, tls_handshake, tls_config, no_endpoints, address_refused, refused)",
+            upstream_errors.clone(),
+        );
         let sni_gate = Family::<ReasonLabels, Counter>::default();
         registry.register_collector(Box::new(SniGateTotals::new(sni_gate.clone(), gate)));
         let passthrough = PassthroughMetrics::register(registry);
@@ -167,6 +179,7 @@ impl ProxyMetrics {
             tls_handshakes,
             sni_gate,
             upstream_address_refused,
+            upstream_errors,
             passthrough,
             unrouted: OnceLock::new(),
         };
@@ -220,6 +233,15 @@ impl ProxyMetrics {
             .get_or_create(&ReasonLabels {
                 reason: refusal.as_str(),
             })
+            .inc();
+    }
+
+    /// Counts a request that failed upstream, by [`UpstreamError::kind`].
+    ///
+    /// [`UpstreamError::kind`]: crate::proxy::upstream::UpstreamError::kind
+    pub fn count_upstream_error(&self, kind: &'static str) {
+        self.upstream_errors
+            .get_or_create(&KindLabels { kind })
             .inc();
     }
 

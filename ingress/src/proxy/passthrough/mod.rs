@@ -155,8 +155,11 @@ impl Passthrough<'_> {
         }
         let (key, in_flight) = match &route.backend.target {
             Target::Endpoints(_) => {
-                let endpoint = route.backend.pick().ok_or(Failure::NoEndpoint)?;
-                (PoolKey::Addr(endpoint.addr), Some(endpoint.start()))
+                let endpoint = route
+                    .backend
+                    .pick(route.policy.upstream.balance)
+                    .ok_or(Failure::NoEndpoint)?;
+                (PoolKey::Addr(endpoint.addr), Some(endpoint.start(false)))
             }
             // Resolved and judged on each connection, as for HTTP routes.
             Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),

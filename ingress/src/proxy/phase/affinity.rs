@@ -20,6 +20,7 @@ use super::identity::ConnInfo;
 use crate::snapshot::annotations::affinity::{Affinity, Mode, stable_hash};
 use crate::snapshot::annotations::hash::{HashKey, Piece};
 use crate::snapshot::backend::{Backend, Endpoint};
+use crate::snapshot::policy::Balance;
 
 /// The endpoint for a request with `affinity` on `backend`, and the `Set-Cookie` value when the
 /// client must be told (a new session); `None` when the backend has no endpoint.
@@ -49,7 +50,7 @@ pub(crate) fn pick(
             (rendezvous(endpoints, key.as_bytes())?.clone(), key)
         }
         Mode::Persistent => {
-            let endpoint = backend.pick()?.clone();
+            let endpoint = backend.pick(Balance::default())?.clone();
             let key = endpoint_key(&endpoint);
             (endpoint, key)
         }

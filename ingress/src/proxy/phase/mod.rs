@@ -47,10 +47,12 @@ use http::{StatusCode, Version};
 use ingress_wire::target::{self, Target};
 
 use super::Proxy;
+use super::connect::Transport;
 use super::pool::PoolKey;
 use super::upstream::UpstreamError;
 use crate::snapshot::Route;
 use crate::snapshot::backend::InFlight;
+use crate::snapshot::policy::{NextUpstream, Wire};
 use identity::ConnInfo;
 use route::Refusal;
 
@@ -111,6 +113,10 @@ pub(crate) struct RequestView<'r, 't> {
 }
 
 /// What to do with a request; both HTTP paths act on it.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per request, moved twice: boxing the forward would add an allocation per request"
+)]
 pub(crate) enum Decision {
     /// Answer locally with this status (404).
     Respond(StatusCode),
@@ -128,10 +134,22 @@ pub(crate) enum Decision {
 /// Where and how a request goes upstream.
 pub(crate) struct Forward {
     pub(crate) key: PoolKey,
+    /// Cleartext or TLS (with the route's `proxy-ssl-*`).
+    pub(crate) transport: Transport,
+    /// HTTP/1.1 or HTTP/2 to the upstream.
+    pub(crate) wire: Wire,
     /// Counts toward the endpoint's load (least-loaded picking) until the response head.
     pub(crate) in_flight: Option<InFlight>,
     /// How long the upstream has to send its response head, and may pause in its body.
     pub(crate) timeout: Duration,
+    /// For a new upstream connection, TCP and TLS (`proxy-connect-timeout`).
+    pub(crate) connect_timeout: Duration,
+    /// How long a write to the upstream may block (`proxy-send-timeout`).
+    pub(crate) send_timeout: Duration,
+    /// The `Host` sent upstream instead of the client's (`upstream-vhost`).
+    pub(crate) vhost: Option<Arc<str>>,
+    /// When a failed attempt is made again on another endpoint.
+    pub(crate) next_upstream: NextUpstream,
     /// The protocols this route lets a client switch to (`Upgrade`).
     pub(crate) upgrades: Arc<[String]>,
     /// `X-Forwarded-Prefix` for the upstream (a rewritten request's `x-forwarded-prefix`).
@@ -268,12 +286,17 @@ impl Proxy {
                 });
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
                 let backend = canary::backend(&route, headers);
+                let defaults = upstream::Defaults {
+                    response: self.settings.response_timeout,
+                    connect: self.settings.connect_timeout,
+                    send: self.settings.upstream_send_timeout,
+                };
                 let mut decision = upstream::forward(
                     &route,
                     backend,
                     headers,
                     conn.https,
-                    self.settings.response_timeout,
+                    &defaults,
                     prefix,
                     hash_key.as_deref(),
                 );

@@ -19,8 +19,21 @@ impl Proxy {
     /// Metrics and the access log line, the same for both HTTP paths.
     pub(crate) fn record(&self, r: &Record<'_>) {
         self.metrics.observe_request(r.route, r.status, r.elapsed);
-        if let Some(UpstreamError::AddressRefused { refusal, .. }) = &r.outcome.error {
-            self.metrics.count_address_refused(*refusal);
+        if let Some(error) = &r.outcome.error {
+            if let UpstreamError::AddressRefused { refusal, .. } = error {
+                self.metrics.count_address_refused(*refusal);
+            }
+            self.metrics.count_upstream_error(error.kind());
+            if let UpstreamError::Tls(..) = error {
+                // Worth a line even with the access log off: the route's TLS settings or the
+                // upstream's certificate need someone's attention.
+                tracing::warn!(
+                    upstream = %r.outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
+                    ingress = r.route.map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
+                    %error,
+                    "TLS to the upstream failed"
+                );
+            }
         }
         let Some((method, uri)) = r.request else {
             return;

@@ -19,6 +19,7 @@ use std::time::Duration;
 use registry::{Category, Status};
 
 use super::sources::{self, SourcePolicy};
+use super::upstream::{BackendProtocol, Balance, NextUpstream, TlsVersions, UpstreamTls};
 
 pub const PREFIX: &str = "ingress.rs/";
 pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
@@ -38,6 +39,24 @@ pub struct Options {
     /// `websocket` unless the annotation lists others. Only this project's prefix: ingress-nginx
     /// passes every `Upgrade` on.
     pub upgrades: Arc<[String]>,
+    /// `backend-protocol`; `None` lets the Service port's `appProtocol` decide.
+    pub backend_protocol: Option<BackendProtocol>,
+    /// `proxy-ssl-verify`, `-verify-depth`, `-server-name`, `-name`, `-protocols`; the
+    /// certificates of `proxy-ssl-secret` are filled in by the build, which reads the Secret.
+    pub upstream_tls: UpstreamTls,
+    /// `proxy-ssl-secret`: the Secret's name, in the Ingress's namespace.
+    pub proxy_ssl_secret: Option<String>,
+    /// `proxy-connect-timeout`, `proxy-send-timeout`, in seconds.
+    pub connect_timeout: Option<Duration>,
+    pub send_timeout: Option<Duration>,
+    /// `upstream-vhost`.
+    pub upstream_vhost: Option<String>,
+    /// `service-upstream`: the Service's ClusterIP instead of its endpoints.
+    pub service_upstream: bool,
+    /// `load-balance`.
+    pub load_balance: Option<Balance>,
+    /// `proxy-next-upstream`, `-tries`, `-timeout`.
+    pub next_upstream: NextUpstream,
     /// `use-regex`: the paths are regular expressions, and every path of each host this Ingress
     /// names becomes a case-insensitive prefix regex (ingress-nginx's location modifier `~*`).
     pub use_regex: bool,
@@ -104,6 +123,15 @@ impl Default for Options {
             proxy_body_size: None,
             upstream_hash_by: None,
             affinity_canary_legacy: false,
+            backend_protocol: None,
+            upstream_tls: UpstreamTls::default(),
+            proxy_ssl_secret: None,
+            connect_timeout: None,
+            send_timeout: None,
+            upstream_vhost: None,
+            service_upstream: false,
+            load_balance: None,
+            next_upstream: NextUpstream::default(),
         }
     }
 }
@@ -131,11 +159,15 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.ssl_redirect = bool_of("ssl-redirect");
     options.force_ssl_redirect = bool_of("force-ssl-redirect").unwrap_or(false);
     options.ssl_passthrough = bool_of("ssl-passthrough").unwrap_or(false);
+    options.service_upstream = bool_of("service-upstream").unwrap_or(false);
     options.use_regex = bool_of("use-regex").unwrap_or(false);
     options.preserve_trailing_slash = bool_of("preserve-trailing-slash").unwrap_or(false);
     options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
     let canary = bool_of("canary").unwrap_or(false);
     let cors = bool_of("enable-cors").unwrap_or(false);
+    options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    options.connect_timeout = seconds_of(annotations, "proxy-connect-timeout", &mut errors);
+    options.send_timeout = seconds_of(annotations, "proxy-send-timeout", &mut errors);
     options.canary = canary::parse(annotations, canary, &mut errors).map(Arc::new);
     options.affinity = affinity::parse(annotations, &mut errors).map(Arc::new);
     options.cors = cors::parse(annotations, cors, &mut errors).map(Arc::new);
@@ -162,7 +194,6 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             )),
         }
     }
-    options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
             Ok(template) => options.rewrite_target = Some(Arc::new(template)),
@@ -200,6 +231,7 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             }
         }
     }
+    parse_upstream(annotations, &mut options, &mut errors);
     (options, errors)
 }
 
@@ -266,6 +298,124 @@ pub fn size(value: &str) -> Option<u64> {
         return None;
     }
     digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// `backend-protocol` and `proxy-ssl-*`, with ingress-nginx's value syntax.
+fn parse_upstream(
+    annotations: &BTreeMap<String, String>,
+    options: &mut Options,
+    errors: &mut Vec<String>,
+) {
+    let mut fail = |key: &str, why: String| errors.push(format!("{key}: {why}"));
+    if let Some((key, value)) = lookup(annotations, "upstream-vhost") {
+        // A host, optionally with a port: what a Host header may carry, nothing more.
+        let value = value.trim();
+        let ok = !value.is_empty()
+            && value.len() <= 255
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        if ok {
+            options.upstream_vhost = Some(value.to_string());
+        } else {
+            fail(
+                key,
+                format!("{value:?} is not a host name with an optional port"),
+            );
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-next-upstream") {
+        let mut next = options.next_upstream;
+        match NextUpstream::parse_conditions(value, &mut next) {
+            Ok(()) => options.next_upstream = next,
+            Err(why) => fail(key, why),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-next-upstream-tries") {
+        match value.trim().parse::<u32>() {
+            Ok(n) if n <= 100 => options.next_upstream.tries = n,
+            _ => fail(key, format!("{value:?} is not a whole number in 0..=100")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-next-upstream-timeout") {
+        match value.trim().parse::<u64>() {
+            Ok(0) => options.next_upstream.within = None,
+            Ok(s) if s <= 86_400 => {
+                options.next_upstream.within = Some(Duration::from_secs(s));
+            }
+            _ => fail(
+                key,
+                format!("{value:?} is not a whole number of seconds in 0..=86400"),
+            ),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "load-balance") {
+        match Balance::from_annotation(value) {
+            Ok(b) => options.load_balance = Some(b),
+            Err(why) => fail(key, why),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "backend-protocol") {
+        match BackendProtocol::from_annotation(value) {
+            Ok(p) => options.backend_protocol = Some(p),
+            Err(why) => fail(key, why),
+        }
+    }
+    let tls = &mut options.upstream_tls;
+    for (name, field) in [
+        ("proxy-ssl-verify", &mut tls.verify),
+        ("proxy-ssl-server-name", &mut tls.send_sni),
+    ] {
+        if let Some((key, value)) = lookup(annotations, name) {
+            match value.trim() {
+                "on" => *field = true,
+                "off" => *field = false,
+                other => fail(key, format!("{other:?} is not \"on\" or \"off\"")),
+            }
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-verify-depth") {
+        match value.trim().parse::<u8>() {
+            Ok(depth) if (1..=100).contains(&depth) => tls.verify_depth = depth,
+            _ => fail(key, format!("{value:?} is not a whole number in 1..=100")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-name") {
+        let name = value.trim().trim_end_matches('.').to_ascii_lowercase();
+        match rustls_pki_types::ServerName::try_from(name.as_str()) {
+            Ok(_) if !name.is_empty() => tls.name = Some(name),
+            _ => fail(key, format!("{value:?} is not a DNS name or IP address")),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-protocols") {
+        match TlsVersions::parse(value) {
+            Ok(versions) => tls.versions = versions,
+            Err(why) => fail(key, why),
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "proxy-ssl-secret") {
+        // ingress-nginx writes "namespace/name"; only the Ingress's own namespace is allowed
+        // (checked by the build, which knows it), and a bare name means that namespace.
+        let value = value.trim();
+        let valid = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b))
+        };
+        let ok = match value.split_once('/') {
+            Some((ns, name)) => valid(ns) && valid(name),
+            None => valid(value),
+        };
+        if ok {
+            options.proxy_ssl_secret = Some(value.to_string());
+        } else {
+            fail(
+                key,
+                format!("{value:?} is not \"namespace/name\" or \"name\""),
+            );
+        }
+    }
 }
 
 /// What an Ingress with an access-control annotation this controller cannot honour gets.
@@ -719,6 +869,221 @@ mod tests {
                 vec![(n("x-forwarded-prefix"), "/a\r\nX-Evil: 1")],
                 Options::default(),
                 1,
+            ),
+            // Not an ingress-nginx annotation: its prefix does nothing here.
+            (vec![(n("upgrades"), "h2c")], Options::default(), 0),
+            (
+                vec![("example.com/other".to_string(), "x")],
+                Options::default(),
+                0,
+            ),
+        ];
+        for (pairs, want, errors) in cases {
+            let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let (got, errs) = parse_pairs(&pairs);
+            assert_eq!(got, want, "{pairs:?}");
+            assert_eq!(errs.len(), errors, "{pairs:?}: {errs:?}");
+        }
+    }
+
+    #[test]
+    fn upstream_table() {
+        let n = |s: &str| format!("{NGINX_PREFIX}{s}");
+        let o = |s: &str| format!("{PREFIX}{s}");
+        let cases: Vec<(Vec<(String, &str)>, Options, usize)> = vec![
+            (vec![], Options::default(), 0),
+            (
+                vec![(n("ssl-redirect"), "false")],
+                Options {
+                    ssl_redirect: Some(false),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("ssl-redirect"), "false"), (o("ssl-redirect"), "true")],
+                Options {
+                    ssl_redirect: Some(true),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("force-ssl-redirect"), "true")],
+                Options {
+                    force_ssl_redirect: true,
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("ssl-passthrough"), "true")],
+                Options {
+                    ssl_passthrough: true,
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("ssl-passthrough"), "yes")], Options::default(), 1),
+            (
+                vec![(n("proxy-read-timeout"), "120")],
+                Options {
+                    read_timeout: Some(Duration::from_secs(120)),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
+            (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
+            (
+                vec![(o("upgrades"), "WebSocket, h2c")],
+                Options {
+                    upgrades: Arc::from(["websocket".to_string(), "h2c".to_string()]),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(o("upgrades"), "")],
+                Options {
+                    upgrades: Arc::from(Vec::<String>::new()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(o("upgrades"), "web socket")], Options::default(), 1),
+            (
+                vec![(n("backend-protocol"), "GRPCS")],
+                Options {
+                    backend_protocol: Some(BackendProtocol::Grpcs),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("backend-protocol"), "FCGI")], Options::default(), 1),
+            (vec![(n("backend-protocol"), "SPDY")], Options::default(), 1),
+            (
+                vec![
+                    (n("proxy-ssl-verify"), "on"),
+                    (n("proxy-ssl-server-name"), "on"),
+                    (n("proxy-ssl-verify-depth"), "3"),
+                    (n("proxy-ssl-name"), "Backend.Example."),
+                    (n("proxy-ssl-protocols"), "TLSv1.3"),
+                    (n("proxy-ssl-secret"), "default/backend-ca"),
+                ],
+                Options {
+                    upstream_tls: UpstreamTls {
+                        verify: true,
+                        send_sni: true,
+                        verify_depth: 3,
+                        name: Some("backend.example".into()),
+                        versions: TlsVersions {
+                            tls12: false,
+                            tls13: true,
+                        },
+                        ..UpstreamTls::default()
+                    },
+                    proxy_ssl_secret: Some("default/backend-ca".into()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (vec![(n("proxy-ssl-verify"), "true")], Options::default(), 1),
+            (
+                vec![(n("proxy-ssl-server-name"), "yes")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-verify-depth"), "0")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-name"), "not a name")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-protocols"), "TLSv1 TLSv1.2")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-ssl-secret"), "a/b/c")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-connect-timeout"), "3"),
+                    (n("proxy-send-timeout"), "30"),
+                    (n("upstream-vhost"), "internal.example:8080"),
+                    (n("service-upstream"), "true"),
+                    (n("load-balance"), "ewma"),
+                ],
+                Options {
+                    connect_timeout: Some(Duration::from_secs(3)),
+                    send_timeout: Some(Duration::from_secs(30)),
+                    upstream_vhost: Some("internal.example:8080".into()),
+                    service_upstream: true,
+                    load_balance: Some(Balance::Ewma),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("proxy-connect-timeout"), "5s")],
+                Options::default(),
+                1,
+            ),
+            (vec![(n("upstream-vhost"), "a b")], Options::default(), 1),
+            (
+                vec![(n("upstream-vhost"), "a\r\nx: y")],
+                Options::default(),
+                1,
+            ),
+            (vec![(n("service-upstream"), "on")], Options::default(), 1),
+            (
+                vec![(n("load-balance"), "least_conn")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-next-upstream"), "error non_idempotent"),
+                    (n("proxy-next-upstream-tries"), "5"),
+                    (n("proxy-next-upstream-timeout"), "10"),
+                ],
+                Options {
+                    next_upstream: NextUpstream {
+                        error: true,
+                        timeout: false,
+                        non_idempotent: true,
+                        tries: 5,
+                        within: Some(Duration::from_secs(10)),
+                    },
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("proxy-next-upstream"), "http_502")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-next-upstream-tries"), "-1")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(o("proxy-ssl-secret"), "ca-only")],
+                Options {
+                    proxy_ssl_secret: Some("ca-only".into()),
+                    ..Default::default()
+                },
+                0,
             ),
             // Not an ingress-nginx annotation: its prefix does nothing here.
             (vec![(n("upgrades"), "h2c")], Options::default(), 0),

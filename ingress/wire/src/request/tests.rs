@@ -269,6 +269,7 @@ fn upstream_framing_and_upgrades() {
             &mut out,
             &req,
             &Upstream {
+                host: None,
                 target: &target,
                 authority: "a",
                 client,
