@@ -72,7 +72,7 @@ impl Proxy {
 
     async fn serve_h2(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: &ConnInfo,
     ) -> (
         Response<ProxyBody>,
@@ -142,6 +142,9 @@ impl Proxy {
             },
         );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
+        if !matches!(decision, Decision::Forward(_)) {
+            drain(req.body_mut()).await;
+        }
         let (response, outcome) = match decision {
             Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
             Decision::Redirect(code, location) => {
@@ -381,4 +384,31 @@ impl Proxy {
             },
         )
     }
+}
+
+/// The most of a locally answered request's body that is read before answering: the initial
+/// flow-control window, all a client may send before it must wait for us anyway.
+const DRAIN_BYTES: usize = 65_535;
+/// And for how long.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads and drops what remains of a request body the proxy answers itself (a 413 for a body
+/// over the limit, a redirect, a refusal), up to the flow-control window and for at most a
+/// second. A response that ends the stream while the client is still sending makes hyper reset
+/// the stream, and clients report that reset instead of the answer; a body that fits the
+/// window has then already arrived, and a larger one is cut off as before.
+async fn drain(body: &mut Incoming) {
+    use http_body_util::BodyExt;
+    let read = async {
+        let mut seen = 0usize;
+        while seen <= DRAIN_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    seen += frame.data_ref().map_or(0, |d| d.len());
+                }
+                Some(Err(_)) | None => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, read).await;
 }
