@@ -301,7 +301,7 @@ mod tests {
         assert_eq!(
             outcomes("plain"),
             vec![
-                (n("configuration-snippet"), Outcome::Ignored),
+                (n("configuration-snippet"), Outcome::Invalid),
                 (n("not-a-real-one"), Outcome::Ignored),
                 (n("proxy-read-timeout"), Outcome::Invalid),
                 (n("ssl-redirect"), Outcome::Applied),
@@ -335,8 +335,8 @@ mod tests {
                 ingresses_refused: 1,
                 annotations: 6,
                 applied: 2,
-                invalid: 1,
-                ignored: 2,
+                invalid: 2,
+                ignored: 1,
                 refused: 1,
             }
         );

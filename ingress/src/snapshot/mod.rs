@@ -53,6 +53,9 @@ pub struct BuildSettings {
     /// `--proxy-body-size`: the request body limit of routes without `proxy-body-size`
     /// (`None`: no limit).
     pub max_body: Option<u64>,
+    /// `--allow-snippet-annotations`: read the header actions of `server-snippet` and
+    /// `configuration-snippet`.
+    pub allow_snippets: bool,
 }
 
 /// One immutable routing state.
@@ -195,6 +198,7 @@ impl Snapshot {
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
             max_body: settings.max_body,
+            allow_snippets: settings.allow_snippets,
             rank: 0,
             diagnostics: store.source_diagnostics.clone(),
             resolver: Resolver::new(store, &settings.backends),
@@ -451,6 +455,8 @@ fn owned_ingresses<'s>(
 struct Builder<'s> {
     /// `--proxy-body-size`.
     max_body: Option<u64>,
+    /// `--allow-snippet-annotations`.
+    allow_snippets: bool,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     diagnostics: Vec<Diagnostic>,
@@ -482,9 +488,19 @@ struct HostBuilder {
 impl Builder<'_> {
     fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
         let subject = Subject::object(Kind::Ingress, key);
-        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
+        let (mut options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
         for message in errors {
             self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
+        let (snippets, errors) =
+            annotations::snippets(ingress.metadata.annotations.as_ref(), self.allow_snippets);
+        options.snippets = snippets.map(Arc::new);
+        for message in errors {
+            self.diagnostics.push(Diagnostic::warning(
                 DiagnosticKind::InvalidAnnotation,
                 subject.clone(),
                 message,
@@ -1043,6 +1059,7 @@ pub(crate) mod testing {
             unsupported_access: UnsupportedAccess::Refuse,
             unnamed: sni::UnnamedPolicy::default(),
             max_body: Some(1 << 20),
+            allow_snippets: true,
         }
     }
 }

@@ -13,7 +13,9 @@
 //!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
-//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity
+//!   response               ResponsePolicy   snippet header actions on the upstream's response
+//!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity,
+//!                                           a snippet's proxy_set_header
 //!                          CanaryPolicy     a canary Ingress's backend and rules (header,
 //!                                           cookie, weight)
 //! ```
@@ -28,6 +30,7 @@ use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
 use super::annotations::rewrite::Template;
+use super::annotations::snippet::{RequestEdits, ResponseEdits};
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
 use super::sources::SourcePolicy;
@@ -51,6 +54,9 @@ pub struct ResponsePolicy {
     /// `enable-cors`: OPTIONS from an allowed origin is answered 204 by the proxy; other
     /// requests from one get the CORS headers set on the upstream's response.
     pub cors: Option<Arc<Cors>>,
+    /// A snippet's `add_header`, `more_set_headers` and `more_clear_headers`, on the
+    /// upstream's responses.
+    pub headers: Option<Arc<ResponseEdits>>,
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -188,6 +194,9 @@ pub struct UpstreamPolicy {
     /// `upstream-hash-by`: the endpoint is the key's, by rendezvous hashing (`affinity` wins
     /// when both are set, as in ingress-nginx).
     pub hash_by: Option<Arc<HashKey>>,
+    /// A snippet's `proxy_set_header`s: the request headers sent upstream instead of the
+    /// client's.
+    pub request_headers: Option<Arc<RequestEdits>>,
 }
 
 impl Default for UpstreamPolicy {
@@ -198,6 +207,7 @@ impl Default for UpstreamPolicy {
             affinity: None,
             max_body: None,
             hash_by: None,
+            request_headers: None,
         }
     }
 }
@@ -249,6 +259,11 @@ impl RoutePolicy {
             canary: None,
             response: ResponsePolicy {
                 cors: options.cors.clone(),
+                headers: options
+                    .snippets
+                    .as_ref()
+                    .filter(|s| !s.response.is_empty())
+                    .map(|s| Arc::new(s.response.clone())),
             },
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,
@@ -260,6 +275,11 @@ impl RoutePolicy {
                     None => max_body,
                 },
                 hash_by: options.upstream_hash_by.clone(),
+                request_headers: options
+                    .snippets
+                    .as_ref()
+                    .filter(|s| !s.request.is_empty())
+                    .map(|s| Arc::new(s.request.clone())),
             },
         }
     }

@@ -874,11 +874,13 @@ fn unsupported_annotations_table() {
         (vec![], Refuse, true, vec![]),
         (vec![(n("ssl-redirect"), "false")], Refuse, true, vec![]),
         (vec![(n("mirror-target"), "/m")], Refuse, true, vec![warn]),
+        (vec![(n("stream-snippet"), "x")], Refuse, true, vec![warn]),
+        // A snippet outside the header subset is not applied, and says why.
         (
             vec![(n("configuration-snippet"), "x")],
             Refuse,
             true,
-            vec![warn],
+            vec![(Severity::Warning, DiagnosticKind::InvalidAnnotation)],
         ),
         (vec![(n("not-a-real-one"), "x")], Refuse, true, vec![warn]),
         (
@@ -1718,4 +1720,42 @@ fn affinity_cookie_path_defaults_to_the_routes_path() {
     );
     assert_eq!(path_of("sticky.example.com", "/rex").as_deref(), Some("/"));
     assert_eq!(path_of("pathed.example.com", "/app").as_deref(), Some("/p"));
+}
+
+#[test]
+fn snippets_become_header_actions_only_with_the_flag() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let snippet = "more_set_headers 'X-Frame-Options: DENY';\nproxy_set_header X-Tenant acme;";
+    let pairs = [(n("configuration-snippet"), snippet)];
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let yaml = format!(
+        "{SERVICES}{}",
+        annotated("snip", "shop.example.com", &pairs, false)
+    );
+    // (--allow-snippet-annotations, headers applied, diagnostic)
+    for (allow, applied, diagnostic) in [(true, true, None), (false, false, Some("disabled"))] {
+        let mut settings = settings();
+        settings.allow_snippets = allow;
+        let snap = build_with(&yaml, &settings);
+        let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+        assert_eq!(route.policy.response.headers.is_some(), applied, "{allow}");
+        assert_eq!(
+            route.policy.upstream.request_headers.is_some(),
+            applied,
+            "{allow}"
+        );
+        let messages: Vec<&str> = snap
+            .diagnostics
+            .iter()
+            .filter(|d| d.kind == DiagnosticKind::InvalidAnnotation)
+            .map(|d| d.message.as_str())
+            .collect();
+        match diagnostic {
+            None => assert!(messages.is_empty(), "{messages:?}"),
+            Some(want) => assert!(
+                messages.len() == 1 && messages[0].contains(want),
+                "{messages:?}"
+            ),
+        }
+    }
 }

@@ -22,7 +22,7 @@ use hyper::body::Incoming;
 use ingress_wire::authority::{self, AuthorityError};
 
 use crate::proxy::phase::identity::ConnInfo;
-use crate::proxy::phase::response::SERVER;
+use crate::proxy::phase::response::{self, SERVER};
 use crate::proxy::phase::route::Refusal;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
 use crate::proxy::pool::PoolKey;
@@ -51,6 +51,13 @@ impl Proxy {
                 .headers_mut()
                 .entry(header::STRICT_TRANSPORT_SECURITY)
                 .or_insert_with(|| hsts.clone());
+        }
+        // The upstream's response (not one the proxy made) gets the route's header edits.
+        if let (Some(route), Some(_), None) = (&route, &outcome.upstream, &outcome.error)
+            && let Some(edits) = response::edits(&route.policy.response)
+        {
+            let status = response.status().as_u16();
+            edits.apply(status, response.headers_mut());
         }
         *response.version_mut() = Version::HTTP_2;
         self.record(&Record {
@@ -191,6 +198,7 @@ impl Proxy {
             set_cookie,
             set_headers,
             max_body,
+            request_headers,
             ..
         } = forward;
         let (mut parts, body) = req.into_parts();
@@ -200,6 +208,12 @@ impl Proxy {
             request,
             &self.settings.headers,
         );
+        for (name, value) in request_headers.iter().flat_map(|edits| edits.set.iter()) {
+            parts.headers.remove(name);
+            if let Some(value) = value {
+                parts.headers.insert(name.clone(), value.clone());
+            }
+        }
         if let Some(prefix) = forwarded_prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
             parts
                 .headers

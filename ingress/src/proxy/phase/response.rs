@@ -1,14 +1,25 @@
 //! The response phase: what every response gets from the proxy (its `Server`, and HSTS on
 //! HTTPS), and what every finished request leaves behind (metrics, the access log line).
 
+use std::sync::Arc;
+
 use http::HeaderValue;
 
 use super::Record;
 use crate::proxy::Proxy;
 use crate::proxy::upstream::UpstreamError;
+use crate::snapshot::annotations::snippet::ResponseEdits;
+use crate::snapshot::policy::ResponsePolicy;
 
 /// The `Server` header of every response.
 pub(crate) static SERVER: HeaderValue = HeaderValue::from_static("ingress");
+
+/// The edits of the upstream's response headers on a route with `policy` (a snippet's
+/// `add_header`, `more_set_headers`, `more_clear_headers`): HTTP/1.x applies them as it writes
+/// the head, HTTP/2 with [`ResponseEdits::apply`], after the proxy's own `Server`.
+pub(crate) fn edits(policy: &ResponsePolicy) -> Option<Arc<ResponseEdits>> {
+    policy.headers.clone()
+}
 
 impl Proxy {
     /// The `Strict-Transport-Security` value for a response on this connection, if any.

@@ -56,5 +56,7 @@ pub(crate) fn forward(
         set_cookie,
         set_headers: Vec::new(),
         max_body: policy.max_body,
+        request_headers: policy.request_headers.clone(),
+        response_headers: None,
     })
 }

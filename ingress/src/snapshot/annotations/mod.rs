@@ -11,6 +11,7 @@ pub mod cors;
 pub mod hash;
 pub mod registry;
 pub mod rewrite;
+pub mod snippet;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,6 +74,9 @@ pub struct Options {
     /// `affinity-canary-behavior: legacy` (on a canary Ingress): sessions do not keep a client
     /// on the canary or the main backend; `sticky` (the default) does.
     pub affinity_canary_legacy: bool,
+    /// `server-snippet` and `configuration-snippet` read as header actions (set by the
+    /// snapshot with [`snippets`], only under `--allow-snippet-annotations`).
+    pub snippets: Option<Arc<snippet::HeaderActions>>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -104,6 +108,7 @@ impl Default for Options {
             proxy_body_size: None,
             upstream_hash_by: None,
             affinity_canary_legacy: false,
+            snippets: None,
         }
     }
 }
@@ -201,6 +206,45 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
         }
     }
     (options, errors)
+}
+
+/// The header actions of an Ingress's `server-snippet` and `configuration-snippet`, and why
+/// any of them is not applied. `allow` is `--allow-snippet-annotations`: without it no snippet
+/// is read. A snippet with anything outside the allow-listed subset is not applied at all.
+pub fn snippets(
+    annotations: Option<&BTreeMap<String, String>>,
+    allow: bool,
+) -> (Option<snippet::HeaderActions>, Vec<String>) {
+    let mut errors = Vec::new();
+    let Some(annotations) = annotations else {
+        return (None, errors);
+    };
+    let mut read = |name: &str, kind: snippet::Kind| {
+        let (key, value) = lookup(annotations, name)?;
+        if !allow {
+            errors.push(format!(
+                "{key}: not applied: snippet annotations are disabled (--allow-snippet-annotations, off by default as ingress-nginx's allow-snippet-annotations since v1.9)"
+            ));
+            return None;
+        }
+        match snippet::parse(value, kind) {
+            Ok(actions) => Some(actions),
+            Err(err) => {
+                errors.push(format!(
+                    "{key}: not applied (snippets are never executed; only literal add_header, more_set_headers, more_clear_headers and proxy_set_header are read): {err}"
+                ));
+                None
+            }
+        }
+    };
+    let server = read("server-snippet", snippet::Kind::Server);
+    let location = read("configuration-snippet", snippet::Kind::Location);
+    if server.is_none() && location.is_none() {
+        return (None, errors);
+    }
+    let merged = snippet::merge(server, location);
+    let empty = merged.request.is_empty() && merged.response.is_empty();
+    ((!empty).then_some(merged), errors)
 }
 
 /// `NAME` and `NAME-code` as ingress-nginx reads them: an http(s) URL of the characters it

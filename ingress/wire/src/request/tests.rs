@@ -277,6 +277,7 @@ fn upstream_framing_and_upgrades() {
                 upgrade: *upgrade,
                 new_request_id: [b'0'; 32],
                 forwarded_prefix: None,
+                set_headers: &[],
             },
         );
         let text = String::from_utf8(out).unwrap();
