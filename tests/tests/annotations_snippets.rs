@@ -1,7 +1,8 @@
 //! `configuration-snippet` and `server-snippet` through the real binary, over HTTP/1.1 and h2c
 //! with curl: with `--allow-snippet-annotations`, the header directives of a snippet act on
 //! the upstream's response and on the request sent upstream; a snippet with anything else is
-//! not applied at all; without the flag no snippet is read.
+//! not applied at all; without the flag no snippet is read. And the upstream rewrites
+//! (`proxy-redirect-*`, `proxy-cookie-*`), which act on the same response headers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -138,4 +139,60 @@ fn without_the_flag_no_snippet_is_read() {
         ingress.logs().contains("snippet annotations are disabled"),
         "the disabled snippets are diagnosed"
     );
+}
+
+/// `proxy-redirect-from`/`-to`, `proxy-cookie-domain`, `proxy-cookie-path`: the upstream's
+/// `Location` and `Set-Cookie` rewritten, over HTTP/1.1 and h2c.
+#[test]
+fn location_and_cookies_from_the_upstream_are_rewritten() {
+    let web = Backend::start("web");
+    let dir = Scratch::new("annotations-upstream-rewrite");
+    let manifests = [
+        service("t", "web", &[&web]),
+        annotated_ingress(
+            "t",
+            "rewrites",
+            1,
+            &[
+                ("proxy-redirect-from", "http://internal:8080/"),
+                ("proxy-redirect-to", "https://shop.test/store/"),
+                ("proxy-cookie-domain", "internal.local shop.test"),
+                ("proxy-cookie-path", "/app /store"),
+            ],
+            &[("shop.test", "/", "Prefix", "web")],
+        ),
+        annotated_ingress(
+            "t",
+            "plain",
+            2,
+            &[],
+            &[("plain.test", "/", "Prefix", "web")],
+        ),
+    ]
+    .concat();
+    dir.write("all.yaml", &manifests);
+    let ingress = Ingress::start(dir.path());
+    let location = "/r?status=302&header=location:http://internal:8080/cart?x=1";
+    let cookie = "/c?header=set-cookie:s=internal.local;Domain=.internal.local;Path=/app/cart";
+    for version in VERSIONS {
+        let reply = curl::get(&ingress, "shop.test", location, version, &[]);
+        assert_eq!(reply.status, 302, "{version}");
+        assert_eq!(
+            reply.header("location"),
+            Some("https://shop.test/store/cart?x=1"),
+            "{version}"
+        );
+        let reply = curl::get(&ingress, "shop.test", cookie, version, &[]);
+        assert_eq!(
+            reply.header("set-cookie"),
+            Some("s=internal.local;Domain=.shop.test;Path=/store/cart"),
+            "{version}: the cookie's value is left alone"
+        );
+        let reply = curl::get(&ingress, "plain.test", location, version, &[]);
+        assert_eq!(
+            reply.header("location"),
+            Some("http://internal:8080/cart?x=1"),
+            "{version}"
+        );
+    }
 }

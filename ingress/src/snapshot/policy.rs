@@ -13,7 +13,8 @@
 //!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
-//!   response               ResponsePolicy   snippet header actions on the upstream's response
+//!   response               ResponsePolicy   snippet header actions on the upstream's response,
+//!                                           proxy-redirect-*, proxy-cookie-* rewrites
 //!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity,
 //!                                           a snippet's proxy_set_header
 //!                          CanaryPolicy     a canary Ingress's backend and rules (header,
@@ -31,6 +32,7 @@ use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
 use super::annotations::rewrite::Template;
 use super::annotations::snippet::{RequestEdits, ResponseEdits};
+use super::annotations::upstream_rewrite::UpstreamRewrite;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
 use super::sources::SourcePolicy;
@@ -57,6 +59,9 @@ pub struct ResponsePolicy {
     /// A snippet's `add_header`, `more_set_headers` and `more_clear_headers`, on the
     /// upstream's responses.
     pub headers: Option<Arc<ResponseEdits>>,
+    /// `proxy-redirect-*` and `proxy-cookie-*`: the upstream's `Location`, `Refresh` and
+    /// `Set-Cookie` rewritten.
+    pub rewrite: Option<Arc<UpstreamRewrite>>,
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -264,6 +269,7 @@ impl RoutePolicy {
                     .as_ref()
                     .filter(|s| !s.response.is_empty())
                     .map(|s| Arc::new(s.response.clone())),
+                rewrite: options.upstream_rewrite.clone(),
             },
             upstream: UpstreamPolicy {
                 read_timeout: options.read_timeout,

@@ -343,14 +343,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Respond(StatusCode::NOT_FOUND),
         );
         let upgrade = prepared.upgrade.take();
-        let (set_cookie, set_headers, edits) = match &action {
+        let (set_cookie, set_headers, edits, rewrite) = match &action {
             Decision::Forward(forward) => (
                 forward.set_cookie.clone(),
                 forward.set_headers.clone(),
                 forward.response_headers.clone(),
+                forward.response_rewrite.clone(),
             ),
-            Decision::Preflight(set) => (None, set.clone(), None),
-            _ => (None, Vec::new(), None),
+            Decision::Preflight(set) => (None, set.clone(), None, None),
+            _ => (None, Vec::new(), None, None),
         };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
@@ -361,6 +362,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
             set_headers: &set_headers,
             edits: edits.as_deref(),
+            rewrite: rewrite.as_deref(),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {

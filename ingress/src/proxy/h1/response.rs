@@ -24,6 +24,7 @@ use ingress_wire::request::{MAX_HEADERS, push};
 
 use crate::proxy::phase::response::SERVER;
 use crate::snapshot::annotations::snippet::ResponseEdits;
+use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 
 /// How a response body is delimited, as the upstream sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +73,8 @@ pub struct ResponseContext<'a> {
     pub set_headers: &'a [(http::HeaderName, http::HeaderValue)],
     /// A snippet's edits of the upstream's headers (the response phase's).
     pub edits: Option<&'a ResponseEdits>,
+    /// `proxy-redirect-*`, `proxy-cookie-*` (the response phase's).
+    pub rewrite: Option<&'a UpstreamRewrite>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -233,7 +236,13 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
             _ if !informational && ctx.edits.is_some_and(|e| e.replaces(h.name)) => continue,
             _ => {}
         }
-        push(out, &[h.name.as_bytes(), b": ", h.value, b"\r\n"]);
+        let rewritten = ctx
+            .rewrite
+            .filter(|_| !informational)
+            .and_then(|r| r.rewrite(h.name, h.value))
+            .filter(|v| v.iter().all(|&b| b == b'\t' || (b' '..0x7f).contains(&b)));
+        let value = rewritten.as_deref().unwrap_or(h.value);
+        push(out, &[h.name.as_bytes(), b": ", value, b"\r\n"]);
     }
     if !informational {
         for (name, value) in ctx.set_headers {

@@ -59,6 +59,11 @@ impl Proxy {
             let status = response.status().as_u16();
             edits.apply(status, response.headers_mut());
         }
+        if let (Some(route), Some(_), None) = (&route, &outcome.upstream, &outcome.error)
+            && let Some(rewrite) = response::rewrites(&route.policy.response)
+        {
+            response::rewrite_headers(&rewrite, response.headers_mut());
+        }
         *response.version_mut() = Version::HTTP_2;
         self.record(&Record {
             conn: &conn,

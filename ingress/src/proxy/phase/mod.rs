@@ -52,6 +52,7 @@ use super::pool::PoolKey;
 use super::upstream::UpstreamError;
 use crate::snapshot::Route;
 use crate::snapshot::annotations::snippet::{RequestEdits, ResponseEdits};
+use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 use crate::snapshot::backend::InFlight;
 use identity::ConnInfo;
 use route::Refusal;
@@ -149,6 +150,8 @@ pub(crate) struct Forward {
     pub(crate) request_headers: Option<Arc<RequestEdits>>,
     /// The response phase's edits of the upstream's response headers (a snippet's).
     pub(crate) response_headers: Option<Arc<ResponseEdits>>,
+    /// The response phase's rewrites of the upstream's `Location` and `Set-Cookie`.
+    pub(crate) response_rewrite: Option<Arc<UpstreamRewrite>>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -290,6 +293,7 @@ impl Proxy {
                 }
                 if let Decision::Forward(forward) = &mut decision {
                     forward.response_headers = response::edits(&route.policy.response);
+                    forward.response_rewrite = response::rewrites(&route.policy.response);
                 }
                 decision
             });

@@ -58,5 +58,6 @@ pub(crate) fn forward(
         max_body: policy.max_body,
         request_headers: policy.request_headers.clone(),
         response_headers: None,
+        response_rewrite: None,
     })
 }

@@ -12,6 +12,7 @@ pub mod hash;
 pub mod registry;
 pub mod rewrite;
 pub mod snippet;
+pub mod upstream_rewrite;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,6 +78,8 @@ pub struct Options {
     /// `server-snippet` and `configuration-snippet` read as header actions (set by the
     /// snapshot with [`snippets`], only under `--allow-snippet-annotations`).
     pub snippets: Option<Arc<snippet::HeaderActions>>,
+    /// `proxy-redirect-from`/`-to`, `proxy-cookie-domain`, `proxy-cookie-path`.
+    pub upstream_rewrite: Option<Arc<upstream_rewrite::UpstreamRewrite>>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -109,6 +112,7 @@ impl Default for Options {
             upstream_hash_by: None,
             affinity_canary_legacy: false,
             snippets: None,
+            upstream_rewrite: None,
         }
     }
 }
@@ -168,6 +172,8 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
         }
     }
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    let rewrites = proxy_rewrites(annotations, &mut errors);
+    options.upstream_rewrite = (!rewrites.is_empty()).then(|| Arc::new(rewrites));
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
             Ok(template) => options.rewrite_target = Some(Arc::new(template)),
@@ -245,6 +251,44 @@ pub fn snippets(
     let merged = snippet::merge(server, location);
     let empty = merged.request.is_empty() && merged.response.is_empty();
     ((!empty).then_some(merged), errors)
+}
+
+/// `proxy-redirect-from`/`-to` (`off` and `default` in `-from` turn it off, as ingress-nginx;
+/// otherwise both are needed, without spaces), `proxy-cookie-domain` and `proxy-cookie-path`.
+fn proxy_rewrites(
+    annotations: &BTreeMap<String, String>,
+    errors: &mut Vec<String>,
+) -> upstream_rewrite::UpstreamRewrite {
+    let mut rewrites = upstream_rewrite::UpstreamRewrite::default();
+    let from = lookup(annotations, "proxy-redirect-from");
+    let to = lookup(annotations, "proxy-redirect-to");
+    match (from, to) {
+        (None, None) => {}
+        (Some((_, "off" | "default")), _) => {}
+        (Some((_, f)), Some((_, t)))
+            if upstream_rewrite::literal(f) && upstream_rewrite::literal(t) =>
+        {
+            rewrites.redirect = Some((f.to_string(), t.to_string()));
+        }
+        (Some((key, f)), Some((_, t))) => errors.push(format!(
+            "{key}: {f:?} to {t:?}: both must be literal text without spaces or $variables; Location is not rewritten"
+        )),
+        (Some((key, _)), None) | (None, Some((key, _))) => errors.push(format!(
+            "{key}: proxy-redirect-from and proxy-redirect-to must be used together; Location is not rewritten"
+        )),
+    }
+    for (name, slot) in [
+        ("proxy-cookie-domain", &mut rewrites.cookie_domain),
+        ("proxy-cookie-path", &mut rewrites.cookie_path),
+    ] {
+        if let Some((key, value)) = lookup(annotations, name) {
+            match upstream_rewrite::parse_pair(value) {
+                Ok(pair) => *slot = pair,
+                Err(err) => errors.push(format!("{key}: {err}; Set-Cookie is not rewritten")),
+            }
+        }
+    }
+    rewrites
 }
 
 /// `NAME` and `NAME-code` as ingress-nginx reads them: an http(s) URL of the characters it
@@ -761,6 +805,49 @@ mod tests {
             (vec![(n("app-root"), "app")], Options::default(), 1),
             (
                 vec![(n("x-forwarded-prefix"), "/a\r\nX-Evil: 1")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-redirect-from"), "http://internal/"),
+                    (n("proxy-redirect-to"), "/"),
+                    (n("proxy-cookie-domain"), "internal.local shop.example"),
+                    (n("proxy-cookie-path"), "off"),
+                ],
+                Options {
+                    upstream_rewrite: Some(Arc::new(upstream_rewrite::UpstreamRewrite {
+                        redirect: Some(("http://internal/".into(), "/".into())),
+                        cookie_domain: Some(("internal.local".into(), "shop.example".into())),
+                        cookie_path: None,
+                    })),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![
+                    (n("proxy-redirect-from"), "default"),
+                    (n("proxy-redirect-to"), "/x"),
+                ],
+                Options::default(),
+                0,
+            ),
+            (
+                vec![(n("proxy-redirect-from"), "http://internal/")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-redirect-from"), "http://internal/"),
+                    (n("proxy-redirect-to"), "https://$host/"),
+                ],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-cookie-path"), "~^/app(.*) /$1")],
                 Options::default(),
                 1,
             ),

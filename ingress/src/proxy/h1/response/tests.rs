@@ -21,6 +21,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     set_cookie: None,
     set_headers: &[],
     edits: None,
+    rewrite: None,
 };
 
 /// A complete head with everything but `head_len` (checked against the input separately).
