@@ -172,6 +172,24 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
         }
     }
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
+    // Accepted as no-ops (registry::no_op_reason), but their values are still checked, so a
+    // typo is reported as ingress-nginx would reject it.
+    for name in ["proxy-buffering", "proxy-request-buffering"] {
+        if let Some((key, value)) = lookup(annotations, name)
+            && !matches!(value.trim(), "on" | "off")
+        {
+            errors.push(format!("{key}: {value:?} is not \"on\" or \"off\""));
+        }
+    }
+    for name in ["proxy-buffer-size", "client-body-buffer-size"] {
+        if let Some((key, value)) = lookup(annotations, name)
+            && size(value).is_none()
+        {
+            errors.push(format!(
+                "{key}: {value:?} is not a size (a number with an optional k, m or g)"
+            ));
+        }
+    }
     let rewrites = proxy_rewrites(annotations, &mut errors);
     options.upstream_rewrite = (!rewrites.is_empty()).then(|| Arc::new(rewrites));
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
@@ -393,7 +411,7 @@ pub fn unsupported(annotations: Option<&BTreeMap<String, String>>) -> Vec<Unsupp
                 }
             };
             match entry {
-                Some(entry) if entry.status == Status::Supported => None,
+                Some(entry) if matches!(entry.status, Status::Supported | Status::NoOp) => None,
                 Some(entry) => Some(Unsupported {
                     key: key.clone(),
                     category: entry.category,
@@ -850,6 +868,25 @@ mod tests {
                 vec![(n("proxy-cookie-path"), "~^/app(.*) /$1")],
                 Options::default(),
                 1,
+            ),
+            // The buffering annotations are no-ops, but their values are checked.
+            (
+                vec![
+                    (n("proxy-buffering"), "on"),
+                    (n("proxy-request-buffering"), "off"),
+                    (n("proxy-buffer-size"), "16k"),
+                    (n("client-body-buffer-size"), "1M"),
+                ],
+                Options::default(),
+                0,
+            ),
+            (
+                vec![
+                    (n("proxy-buffering"), "yes"),
+                    (n("proxy-buffer-size"), "16kb"),
+                ],
+                Options::default(),
+                2,
             ),
             // Not an ingress-nginx annotation: its prefix does nothing here.
             (vec![(n("upgrades"), "h2c")], Options::default(), 0),

@@ -69,6 +69,38 @@ impl fmt::Display for Category {
 pub enum Status {
     Supported,
     Unsupported,
+    /// Accepted (its value is checked) but it changes nothing here, for the reason
+    /// [`no_op_reason`] gives: what it tunes does not exist in this proxy.
+    NoOp,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Supported => "supported",
+            Status::Unsupported => "unsupported",
+            Status::NoOp => "no-op",
+        }
+    }
+}
+
+/// Why a [`Status::NoOp`] annotation changes nothing.
+pub fn no_op_reason(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "proxy-buffering" => {
+            "responses are always streamed to the client as they arrive, which is proxy-buffering: off (ingress-nginx's default); on is not honoured"
+        }
+        "proxy-buffer-size" => {
+            "the proxy reads an upstream's response head into its own buffer, whatever its size up to the header limits, so there is no buffer size to tune"
+        }
+        "proxy-request-buffering" => {
+            "request bodies are always streamed to the upstream, which is proxy-request-buffering: off; on (nginx reads the whole body first) is not honoured; proxy-body-size is enforced either way"
+        }
+        "client-body-buffer-size" => {
+            "request bodies are streamed, never buffered in memory or spooled to disk, so there is no buffer size to tune"
+        }
+        _ => return None,
+    })
 }
 
 /// One annotation, by its name after the prefix.
@@ -84,6 +116,14 @@ const fn yes(name: &'static str, category: Category) -> Annotation {
         name,
         category,
         status: Status::Supported,
+    }
+}
+
+const fn noop(name: &'static str, category: Category) -> Annotation {
+    Annotation {
+        name,
+        category,
+        status: Status::NoOp,
     }
 }
 
@@ -137,7 +177,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("canary-by-header-value", Routing),
     yes("canary-weight", Routing),
     yes("canary-weight-total", Routing),
-    no("client-body-buffer-size", Upstream),
+    noop("client-body-buffer-size", Upstream),
     yes("configuration-snippet", Snippet),
     no("connection-proxy-header", Upstream),
     yes("cors-allow-credentials", Response),
@@ -187,8 +227,8 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("permanent-redirect-code", Routing),
     yes("preserve-trailing-slash", Routing),
     yes("proxy-body-size", Upstream),
-    no("proxy-buffer-size", Upstream),
-    no("proxy-buffering", Upstream),
+    noop("proxy-buffer-size", Upstream),
+    noop("proxy-buffering", Upstream),
     no("proxy-buffers-number", Upstream),
     no("proxy-busy-buffers-size", Upstream),
     no("proxy-connect-timeout", Upstream),
@@ -202,7 +242,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("proxy-read-timeout", Upstream),
     yes("proxy-redirect-from", Response),
     yes("proxy-redirect-to", Response),
-    no("proxy-request-buffering", Upstream),
+    noop("proxy-request-buffering", Upstream),
     no("proxy-send-timeout", Upstream),
     no("proxy-ssl-ciphers", Tls),
     no("proxy-ssl-name", Tls),
