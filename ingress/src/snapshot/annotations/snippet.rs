@@ -426,7 +426,9 @@ fn request_name(name: &str) -> Result<HeaderName, Reason> {
     let header =
         HeaderName::from_bytes(name.as_bytes()).map_err(|_| Reason::Header(name.into()))?;
     match ingress_wire::header::kind(header.as_str()) {
-        ingress_wire::header::Kind::Other | ingress_wire::header::Kind::Spoofable => Ok(header),
+        // `Forwarded`, `Proxy` and `X-Forwarded-Prefix` too: the proxy drops the client's as
+        // spoofable, and sets the last itself for a rewrite.
+        ingress_wire::header::Kind::Other => Ok(header),
         _ => Err(Reason::Reserved(name.into())),
     }
 }
@@ -558,6 +560,11 @@ mod tests {
             ),
             (
                 "proxy_set_header X-Forwarded-Proto https;",
+                Kind::Location,
+                Err("set by the proxy"),
+            ),
+            (
+                "proxy_set_header Proxy http://evil;",
                 Kind::Location,
                 Err("set by the proxy"),
             ),
