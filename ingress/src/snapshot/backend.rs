@@ -203,6 +203,20 @@ impl<'a> Resolver<'a> {
         }
     }
 
+    /// The first port of `service` (ingress-nginx's choice for a `default-backend`
+    /// annotation), if the Service exists and has one.
+    pub fn first_port(&self, service: &ObjectKey) -> Option<PortRef> {
+        let ports = self
+            .store
+            .services
+            .get(service)?
+            .spec
+            .as_ref()?
+            .ports
+            .as_ref()?;
+        ports.first().map(|p| PortRef::Number(p.port))
+    }
+
     /// The backend for `service`:`port`, and the problems with it. Callers attach the problems
     /// to their own Ingress.
     pub fn resolve(&mut self, service: ObjectKey, port: PortRef) -> (Arc<Backend>, &[Problem]) {

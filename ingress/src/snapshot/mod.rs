@@ -527,11 +527,16 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
+        let fallback = options
+            .default_backend
+            .as_ref()
+            .and_then(|name| self.fallback(&subject, key, name));
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
             Arc::new(
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
-                    .with_sources(&sources),
+                    .with_sources(&sources)
+                    .with_fallback(fallback.as_ref()),
             )
         });
         let Some(spec) = &ingress.spec else { return };
@@ -880,6 +885,35 @@ impl Builder<'_> {
                 }
             }
         }
+    }
+
+    /// The backend of a `default-backend` annotation: the Service `name` of the Ingress's
+    /// namespace, on its first port (as ingress-nginx). A Service that is missing or has no
+    /// port is an `InvalidAnnotation` error and no fallback is used.
+    fn fallback(
+        &mut self,
+        subject: &Subject,
+        ingress: &ObjectKey,
+        name: &str,
+    ) -> Option<Arc<backend::Backend>> {
+        let service = ObjectKey::new(ingress.namespace.clone(), name.to_string());
+        let Some(port) = self.resolver.first_port(&service) else {
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                format!("{}default-backend: service {service} does not exist or has no port; no fallback is used", annotations::NGINX_PREFIX),
+            ));
+            return None;
+        };
+        let (backend, problems) = self.resolver.resolve(service, port);
+        for problem in problems {
+            self.diagnostics.push(Diagnostic::warning(
+                problem.kind,
+                subject.clone(),
+                format!("default-backend: {}", problem.message),
+            ));
+        }
+        Some(backend)
     }
 
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not

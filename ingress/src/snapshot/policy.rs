@@ -202,7 +202,21 @@ pub struct UpstreamPolicy {
     /// A snippet's `proxy_set_header`s: the request headers sent upstream instead of the
     /// client's.
     pub request_headers: Option<Arc<RequestEdits>>,
+    /// `default-backend`: where a request goes when the chosen backend has no endpoint.
+    pub fallback: Option<Fallback>,
 }
+
+/// A `default-backend` Service's backend (compared by identity: one per snapshot).
+#[derive(Clone, Debug)]
+pub struct Fallback(pub Arc<Backend>);
+
+impl PartialEq for Fallback {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Fallback {}
 
 impl Default for UpstreamPolicy {
     fn default() -> Self {
@@ -213,6 +227,7 @@ impl Default for UpstreamPolicy {
             max_body: None,
             hash_by: None,
             request_headers: None,
+            fallback: None,
         }
     }
 }
@@ -286,12 +301,19 @@ impl RoutePolicy {
                     .as_ref()
                     .filter(|s| !s.request.is_empty())
                     .map(|s| Arc::new(s.request.clone())),
+                fallback: None,
             },
         }
     }
 }
 
 impl RoutePolicy {
+    /// The same policy with the `default-backend` fallback.
+    pub fn with_fallback(mut self, fallback: Option<&Arc<Backend>>) -> RoutePolicy {
+        self.upstream.fallback = fallback.cloned().map(Fallback);
+        self
+    }
+
     /// The same policy with the Ingress's source ranges.
     pub fn with_sources(mut self, sources: &SourcePolicy) -> RoutePolicy {
         self.access.sources = sources.clone();

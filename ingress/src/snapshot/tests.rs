@@ -1759,3 +1759,36 @@ fn snippets_become_header_actions_only_with_the_flag() {
         }
     }
 }
+
+#[test]
+fn default_backend_is_the_services_first_port_or_an_error() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    // (default-backend, the fallback's service and port, an InvalidAnnotation)
+    let cases = [
+        ("web", Some("shop/web:80"), false),
+        ("api", Some("shop/api:8080"), false),
+        ("missing", None, true),
+    ];
+    for (name, want, invalid) in cases {
+        let key = n("default-backend");
+        let pairs = [(key.as_str(), name)];
+        let yaml = format!(
+            "{SERVICES}{}",
+            annotated("fb", "shop.example.com", &pairs, false)
+        );
+        let snap = build(&yaml);
+        let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+        let got = route
+            .policy
+            .upstream
+            .fallback
+            .as_ref()
+            .map(|f| format!("{}:{}", f.0.service, f.0.port));
+        assert_eq!(got.as_deref(), want, "{name}");
+        let has_invalid = snap
+            .diagnostics
+            .iter()
+            .any(|d| d.kind == DiagnosticKind::InvalidAnnotation && d.message.contains(&key));
+        assert_eq!(has_invalid, invalid, "{name}: {:?}", snap.diagnostics);
+    }
+}

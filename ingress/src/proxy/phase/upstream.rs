@@ -1,7 +1,8 @@
 //! The upstream phase: which endpoint a forwarded request goes to, and how long it may take.
 //!
 //! Endpoints are picked by the backend (power of two choices on requests in flight); an
-//! ExternalName is resolved, and its address judged, when the connection is made.
+//! ExternalName is resolved, and its address judged, when the connection is made. A backend
+//! with no endpoint falls back to the route's `default-backend` Service, when it has one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use super::{Decision, Forward, RequestHeaders, affinity};
 use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::Route;
-use crate::snapshot::backend::{Backend, Target};
+use crate::snapshot::backend::{Backend, InFlight, Target};
 
 /// The forward for a request on `route`, or the failure that replaces it.
 /// `backend` is the route's, or its canary's (the canary phase chose).
@@ -25,27 +26,34 @@ pub(crate) fn forward(
 ) -> Decision {
     let policy = &route.policy.upstream;
     let mut set_cookie = None;
-    let (key, in_flight) = match &backend.target {
-        Target::Endpoints(_) => {
-            let picked = match &policy.affinity {
-                Some(affinity) => {
-                    affinity::pick(backend, affinity, headers, https).map(|(endpoint, cookie)| {
-                        set_cookie = cookie;
-                        endpoint
-                    })
-                }
-                None => match hash_key {
-                    Some(key) => affinity::by_key(backend, key).cloned(),
-                    None => backend.pick().cloned(),
-                },
-            };
-            match picked {
-                Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start())),
-                None => return Decision::Fail(UpstreamError::NoEndpoints),
+    let mut pick = |backend: &Backend| -> Option<(PoolKey, Option<InFlight>)> {
+        match &backend.target {
+            Target::Endpoints(_) => {
+                let picked = match &policy.affinity {
+                    Some(affinity) => affinity::pick(backend, affinity, headers, https).map(
+                        |(endpoint, cookie)| {
+                            set_cookie = cookie;
+                            endpoint
+                        },
+                    ),
+                    None => match hash_key {
+                        Some(key) => affinity::by_key(backend, key).cloned(),
+                        None => backend.pick().cloned(),
+                    },
+                };
+                picked.map(|endpoint| (PoolKey::Addr(endpoint.addr), Some(endpoint.start())))
             }
+            Target::ExternalName(name) => Some((PoolKey::Name(name.clone()), None)),
+            Target::Unavailable => None,
         }
-        Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
-        Target::Unavailable => return Decision::Fail(UpstreamError::NoEndpoints),
+    };
+    // `default-backend`: the route's backend without an endpoint falls back to it.
+    let picked = pick(backend).or_else(|| {
+        let fallback = policy.fallback.as_ref()?;
+        pick(&fallback.0)
+    });
+    let Some((key, in_flight)) = picked else {
+        return Decision::Fail(UpstreamError::NoEndpoints);
     };
     Decision::Forward(Forward {
         key,

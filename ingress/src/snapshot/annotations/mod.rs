@@ -80,6 +80,9 @@ pub struct Options {
     pub snippets: Option<Arc<snippet::HeaderActions>>,
     /// `proxy-redirect-from`/`-to`, `proxy-cookie-domain`, `proxy-cookie-path`.
     pub upstream_rewrite: Option<Arc<upstream_rewrite::UpstreamRewrite>>,
+    /// `default-backend`: a Service of the Ingress's namespace that answers when the route's
+    /// backend has no endpoints.
+    pub default_backend: Option<String>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -113,6 +116,7 @@ impl Default for Options {
             affinity_canary_legacy: false,
             snippets: None,
             upstream_rewrite: None,
+            default_backend: None,
         }
     }
 }
@@ -187,6 +191,23 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
         {
             errors.push(format!(
                 "{key}: {value:?} is not a size (a number with an optional k, m or g)"
+            ));
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "default-backend") {
+        let name = value.trim();
+        let label = |s: &str| {
+            (1..=63).contains(&s.len())
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+        };
+        if label(name) {
+            options.default_backend = Some(name.to_string());
+        } else {
+            errors.push(format!(
+                "{key}: {value:?} is not a Service name (of the Ingress's namespace); no fallback is used"
             ));
         }
     }
@@ -887,6 +908,19 @@ mod tests {
                 ],
                 Options::default(),
                 2,
+            ),
+            (
+                vec![(n("default-backend"), "errors")],
+                Options {
+                    default_backend: Some("errors".into()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("default-backend"), "other/errors")],
+                Options::default(),
+                1,
             ),
             // Not an ingress-nginx annotation: its prefix does nothing here.
             (vec![(n("upgrades"), "h2c")], Options::default(), 0),
