@@ -16,7 +16,7 @@
 //!   response               ResponsePolicy   snippet header actions on the upstream's response,
 //!                                           proxy-redirect-*, proxy-cookie-* rewrites
 //!   upstream               UpstreamPolicy   proxy-read-timeout, the upgrades allowed, affinity,
-//!                                           a snippet's proxy_set_header
+//!                                           a snippet's proxy_set_header, default-backend
 //!                          CanaryPolicy     a canary Ingress's backend and rules (header,
 //!                                           cookie, weight)
 //! ```

@@ -20,7 +20,8 @@
 //!             (mod.rs)       a declared body over proxy-body-size → 413 (a streamed one is
 //!                            counted by the protocol path)
 //!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
-//!                            upgrades allowed, a snippet's proxy_set_header → Forward
+//!                            upgrades allowed, a snippet's proxy_set_header; no endpoint →
+//!                            the default-backend annotation's Service → Forward
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; a snippet's header actions on the
 //!                            upstream's response; metrics and the access log
