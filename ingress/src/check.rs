@@ -187,6 +187,7 @@ mod tests {
             unsupported_access: Default::default(),
             unnamed: Default::default(),
             max_body: Some(1 << 20),
+            allow_snippets: false,
         };
         Snapshot::build(&store, &settings, 1)
     }

@@ -366,6 +366,12 @@ pub struct PolicyArgs {
     /// ingress-nginx's default, 1m.
     #[arg(long, env = "INGRESS_PROXY_BODY_SIZE", default_value = "1m", value_parser = body_size, value_name = "SIZE")]
     pub proxy_body_size: u64,
+    /// Read the header actions of `server-snippet` and `configuration-snippet` annotations
+    /// (literal add_header, more_set_headers, more_clear_headers, proxy_set_header; nothing
+    /// else, and no snippet is ever executed). Off by default, as ingress-nginx's
+    /// allow-snippet-annotations since v1.9.
+    #[arg(long, env = "INGRESS_ALLOW_SNIPPET_ANNOTATIONS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub allow_snippet_annotations: bool,
 }
 
 impl PolicyArgs {

@@ -35,6 +35,8 @@ pub enum Outcome {
     Ignored,
     /// Not honoured, and it is access control: the Ingress is not served (503).
     Refused,
+    /// Accepted, its value checked, but what it tunes does not exist here (why says so).
+    NoOp,
 }
 
 impl Outcome {
@@ -44,6 +46,7 @@ impl Outcome {
             Outcome::Invalid => "invalid",
             Outcome::Ignored => "ignored",
             Outcome::Refused => "refused",
+            Outcome::NoOp => "no-op",
         }
     }
 }
@@ -77,6 +80,7 @@ pub struct Summary {
     pub invalid: usize,
     pub ignored: usize,
     pub refused: usize,
+    pub no_op: usize,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -120,6 +124,7 @@ pub fn report(store: &Store, snapshot: &Snapshot, unsupported: UnsupportedAccess
                 Outcome::Invalid => summary.invalid += 1,
                 Outcome::Ignored => summary.ignored += 1,
                 Outcome::Refused => summary.refused += 1,
+                Outcome::NoOp => summary.no_op += 1,
             }
         }
         rows.push(row);
@@ -144,7 +149,15 @@ fn judge(key: &str, invalid: &[&str], unsupported: UnsupportedAccess) -> Option<
     };
     let category = entry.map_or_else(|| registry::category_of_unknown(name), |e| e.category);
     let supported = entry.is_some_and(|e| e.status == Status::Supported);
-    let (outcome, why) = if supported {
+    let no_op = entry
+        .filter(|e| e.status == Status::NoOp)
+        .and_then(|e| registry::no_op_reason(e.name));
+    let (outcome, why) = if let Some(reason) = no_op {
+        match invalid.iter().find(|m| m.contains(key)) {
+            Some(message) => (Outcome::Invalid, Some((*message).to_string())),
+            None => (Outcome::NoOp, Some(reason.to_string())),
+        }
+    } else if supported {
         match invalid.iter().find(|m| m.contains(key)) {
             Some(message) => (Outcome::Invalid, Some((*message).to_string())),
             None => (Outcome::Applied, None),
@@ -204,10 +217,11 @@ pub fn render_text(migration: &Migration) -> String {
     let s = &migration.summary;
     let _ = writeln!(
         out,
-        "\nMIGRATION FROM INGRESS-NGINX: {} Ingresses, {} annotations: {} applied, {} invalid, {} ignored, {} refused; {} Ingresses with an annotation not applied, {} not served",
+        "\nMIGRATION FROM INGRESS-NGINX: {} Ingresses, {} annotations: {} applied, {} no-op, {} invalid, {} ignored, {} refused; {} Ingresses with an annotation not applied, {} not served",
         s.ingresses,
         s.annotations,
         s.applied,
+        s.no_op,
         s.invalid,
         s.ignored,
         s.refused,
@@ -286,7 +300,14 @@ mod tests {
             )
             + &ingress("guarded", &[(&n("auth-url"), "http://auth/")])
             + &ingress("ranged", &[(&n("allowlist-source-range"), "10.0.0.0/8")])
-            + &ingress("bare", &[]);
+            + &ingress("bare", &[])
+            + &ingress(
+                "buffered",
+                &[
+                    (&n("proxy-buffering"), "on"),
+                    (&n("proxy-buffer-size"), "lots"),
+                ],
+            );
         let got = migration(&yaml, UnsupportedAccess::Refuse);
         let outcomes = |name: &str| -> Vec<(String, Outcome)> {
             got.ingresses
@@ -301,7 +322,7 @@ mod tests {
         assert_eq!(
             outcomes("plain"),
             vec![
-                (n("configuration-snippet"), Outcome::Ignored),
+                (n("configuration-snippet"), Outcome::Invalid),
                 (n("not-a-real-one"), Outcome::Ignored),
                 (n("proxy-read-timeout"), Outcome::Invalid),
                 (n("ssl-redirect"), Outcome::Applied),
@@ -309,6 +330,14 @@ mod tests {
             "other tools' annotations are left out"
         );
         assert_eq!(outcomes("guarded"), vec![(n("auth-url"), Outcome::Refused)]);
+        assert_eq!(
+            outcomes("buffered"),
+            vec![
+                (n("proxy-buffer-size"), Outcome::Invalid),
+                (n("proxy-buffering"), Outcome::NoOp),
+            ],
+            "a no-op's value is still checked"
+        );
         assert_eq!(
             outcomes("ranged"),
             vec![(n("allowlist-source-range"), Outcome::Applied)]
@@ -322,6 +351,7 @@ mod tests {
             served,
             vec![
                 ("t/bare".to_string(), true),
+                ("t/buffered".to_string(), true),
                 ("t/guarded".to_string(), false),
                 ("t/plain".to_string(), true),
                 ("t/ranged".to_string(), true),
@@ -330,19 +360,24 @@ mod tests {
         assert_eq!(
             got.summary,
             Summary {
-                ingresses: 4,
-                ingresses_affected: 2,
+                ingresses: 5,
+                ingresses_affected: 3,
                 ingresses_refused: 1,
-                annotations: 6,
+                annotations: 8,
                 applied: 2,
-                invalid: 1,
-                ignored: 2,
+                invalid: 3,
+                ignored: 1,
                 refused: 1,
+                no_op: 1,
             }
         );
         let text = render_text(&got);
         assert!(
             text.contains("Ingress t/guarded (NOT SERVED: 503)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("no-op    nginx.ingress.kubernetes.io/proxy-buffering [upstream]: responses are always streamed"),
             "{text}"
         );
         assert!(

@@ -413,6 +413,7 @@ pub fn build_settings(
         unsupported_access: policy.unsupported_access_annotations.into(),
         unnamed: tls.unnamed_policy(),
         max_body: Some(policy.proxy_body_size).filter(|n| *n > 0),
+        allow_snippets: policy.allow_snippet_annotations,
     })
 }
 

@@ -5,6 +5,7 @@
 //! - any request: 200 with a JSON body `{backend, method, uri, headers, body_len}`;
 //! - query `delay_ms=N`: wait N ms before answering;
 //! - query `status=N`: answer with status N;
+//! - query `header=NAME:VALUE`: add that response header;
 //! - `Upgrade` request: 101, then echo every byte back on the upgraded connection.
 
 use std::collections::BTreeMap;
@@ -194,5 +195,13 @@ pub async fn handle(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     );
+    if let Some((name, value)) = query.get("header").and_then(|h| h.split_once(':'))
+        && let (Ok(name), Ok(value)) = (
+            header::HeaderName::from_bytes(name.as_bytes()),
+            header::HeaderValue::from_str(value),
+        )
+    {
+        response.headers_mut().append(name, value);
+    }
     Ok(response)
 }

@@ -400,6 +400,7 @@ mod tests {
                     upgrade: false,
                     new_request_id: new_request_id(),
                     forwarded_prefix: None,
+                    set_headers: &[],
                 },
             );
 

@@ -247,6 +247,20 @@ impl<'a> Resolver<'a> {
         }
     }
 
+    /// The first port of `service` (ingress-nginx's choice for a `default-backend`
+    /// annotation), if the Service exists and has one.
+    pub fn first_port(&self, service: &ObjectKey) -> Option<PortRef> {
+        let ports = self
+            .store
+            .services
+            .get(service)?
+            .spec
+            .as_ref()?
+            .ports
+            .as_ref()?;
+        ports.first().map(|p| PortRef::Number(p.port))
+    }
+
     /// The backend for `service`:`port` (its endpoints, or with `cluster_ip` the Service's own
     /// ClusterIP and port, `service-upstream`), and the problems with it. Callers attach the
     /// problems to their own Ingress.

@@ -54,6 +54,9 @@ pub struct BuildSettings {
     /// `--proxy-body-size`: the request body limit of routes without `proxy-body-size`
     /// (`None`: no limit).
     pub max_body: Option<u64>,
+    /// `--allow-snippet-annotations`: read the header actions of `server-snippet` and
+    /// `configuration-snippet`.
+    pub allow_snippets: bool,
 }
 
 /// One immutable routing state.
@@ -196,6 +199,7 @@ impl Snapshot {
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut builder = Builder {
             max_body: settings.max_body,
+            allow_snippets: settings.allow_snippets,
             rank: 0,
             store,
             diagnostics: store.source_diagnostics.clone(),
@@ -453,6 +457,8 @@ fn owned_ingresses<'s>(
 struct Builder<'s> {
     /// `--proxy-body-size`.
     max_body: Option<u64>,
+    /// `--allow-snippet-annotations`.
+    allow_snippets: bool,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     store: &'s Store,
@@ -502,6 +508,16 @@ impl Builder<'_> {
                 }
             }
         }
+        let (snippets, errors) =
+            annotations::snippets(ingress.metadata.annotations.as_ref(), self.allow_snippets);
+        options.snippets = snippets.map(Arc::new);
+        for message in errors {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
         if options.x_forwarded_prefix.is_some() && options.rewrite_target.is_none() {
             self.diagnostics.push(Diagnostic::warning(
                 DiagnosticKind::InvalidAnnotation,
@@ -523,11 +539,16 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
+        let fallback = options
+            .default_backend
+            .as_ref()
+            .and_then(|name| self.fallback(&subject, key, name));
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
             Arc::new(
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
-                    .with_sources(&sources),
+                    .with_sources(&sources)
+                    .with_fallback(fallback.as_ref()),
             )
         });
         let Some(spec) = &ingress.spec else { return };
@@ -878,6 +899,35 @@ impl Builder<'_> {
         }
     }
 
+    /// The backend of a `default-backend` annotation: the Service `name` of the Ingress's
+    /// namespace, on its first port (as ingress-nginx). A Service that is missing or has no
+    /// port is an `InvalidAnnotation` error and no fallback is used.
+    fn fallback(
+        &mut self,
+        subject: &Subject,
+        ingress: &ObjectKey,
+        name: &str,
+    ) -> Option<Arc<backend::Backend>> {
+        let service = ObjectKey::new(ingress.namespace.clone(), name.to_string());
+        let Some(port) = self.resolver.first_port(&service) else {
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                format!("{}default-backend: service {service} does not exist or has no port; no fallback is used", annotations::NGINX_PREFIX),
+            ));
+            return None;
+        };
+        let (backend, problems) = self.resolver.resolve(service, port, false);
+        for problem in problems {
+            self.diagnostics.push(Diagnostic::warning(
+                problem.kind,
+                subject.clone(),
+                format!("default-backend: {}", problem.message),
+            ));
+        }
+        Some(backend)
+    }
+
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not
     /// be served, if one of them is access control and the policy is to refuse.
     fn judge_unsupported(&mut self, subject: &Subject, ingress: &Ingress) -> Option<Arc<str>> {
@@ -1064,6 +1114,7 @@ pub(crate) mod testing {
             unsupported_access: UnsupportedAccess::Refuse,
             unnamed: sni::UnnamedPolicy::default(),
             max_body: Some(1 << 20),
+            allow_snippets: true,
         }
     }
 }

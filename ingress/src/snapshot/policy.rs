@@ -13,9 +13,12 @@
 //!                                           preserve-trailing-slash
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
+//!   response               ResponsePolicy   snippet header actions on the upstream's response,
+//!                                           proxy-redirect-*, proxy-cookie-* rewrites
 //!   upstream               UpstreamPolicy   backend-protocol (or the Service port's appProtocol),
 //!                                           proxy-ssl-*, timeouts, upstream-vhost, load-balance,
-//!                                           proxy-next-upstream, the upgrades allowed, affinity
+//!                                           proxy-next-upstream, the upgrades allowed, affinity,
+//!                                           a snippet's proxy_set_header, default-backend
 //!                          CanaryPolicy     a canary Ingress's backend and rules (header,
 //!                                           cookie, weight)
 //! ```
@@ -30,6 +33,8 @@ use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
 use super::annotations::rewrite::Template;
+use super::annotations::snippet::{RequestEdits, ResponseEdits};
+use super::annotations::upstream_rewrite::UpstreamRewrite;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
 use super::sources::SourcePolicy;
@@ -57,6 +62,12 @@ pub struct ResponsePolicy {
     /// `enable-cors`: OPTIONS from an allowed origin is answered 204 by the proxy; other
     /// requests from one get the CORS headers set on the upstream's response.
     pub cors: Option<Arc<Cors>>,
+    /// A snippet's `add_header`, `more_set_headers` and `more_clear_headers`, on the
+    /// upstream's responses.
+    pub headers: Option<Arc<ResponseEdits>>,
+    /// `proxy-redirect-*` and `proxy-cookie-*`: the upstream's `Location`, `Refresh` and
+    /// `Set-Cookie` rewritten.
+    pub rewrite: Option<Arc<UpstreamRewrite>>,
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -214,7 +225,24 @@ pub struct UpstreamPolicy {
     /// `upstream-hash-by`: the endpoint is the key's, by rendezvous hashing (`affinity` wins
     /// when both are set, as in ingress-nginx).
     pub hash_by: Option<Arc<HashKey>>,
+    /// A snippet's `proxy_set_header`s: the request headers sent upstream instead of the
+    /// client's.
+    pub request_headers: Option<Arc<RequestEdits>>,
+    /// `default-backend`: where a request goes when the chosen backend has no endpoint.
+    pub fallback: Option<Fallback>,
 }
+
+/// A `default-backend` Service's backend (compared by identity: one per snapshot).
+#[derive(Clone, Debug)]
+pub struct Fallback(pub Arc<Backend>);
+
+impl PartialEq for Fallback {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Fallback {}
 
 impl Default for UpstreamPolicy {
     fn default() -> Self {
@@ -233,6 +261,8 @@ impl Default for UpstreamPolicy {
             affinity: None,
             max_body: None,
             hash_by: None,
+            request_headers: None,
+            fallback: None,
         }
     }
 }
@@ -284,6 +314,12 @@ impl RoutePolicy {
             canary: None,
             response: ResponsePolicy {
                 cors: options.cors.clone(),
+                headers: options
+                    .snippets
+                    .as_ref()
+                    .filter(|s| !s.response.is_empty())
+                    .map(|s| Arc::new(s.response.clone())),
+                rewrite: options.upstream_rewrite.clone(),
             },
             upstream: UpstreamPolicy {
                 protocol: options.backend_protocol.unwrap_or_default(),
@@ -308,6 +344,12 @@ impl RoutePolicy {
                     None => max_body,
                 },
                 hash_by: options.upstream_hash_by.clone(),
+                request_headers: options
+                    .snippets
+                    .as_ref()
+                    .filter(|s| !s.request.is_empty())
+                    .map(|s| Arc::new(s.request.clone())),
+                fallback: None,
             },
         }
     }
@@ -343,6 +385,12 @@ impl RoutePolicy {
 }
 
 impl RoutePolicy {
+    /// The same policy with the `default-backend` fallback.
+    pub fn with_fallback(mut self, fallback: Option<&Arc<Backend>>) -> RoutePolicy {
+        self.upstream.fallback = fallback.cloned().map(Fallback);
+        self
+    }
+
     /// The same policy with the Ingress's source ranges.
     pub fn with_sources(mut self, sources: &SourcePolicy) -> RoutePolicy {
         self.access.sources = sources.clone();

@@ -874,11 +874,13 @@ fn unsupported_annotations_table() {
         (vec![], Refuse, true, vec![]),
         (vec![(n("ssl-redirect"), "false")], Refuse, true, vec![]),
         (vec![(n("mirror-target"), "/m")], Refuse, true, vec![warn]),
+        (vec![(n("stream-snippet"), "x")], Refuse, true, vec![warn]),
+        // A snippet outside the header subset is not applied, and says why.
         (
             vec![(n("configuration-snippet"), "x")],
             Refuse,
             true,
-            vec![warn],
+            vec![(Severity::Warning, DiagnosticKind::InvalidAnnotation)],
         ),
         (vec![(n("not-a-real-one"), "x")], Refuse, true, vec![warn]),
         (
@@ -1718,4 +1720,75 @@ fn affinity_cookie_path_defaults_to_the_routes_path() {
     );
     assert_eq!(path_of("sticky.example.com", "/rex").as_deref(), Some("/"));
     assert_eq!(path_of("pathed.example.com", "/app").as_deref(), Some("/p"));
+}
+
+#[test]
+fn snippets_become_header_actions_only_with_the_flag() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let snippet = "more_set_headers 'X-Frame-Options: DENY';\nproxy_set_header X-Tenant acme;";
+    let pairs = [(n("configuration-snippet"), snippet)];
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let yaml = format!(
+        "{SERVICES}{}",
+        annotated("snip", "shop.example.com", &pairs, false)
+    );
+    // (--allow-snippet-annotations, headers applied, diagnostic)
+    for (allow, applied, diagnostic) in [(true, true, None), (false, false, Some("disabled"))] {
+        let mut settings = settings();
+        settings.allow_snippets = allow;
+        let snap = build_with(&yaml, &settings);
+        let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+        assert_eq!(route.policy.response.headers.is_some(), applied, "{allow}");
+        assert_eq!(
+            route.policy.upstream.request_headers.is_some(),
+            applied,
+            "{allow}"
+        );
+        let messages: Vec<&str> = snap
+            .diagnostics
+            .iter()
+            .filter(|d| d.kind == DiagnosticKind::InvalidAnnotation)
+            .map(|d| d.message.as_str())
+            .collect();
+        match diagnostic {
+            None => assert!(messages.is_empty(), "{messages:?}"),
+            Some(want) => assert!(
+                messages.len() == 1 && messages[0].contains(want),
+                "{messages:?}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn default_backend_is_the_services_first_port_or_an_error() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    // (default-backend, the fallback's service and port, an InvalidAnnotation)
+    let cases = [
+        ("web", Some("shop/web:80"), false),
+        ("api", Some("shop/api:8080"), false),
+        ("missing", None, true),
+    ];
+    for (name, want, invalid) in cases {
+        let key = n("default-backend");
+        let pairs = [(key.as_str(), name)];
+        let yaml = format!(
+            "{SERVICES}{}",
+            annotated("fb", "shop.example.com", &pairs, false)
+        );
+        let snap = build(&yaml);
+        let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+        let got = route
+            .policy
+            .upstream
+            .fallback
+            .as_ref()
+            .map(|f| format!("{}:{}", f.0.service, f.0.port));
+        assert_eq!(got.as_deref(), want, "{name}");
+        let has_invalid = snap
+            .diagnostics
+            .iter()
+            .any(|d| d.kind == DiagnosticKind::InvalidAnnotation && d.message.contains(&key));
+        assert_eq!(has_invalid, invalid, "{name}: {:?}", snap.diagnostics);
+    }
 }

@@ -116,6 +116,7 @@ pub fn ours(input: &[u8]) -> Ours {
                 upgrade: false,
                 new_request_id: [b'0'; 32],
                 forwarded_prefix: None,
+                set_headers: &[],
             },
         );
         out.upstream.extend_from_slice(&head);

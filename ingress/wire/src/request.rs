@@ -369,6 +369,10 @@ pub struct Upstream<'a> {
     /// `X-Forwarded-Prefix`, when the route's policy sets one (validated as a literal path when
     /// the snapshot was built; the client's own is dropped as spoofable).
     pub forwarded_prefix: Option<&'a str>,
+    /// Headers the route sets instead of the client's (a snippet's `proxy_set_header`), by
+    /// name; `None` drops the client's. Names were checked by the snapshot to be none this
+    /// writer sets itself; values are checked again here.
+    pub set_headers: &'a [(&'a str, Option<&'a [u8]>)],
 }
 
 /// Writes the head sent upstream.
@@ -400,10 +404,21 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
         }
         if !header::passes(h.name, kind, up.underscores)
             || (req.lists_headers && listed_in_connection(req.headers, h.name))
+            || up
+                .set_headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case(h.name))
         {
             continue;
         }
         push(out, &[h.name.as_bytes(), b": ", h.value, b"\r\n"]);
+    }
+    for (name, value) in up.set_headers {
+        if let Some(value) =
+            value.filter(|v| v.iter().all(|&b| b == b'\t' || (b' '..0x7f).contains(&b)))
+        {
+            push(out, &[name.as_bytes(), b": ", value, b"\r\n"]);
+        }
     }
     if up.upgrade {
         out.extend_from_slice(b"connection: upgrade\r\n");

@@ -278,6 +278,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
                 .map(<[u8]>::to_vec);
             let key = forward.key.to_string();
+            let set_headers: Vec<(&str, Option<&[u8]>)> = forward
+                .request_headers
+                .as_deref()
+                .map(|edits| {
+                    edits
+                        .set
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), v.as_ref().map(http::HeaderValue::as_bytes)))
+                        .collect()
+                })
+                .unwrap_or_default();
             let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
             request::write_upstream(
                 &mut self.request,
@@ -292,6 +303,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     upgrade: upgrade.is_some(),
                     new_request_id: super::forward::new_request_id(),
                     forwarded_prefix: forward.forwarded_prefix.as_deref(),
+                    set_headers: &set_headers,
                 },
             );
         }
@@ -347,10 +359,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Respond(StatusCode::NOT_FOUND),
         );
         let upgrade = prepared.upgrade.take();
-        let (set_cookie, set_headers) = match &action {
-            Decision::Forward(forward) => (forward.set_cookie.clone(), forward.set_headers.clone()),
-            Decision::Preflight(set) => (None, set.clone()),
-            _ => (None, Vec::new()),
+        let (set_cookie, set_headers, edits, rewrite) = match &action {
+            Decision::Forward(forward) => (
+                forward.set_cookie.clone(),
+                forward.set_headers.clone(),
+                forward.response_headers.clone(),
+                forward.response_rewrite.clone(),
+            ),
+            Decision::Preflight(set) => (None, set.clone(), None, None),
+            _ => (None, Vec::new(), None, None),
         };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
@@ -360,6 +377,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             upgrade: upgrade.as_deref(),
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
             set_headers: &set_headers,
+            edits: edits.as_deref(),
+            rewrite: rewrite.as_deref(),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {

@@ -23,6 +23,8 @@ use ingress_wire::header::{self, Kind, tokens};
 use ingress_wire::request::{MAX_HEADERS, push};
 
 use crate::proxy::phase::response::SERVER;
+use crate::snapshot::annotations::snippet::ResponseEdits;
+use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 
 /// How a response body is delimited, as the upstream sends it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +71,10 @@ pub struct ResponseContext<'a> {
     pub set_cookie: Option<&'a [u8]>,
     /// Headers the proxy sets on the response (CORS), replacing the upstream's of these names.
     pub set_headers: &'a [(http::HeaderName, http::HeaderValue)],
+    /// A snippet's edits of the upstream's headers (the response phase's).
+    pub edits: Option<&'a ResponseEdits>,
+    /// `proxy-redirect-*`, `proxy-cookie-*` (the response phase's).
+    pub rewrite: Option<&'a UpstreamRewrite>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -227,9 +233,16 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
             {
                 continue;
             }
+            _ if !informational && ctx.edits.is_some_and(|e| e.replaces(h.name)) => continue,
             _ => {}
         }
-        push(out, &[h.name.as_bytes(), b": ", h.value, b"\r\n"]);
+        let rewritten = ctx
+            .rewrite
+            .filter(|_| !informational)
+            .and_then(|r| r.rewrite(h.name, h.value))
+            .filter(|v| v.iter().all(|&b| b == b'\t' || (b' '..0x7f).contains(&b)));
+        let value = rewritten.as_deref().unwrap_or(h.value);
+        push(out, &[h.name.as_bytes(), b": ", value, b"\r\n"]);
     }
     if !informational {
         for (name, value) in ctx.set_headers {
@@ -244,9 +257,17 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
             push(out, &[b"upgrade: ", to, b"\r\nconnection: upgrade\r\n"]);
         }
     } else if !informational {
-        out.extend_from_slice(b"server: ");
-        out.extend_from_slice(SERVER.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        if !ctx.edits.is_some_and(|e| e.replaces("server")) {
+            out.extend_from_slice(b"server: ");
+            out.extend_from_slice(SERVER.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        for (name, value) in ctx.edits.into_iter().flat_map(|e| e.emitted(status)) {
+            push(
+                out,
+                &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],
+            );
+        }
         if !has_date {
             push(out, &[b"date: ", &http_date(), b"\r\n"]);
         }

@@ -23,7 +23,7 @@ use ingress_wire::authority::{self, AuthorityError};
 
 use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
-use crate::proxy::phase::response::SERVER;
+use crate::proxy::phase::response::{self, SERVER};
 use crate::proxy::phase::route::Refusal;
 use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
@@ -55,6 +55,18 @@ impl Proxy {
                 .headers_mut()
                 .entry(header::STRICT_TRANSPORT_SECURITY)
                 .or_insert_with(|| hsts.clone());
+        }
+        // The upstream's response (not one the proxy made) gets the route's header edits.
+        if let (Some(route), Some(_), None) = (&route, &outcome.upstream, &outcome.error)
+            && let Some(edits) = response::edits(&route.policy.response)
+        {
+            let status = response.status().as_u16();
+            edits.apply(status, response.headers_mut());
+        }
+        if let (Some(route), Some(_), None) = (&route, &outcome.upstream, &outcome.error)
+            && let Some(rewrite) = response::rewrites(&route.policy.response)
+        {
+            response::rewrite_headers(&rewrite, response.headers_mut());
         }
         *response.version_mut() = Version::HTTP_2;
         self.record(&Record {
@@ -223,6 +235,7 @@ impl Proxy {
             max_body,
             connect_timeout,
             next_upstream,
+            request_headers,
             ..
         } = forward;
         // proxy-next-upstream, for attempts that could not connect: the request comes back
@@ -254,6 +267,12 @@ impl Proxy {
             request,
             &self.settings.headers,
         );
+        for (name, value) in request_headers.iter().flat_map(|edits| edits.set.iter()) {
+            parts.headers.remove(name);
+            if let Some(value) = value {
+                parts.headers.insert(name.clone(), value.clone());
+            }
+        }
         if let Some(prefix) = forwarded_prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
             parts
                 .headers

@@ -20,9 +20,11 @@
 //!             (mod.rs)       a declared body over proxy-body-size → 413 (a streamed one is
 //!                            counted by the protocol path)
 //!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
-//!                            upgrades allowed → Forward
+//!                            upgrades allowed, a snippet's proxy_set_header; no endpoint →
+//!                            the default-backend annotation's Service → Forward
 //!   ── the protocol path forwards, then ──
-//!   response  (response.rs)  Server and HSTS headers; metrics and the access log
+//!   response  (response.rs)  Server and HSTS headers; a snippet's header actions on the
+//!                            upstream's response; metrics and the access log
 //! ```
 //!
 //! A request keeps the route (and so the policy) it was decided on until it is done: a
@@ -51,6 +53,8 @@ use super::connect::Transport;
 use super::pool::PoolKey;
 use super::upstream::UpstreamError;
 use crate::snapshot::Route;
+use crate::snapshot::annotations::snippet::{RequestEdits, ResponseEdits};
+use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 use crate::snapshot::backend::InFlight;
 use crate::snapshot::policy::{NextUpstream, Wire};
 use identity::ConnInfo;
@@ -161,6 +165,12 @@ pub(crate) struct Forward {
     /// The largest request body to pass on (`proxy-body-size`): a streamed body that grows
     /// past it ends the request with 413.
     pub(crate) max_body: Option<u64>,
+    /// Request headers set instead of the client's (a snippet's `proxy_set_header`).
+    pub(crate) request_headers: Option<Arc<RequestEdits>>,
+    /// The response phase's edits of the upstream's response headers (a snippet's).
+    pub(crate) response_headers: Option<Arc<ResponseEdits>>,
+    /// The response phase's rewrites of the upstream's `Location` and `Set-Cookie`.
+    pub(crate) response_rewrite: Option<Arc<UpstreamRewrite>>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -304,6 +314,10 @@ impl Proxy {
                     (&mut decision, cors)
                 {
                     forward.set_headers = set;
+                }
+                if let Decision::Forward(forward) = &mut decision {
+                    forward.response_headers = response::edits(&route.policy.response);
+                    forward.response_rewrite = response::rewrites(&route.policy.response);
                 }
                 decision
             });

@@ -1,14 +1,45 @@
 //! The response phase: what every response gets from the proxy (its `Server`, and HSTS on
 //! HTTPS), and what every finished request leaves behind (metrics, the access log line).
 
+use std::sync::Arc;
+
 use http::HeaderValue;
 
 use super::Record;
 use crate::proxy::Proxy;
 use crate::proxy::upstream::UpstreamError;
+use crate::snapshot::annotations::snippet::ResponseEdits;
+use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
+use crate::snapshot::policy::ResponsePolicy;
 
 /// The `Server` header of every response.
 pub(crate) static SERVER: HeaderValue = HeaderValue::from_static("ingress");
+
+/// The edits of the upstream's response headers on a route with `policy` (a snippet's
+/// `add_header`, `more_set_headers`, `more_clear_headers`): HTTP/1.x applies them as it writes
+/// the head, HTTP/2 with [`ResponseEdits::apply`], after the proxy's own `Server`.
+pub(crate) fn edits(policy: &ResponsePolicy) -> Option<Arc<ResponseEdits>> {
+    policy.headers.clone()
+}
+
+/// The rewrites of the upstream's `Location`, `Refresh` and `Set-Cookie` on a route with
+/// `policy` (`proxy-redirect-*`, `proxy-cookie-*`).
+pub(crate) fn rewrites(policy: &ResponsePolicy) -> Option<Arc<UpstreamRewrite>> {
+    policy.rewrite.clone()
+}
+
+/// Rewrites the upstream's headers in `headers` (the HTTP/2 path; HTTP/1.x does it as it
+/// writes each header).
+pub(crate) fn rewrite_headers(rewrite: &UpstreamRewrite, headers: &mut http::HeaderMap) {
+    for (name, value) in headers.iter_mut() {
+        if let Some(new) = rewrite
+            .rewrite(name.as_str(), value.as_bytes())
+            .and_then(|v| HeaderValue::from_bytes(&v).ok())
+        {
+            *value = new;
+        }
+    }
+}
 
 impl Proxy {
     /// The `Strict-Transport-Security` value for a response on this connection, if any.

@@ -2,8 +2,9 @@
 //! route's protocol: TLS or not, HTTP/1.1 or HTTP/2, gRPC errors), and how long it may take.
 //!
 //! Endpoints are picked by the backend (`load-balance`; by default the less loaded of two
-//! random ones); an
-//! ExternalName is resolved, and its address judged, when the connection is made.
+//! random ones); an ExternalName is resolved, and its address judged, when the connection is
+//! made. A backend with no endpoint falls back to the route's `default-backend` Service, when
+//! it has one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,27 +39,34 @@ pub(crate) fn forward(
     let policy = &route.policy.upstream;
     let ewma = policy.balance == Balance::Ewma;
     let mut set_cookie = None;
-    let (key, in_flight) = match &backend.target {
-        Target::Endpoints(_) => {
-            let picked = match &policy.affinity {
-                Some(affinity) => {
-                    affinity::pick(backend, affinity, headers, https).map(|(endpoint, cookie)| {
-                        set_cookie = cookie;
-                        endpoint
-                    })
-                }
-                None => match hash_key {
-                    Some(key) => affinity::by_key(backend, key).cloned(),
-                    None => backend.pick(policy.balance).cloned(),
-                },
-            };
-            match picked {
-                Some(endpoint) => (PoolKey::Addr(endpoint.addr), Some(endpoint.start(ewma))),
-                None => return Decision::Fail(UpstreamError::NoEndpoints),
+    let mut pick = |backend: &Backend| -> Option<(PoolKey, Option<InFlight>)> {
+        match &backend.target {
+            Target::Endpoints(_) => {
+                let picked = match &policy.affinity {
+                    Some(affinity) => affinity::pick(backend, affinity, headers, https).map(
+                        |(endpoint, cookie)| {
+                            set_cookie = cookie;
+                            endpoint
+                        },
+                    ),
+                    None => match hash_key {
+                        Some(key) => affinity::by_key(backend, key).cloned(),
+                        None => backend.pick(policy.balance).cloned(),
+                    },
+                };
+                picked.map(|endpoint| (PoolKey::Addr(endpoint.addr), Some(endpoint.start(ewma))))
             }
+            Target::ExternalName(name) => Some((PoolKey::Name(name.clone()), None)),
+            Target::Unavailable => None,
         }
-        Target::ExternalName(name) => (PoolKey::Name(name.clone()), None),
-        Target::Unavailable => return Decision::Fail(UpstreamError::NoEndpoints),
+    };
+    // `default-backend`: the route's backend without an endpoint falls back to it.
+    let picked = pick(backend).or_else(|| {
+        let fallback = policy.fallback.as_ref()?;
+        pick(&fallback.0)
+    });
+    let Some((key, in_flight)) = picked else {
+        return Decision::Fail(UpstreamError::NoEndpoints);
     };
     let transport = if policy.protocol.tls(https) {
         Transport::Tls(policy.tls.clone())
@@ -80,6 +88,9 @@ pub(crate) fn forward(
         set_cookie,
         set_headers: Vec::new(),
         max_body: policy.max_body,
+        request_headers: policy.request_headers.clone(),
+        response_headers: None,
+        response_rewrite: None,
     })
 }
 

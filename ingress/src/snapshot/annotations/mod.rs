@@ -11,6 +11,8 @@ pub mod cors;
 pub mod hash;
 pub mod registry;
 pub mod rewrite;
+pub mod snippet;
+pub mod upstream_rewrite;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -92,6 +94,14 @@ pub struct Options {
     /// `affinity-canary-behavior: legacy` (on a canary Ingress): sessions do not keep a client
     /// on the canary or the main backend; `sticky` (the default) does.
     pub affinity_canary_legacy: bool,
+    /// `server-snippet` and `configuration-snippet` read as header actions (set by the
+    /// snapshot with [`snippets`], only under `--allow-snippet-annotations`).
+    pub snippets: Option<Arc<snippet::HeaderActions>>,
+    /// `proxy-redirect-from`/`-to`, `proxy-cookie-domain`, `proxy-cookie-path`.
+    pub upstream_rewrite: Option<Arc<upstream_rewrite::UpstreamRewrite>>,
+    /// `default-backend`: a Service of the Ingress's namespace that answers when the route's
+    /// backend has no endpoints.
+    pub default_backend: Option<String>,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -132,6 +142,9 @@ impl Default for Options {
             service_upstream: false,
             load_balance: None,
             next_upstream: NextUpstream::default(),
+            snippets: None,
+            upstream_rewrite: None,
+            default_backend: None,
         }
     }
 }
@@ -194,6 +207,43 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             )),
         }
     }
+    // Accepted as no-ops (registry::no_op_reason), but their values are still checked, so a
+    // typo is reported as ingress-nginx would reject it.
+    for name in ["proxy-buffering", "proxy-request-buffering"] {
+        if let Some((key, value)) = lookup(annotations, name)
+            && !matches!(value.trim(), "on" | "off")
+        {
+            errors.push(format!("{key}: {value:?} is not \"on\" or \"off\""));
+        }
+    }
+    for name in ["proxy-buffer-size", "client-body-buffer-size"] {
+        if let Some((key, value)) = lookup(annotations, name)
+            && size(value).is_none()
+        {
+            errors.push(format!(
+                "{key}: {value:?} is not a size (a number with an optional k, m or g)"
+            ));
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "default-backend") {
+        let name = value.trim();
+        let label = |s: &str| {
+            (1..=63).contains(&s.len())
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+        };
+        if label(name) {
+            options.default_backend = Some(name.to_string());
+        } else {
+            errors.push(format!(
+                "{key}: {value:?} is not a Service name (of the Ingress's namespace); no fallback is used"
+            ));
+        }
+    }
+    let rewrites = proxy_rewrites(annotations, &mut errors);
+    options.upstream_rewrite = (!rewrites.is_empty()).then(|| Arc::new(rewrites));
     if let Some((key, value)) = lookup(annotations, "rewrite-target") {
         match rewrite::Template::parse(value) {
             Ok(template) => options.rewrite_target = Some(Arc::new(template)),
@@ -233,6 +283,83 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     }
     parse_upstream(annotations, &mut options, &mut errors);
     (options, errors)
+}
+
+/// The header actions of an Ingress's `server-snippet` and `configuration-snippet`, and why
+/// any of them is not applied. `allow` is `--allow-snippet-annotations`: without it no snippet
+/// is read. A snippet with anything outside the allow-listed subset is not applied at all.
+pub fn snippets(
+    annotations: Option<&BTreeMap<String, String>>,
+    allow: bool,
+) -> (Option<snippet::HeaderActions>, Vec<String>) {
+    let mut errors = Vec::new();
+    let Some(annotations) = annotations else {
+        return (None, errors);
+    };
+    let mut read = |name: &str, kind: snippet::Kind| {
+        let (key, value) = lookup(annotations, name)?;
+        if !allow {
+            errors.push(format!(
+                "{key}: not applied: snippet annotations are disabled (--allow-snippet-annotations, off by default as ingress-nginx's allow-snippet-annotations since v1.9)"
+            ));
+            return None;
+        }
+        match snippet::parse(value, kind) {
+            Ok(actions) => Some(actions),
+            Err(err) => {
+                errors.push(format!(
+                    "{key}: not applied (snippets are never executed; only literal add_header, more_set_headers, more_clear_headers and proxy_set_header are read): {err}"
+                ));
+                None
+            }
+        }
+    };
+    let server = read("server-snippet", snippet::Kind::Server);
+    let location = read("configuration-snippet", snippet::Kind::Location);
+    if server.is_none() && location.is_none() {
+        return (None, errors);
+    }
+    let merged = snippet::merge(server, location);
+    let empty = merged.request.is_empty() && merged.response.is_empty();
+    ((!empty).then_some(merged), errors)
+}
+
+/// `proxy-redirect-from`/`-to` (`off` and `default` in `-from` turn it off, as ingress-nginx;
+/// otherwise both are needed, without spaces), `proxy-cookie-domain` and `proxy-cookie-path`.
+fn proxy_rewrites(
+    annotations: &BTreeMap<String, String>,
+    errors: &mut Vec<String>,
+) -> upstream_rewrite::UpstreamRewrite {
+    let mut rewrites = upstream_rewrite::UpstreamRewrite::default();
+    let from = lookup(annotations, "proxy-redirect-from");
+    let to = lookup(annotations, "proxy-redirect-to");
+    match (from, to) {
+        (None, None) => {}
+        (Some((_, "off" | "default")), _) => {}
+        (Some((_, f)), Some((_, t)))
+            if upstream_rewrite::literal(f) && upstream_rewrite::literal(t) =>
+        {
+            rewrites.redirect = Some((f.to_string(), t.to_string()));
+        }
+        (Some((key, f)), Some((_, t))) => errors.push(format!(
+            "{key}: {f:?} to {t:?}: both must be literal text without spaces or $variables; Location is not rewritten"
+        )),
+        (Some((key, _)), None) | (None, Some((key, _))) => errors.push(format!(
+            "{key}: proxy-redirect-from and proxy-redirect-to must be used together; Location is not rewritten"
+        )),
+    }
+    for (name, slot) in [
+        ("proxy-cookie-domain", &mut rewrites.cookie_domain),
+        ("proxy-cookie-path", &mut rewrites.cookie_path),
+    ] {
+        if let Some((key, value)) = lookup(annotations, name) {
+            match upstream_rewrite::parse_pair(value) {
+                Ok(pair) => *slot = pair,
+                Err(err) => errors.push(format!("{key}: {err}; Set-Cookie is not rewritten")),
+            }
+        }
+    }
+    rewrites
 }
 
 /// `NAME` and `NAME-code` as ingress-nginx reads them: an http(s) URL of the characters it
@@ -455,7 +582,7 @@ pub fn unsupported(annotations: Option<&BTreeMap<String, String>>) -> Vec<Unsupp
                 }
             };
             match entry {
-                Some(entry) if entry.status == Status::Supported => None,
+                Some(entry) if matches!(entry.status, Status::Supported | Status::NoOp) => None,
                 Some(entry) => Some(Unsupported {
                     key: key.clone(),
                     category: entry.category,
@@ -867,6 +994,81 @@ mod tests {
             (vec![(n("app-root"), "app")], Options::default(), 1),
             (
                 vec![(n("x-forwarded-prefix"), "/a\r\nX-Evil: 1")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-redirect-from"), "http://internal/"),
+                    (n("proxy-redirect-to"), "/"),
+                    (n("proxy-cookie-domain"), "internal.local shop.example"),
+                    (n("proxy-cookie-path"), "off"),
+                ],
+                Options {
+                    upstream_rewrite: Some(Arc::new(upstream_rewrite::UpstreamRewrite {
+                        redirect: Some(("http://internal/".into(), "/".into())),
+                        cookie_domain: Some(("internal.local".into(), "shop.example".into())),
+                        cookie_path: None,
+                    })),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![
+                    (n("proxy-redirect-from"), "default"),
+                    (n("proxy-redirect-to"), "/x"),
+                ],
+                Options::default(),
+                0,
+            ),
+            (
+                vec![(n("proxy-redirect-from"), "http://internal/")],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![
+                    (n("proxy-redirect-from"), "http://internal/"),
+                    (n("proxy-redirect-to"), "https://$host/"),
+                ],
+                Options::default(),
+                1,
+            ),
+            (
+                vec![(n("proxy-cookie-path"), "~^/app(.*) /$1")],
+                Options::default(),
+                1,
+            ),
+            // The buffering annotations are no-ops, but their values are checked.
+            (
+                vec![
+                    (n("proxy-buffering"), "on"),
+                    (n("proxy-request-buffering"), "off"),
+                    (n("proxy-buffer-size"), "16k"),
+                    (n("client-body-buffer-size"), "1M"),
+                ],
+                Options::default(),
+                0,
+            ),
+            (
+                vec![
+                    (n("proxy-buffering"), "yes"),
+                    (n("proxy-buffer-size"), "16kb"),
+                ],
+                Options::default(),
+                2,
+            ),
+            (
+                vec![(n("default-backend"), "errors")],
+                Options {
+                    default_backend: Some("errors".into()),
+                    ..Default::default()
+                },
+                0,
+            ),
+            (
+                vec![(n("default-backend"), "other/errors")],
                 Options::default(),
                 1,
             ),

@@ -69,6 +69,38 @@ impl fmt::Display for Category {
 pub enum Status {
     Supported,
     Unsupported,
+    /// Accepted (its value is checked) but it changes nothing here, for the reason
+    /// [`no_op_reason`] gives: what it tunes does not exist in this proxy.
+    NoOp,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Supported => "supported",
+            Status::Unsupported => "unsupported",
+            Status::NoOp => "no-op",
+        }
+    }
+}
+
+/// Why a [`Status::NoOp`] annotation changes nothing.
+pub fn no_op_reason(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "proxy-buffering" => {
+            "responses are always streamed to the client as they arrive, which is proxy-buffering: off (ingress-nginx's default); on is not honoured"
+        }
+        "proxy-buffer-size" => {
+            "the proxy reads an upstream's response head into its own buffer, whatever its size up to the header limits, so there is no buffer size to tune"
+        }
+        "proxy-request-buffering" => {
+            "request bodies are always streamed to the upstream, which is proxy-request-buffering: off; on (nginx reads the whole body first) is not honoured; proxy-body-size is enforced either way"
+        }
+        "client-body-buffer-size" => {
+            "request bodies are streamed, never buffered in memory or spooled to disk, so there is no buffer size to tune"
+        }
+        _ => return None,
+    })
 }
 
 /// One annotation, by its name after the prefix.
@@ -84,6 +116,14 @@ const fn yes(name: &'static str, category: Category) -> Annotation {
         name,
         category,
         status: Status::Supported,
+    }
+}
+
+const fn noop(name: &'static str, category: Category) -> Annotation {
+    Annotation {
+        name,
+        category,
+        status: Status::NoOp,
     }
 }
 
@@ -137,8 +177,8 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("canary-by-header-value", Routing),
     yes("canary-weight", Routing),
     yes("canary-weight-total", Routing),
-    no("client-body-buffer-size", Upstream),
-    no("configuration-snippet", Snippet),
+    noop("client-body-buffer-size", Upstream),
+    yes("configuration-snippet", Snippet),
     no("connection-proxy-header", Upstream),
     yes("cors-allow-credentials", Response),
     yes("cors-allow-headers", Response),
@@ -148,7 +188,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("cors-max-age", Response),
     no("custom-headers", Response),
     no("custom-http-errors", Response),
-    no("default-backend", Routing),
+    yes("default-backend", Routing),
     yes("denylist-source-range", AccessControl),
     no("disable-proxy-intercept-errors", Response),
     no("enable-access-log", Observability),
@@ -187,22 +227,22 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("permanent-redirect-code", Routing),
     yes("preserve-trailing-slash", Routing),
     yes("proxy-body-size", Upstream),
-    no("proxy-buffer-size", Upstream),
-    no("proxy-buffering", Upstream),
+    noop("proxy-buffer-size", Upstream),
+    noop("proxy-buffering", Upstream),
     no("proxy-buffers-number", Upstream),
     no("proxy-busy-buffers-size", Upstream),
     yes("proxy-connect-timeout", Upstream),
-    no("proxy-cookie-domain", Response),
-    no("proxy-cookie-path", Response),
+    yes("proxy-cookie-domain", Response),
+    yes("proxy-cookie-path", Response),
     no("proxy-http-version", Upstream),
     no("proxy-max-temp-file-size", Upstream),
     yes("proxy-next-upstream", Upstream),
     yes("proxy-next-upstream-timeout", Upstream),
     yes("proxy-next-upstream-tries", Upstream),
     yes("proxy-read-timeout", Upstream),
-    no("proxy-redirect-from", Response),
-    no("proxy-redirect-to", Response),
-    no("proxy-request-buffering", Upstream),
+    yes("proxy-redirect-from", Response),
+    yes("proxy-redirect-to", Response),
+    noop("proxy-request-buffering", Upstream),
     yes("proxy-send-timeout", Upstream),
     no("proxy-ssl-ciphers", Tls),
     yes("proxy-ssl-name", Tls),
@@ -215,7 +255,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("rewrite-target", Routing),
     no("satisfy", AccessControl),
     yes("server-alias", Routing),
-    no("server-snippet", Snippet),
+    yes("server-snippet", Snippet),
     yes("service-upstream", Upstream),
     no("session-cookie-change-on-failure", Upstream),
     no("session-cookie-conditional-samesite-none", Upstream),
@@ -393,12 +433,14 @@ mod tests {
                 "canary-by-header-value",
                 "canary-weight",
                 "canary-weight-total",
+                "configuration-snippet",
                 "cors-allow-credentials",
                 "cors-allow-headers",
                 "cors-allow-methods",
                 "cors-allow-origin",
                 "cors-expose-headers",
                 "cors-max-age",
+                "default-backend",
                 "denylist-source-range",
                 "enable-cors",
                 "force-ssl-redirect",
@@ -409,10 +451,14 @@ mod tests {
                 "preserve-trailing-slash",
                 "proxy-body-size",
                 "proxy-connect-timeout",
+                "proxy-cookie-domain",
+                "proxy-cookie-path",
                 "proxy-next-upstream",
                 "proxy-next-upstream-timeout",
                 "proxy-next-upstream-tries",
                 "proxy-read-timeout",
+                "proxy-redirect-from",
+                "proxy-redirect-to",
                 "proxy-send-timeout",
                 "proxy-ssl-name",
                 "proxy-ssl-protocols",
@@ -422,6 +468,7 @@ mod tests {
                 "proxy-ssl-verify-depth",
                 "rewrite-target",
                 "server-alias",
+                "server-snippet",
                 "service-upstream",
                 "session-cookie-domain",
                 "session-cookie-expires",

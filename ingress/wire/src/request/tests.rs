@@ -278,6 +278,7 @@ fn upstream_framing_and_upgrades() {
                 upgrade: *upgrade,
                 new_request_id: [b'0'; 32],
                 forwarded_prefix: None,
+                set_headers: &[],
             },
         );
         let text = String::from_utf8(out).unwrap();
@@ -296,4 +297,55 @@ fn upstream_framing_and_upgrades() {
         }
         assert_eq!(text.matches("\r\nhost: ").count(), 1, "{text}");
     }
+}
+
+/// A route's `proxy_set_header`s: the client's header of each name is dropped (every copy, any
+/// case), the route's value sent once; `None` sends none; a value that could split the head is
+/// never written, whatever the caller passed.
+#[test]
+fn route_set_headers_replace_the_clients() {
+    let client = ClientFacts {
+        ip: b"192.0.2.1",
+        port: b"80",
+        https: false,
+    };
+    let paths = PathSettings::default();
+    let input = b"GET / HTTP/1.1\r\nHost: a\r\nX-Tenant: spoofed\r\nx-tenant: again\r\nAuthorization: secret\r\nX-Keep: k\r\n\r\n";
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let RequestParse::Complete(req) = parse(input, &mut storage) else {
+        panic!("not complete");
+    };
+    let target = target::parse(&req.target, &paths).unwrap();
+    let mut out = Vec::new();
+    let set: &[(&str, Option<&[u8]>)] = &[
+        ("x-tenant", Some(b"acme")),
+        ("authorization", None),
+        ("x-evil", Some(b"a\r\nx-injected: 1")),
+    ];
+    write_upstream(
+        &mut out,
+        &req,
+        &Upstream {
+            host: None,
+            target: &target,
+            authority: "a",
+            client,
+            underscores: false,
+            body: UpstreamBody::None,
+            upgrade: false,
+            new_request_id: [b'0'; 32],
+            forwarded_prefix: None,
+            set_headers: set,
+        },
+    );
+    let text = String::from_utf8(out).unwrap();
+    let lower = text.to_ascii_lowercase();
+    assert_eq!(lower.matches("\r\nx-tenant:").count(), 1, "{text}");
+    assert!(text.contains("\r\nx-tenant: acme\r\n"), "{text}");
+    assert!(!lower.contains("authorization"), "{text}");
+    assert!(
+        !lower.contains("x-injected") && !lower.contains("x-evil"),
+        "{text}"
+    );
+    assert!(text.contains("\r\nX-Keep: k\r\n"), "{text}");
 }

@@ -20,6 +20,8 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     upgrade: None,
     set_cookie: None,
     set_headers: &[],
+    edits: None,
+    rewrite: None,
 };
 
 /// A complete head with everything but `head_len` (checked against the input separately).
