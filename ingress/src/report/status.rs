@@ -60,7 +60,7 @@ impl StatusWriter {
             .retain(|key, _| snapshot.ingresses.contains_key(key));
         let mut pass = Pass::Done;
         let mut written = 0usize;
-        for (key, meta) in &snapshot.ingresses {
+        for (key, meta) in snapshot.ingresses.iter() {
             if meta.addresses.len() == 1 && meta.addresses[0] == want {
                 self.pending.remove(key);
                 continue;

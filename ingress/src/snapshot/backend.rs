@@ -5,7 +5,7 @@
 //! reaches the proxy; ExternalName Services are refused unless allowed, and their names are
 //! judged again when the proxy resolves them (`proxy::pool::open`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -175,32 +175,79 @@ pub struct Problem {
 pub struct Resolver<'a> {
     store: &'a Store,
     policy: &'a BackendPolicy,
-    slices: SliceIndex<'a>,
-    cache: HashMap<(ObjectKey, PortRef), (Arc<Backend>, Vec<Problem>)>,
+    state: ResolverState,
+}
+
+/// What a resolver keeps from one build to the next: which slices belong to which Service, and
+/// the backend of each (Service, port) resolved so far. An entry stays valid as long as its
+/// Service and that Service's slices are unchanged ([`ResolverState::forget`] drops the others).
+#[derive(Debug, Default)]
+pub struct ResolverState {
+    slices: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    resolved: HashMap<(ObjectKey, PortRef), (Arc<Backend>, Vec<Problem>)>,
+}
+
+impl ResolverState {
+    /// The slice index of a whole store, nothing resolved yet.
+    pub fn index(store: &Store) -> Self {
+        let mut state = Self::default();
+        for (key, slice) in &store.endpoint_slices {
+            state.slice_changed(key, None, Some(slice));
+        }
+        state
+    }
+
+    /// Moves slice `key` in the index from the Service `old` named to the one `new` names.
+    pub fn slice_changed(
+        &mut self,
+        key: &ObjectKey,
+        old: Option<&EndpointSlice>,
+        new: Option<&EndpointSlice>,
+    ) {
+        if let Some(service) = old.and_then(|s| service_of(key, s))
+            && let Some(keys) = self.slices.get_mut(&service)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.slices.remove(&service);
+            }
+        }
+        if let Some(service) = new.and_then(|s| service_of(key, s)) {
+            self.slices.entry(service).or_default().insert(key.clone());
+        }
+    }
+
+    /// Drops what was resolved for these Services (they or their slices changed).
+    pub fn forget(&mut self, services: &HashSet<ObjectKey>) {
+        if !services.is_empty() {
+            self.resolved
+                .retain(|(service, _), _| !services.contains(service));
+        }
+    }
+}
+
+/// The Service an EndpointSlice (stored under `key`) belongs to, by its label.
+pub fn service_of(key: &ObjectKey, slice: &EndpointSlice) -> Option<ObjectKey> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some(ObjectKey::new(key.namespace.clone(), name.clone()))
 }
 
 impl<'a> Resolver<'a> {
     pub fn new(store: &'a Store, policy: &'a BackendPolicy) -> Self {
-        let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-        for (key, slice) in &store.endpoint_slices {
-            let service = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL));
-            if let Some(service) = service {
-                slices
-                    .entry((key.namespace.as_str(), service.as_str()))
-                    .or_default()
-                    .push(slice);
-            }
-        }
+        Self::resume(store, policy, ResolverState::index(store))
+    }
+
+    /// A resolver over `store` that starts from `state`, which must describe the same store.
+    pub fn resume(store: &'a Store, policy: &'a BackendPolicy, state: ResolverState) -> Self {
         Self {
             store,
             policy,
-            slices,
-            cache: HashMap::new(),
+            state,
         }
+    }
+
+    pub fn into_state(self) -> ResolverState {
+        self.state
     }
 
     /// The backend for `service`:`port`, and the problems with it. Callers attach the problems
@@ -209,14 +256,21 @@ impl<'a> Resolver<'a> {
         let Self {
             store,
             policy,
-            slices,
-            cache,
+            state,
         } = self;
+        let ResolverState { slices, resolved } = state;
         let (backend, problems) =
-            cache
+            resolved
                 .entry((service, port))
                 .or_insert_with_key(|(service, port)| {
-                    let (target, problems) = resolve_target(store, policy, slices, service, port);
+                    let service_slices = slices
+                        .get(service)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|k| store.endpoint_slices.get(k))
+                        .map(AsRef::as_ref);
+                    let (target, problems) =
+                        resolve_target(store, policy, service_slices, service, port);
                     let backend = Backend {
                         service: service.clone(),
                         port: port.clone(),
@@ -228,12 +282,10 @@ impl<'a> Resolver<'a> {
     }
 }
 
-type SliceIndex<'a> = HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>;
-
-fn resolve_target(
+fn resolve_target<'s>(
     store: &Store,
     policy: &BackendPolicy,
-    slices: &SliceIndex<'_>,
+    slices: impl Iterator<Item = &'s EndpointSlice>,
     service_key: &ObjectKey,
     port: &PortRef,
 ) -> (Target, Vec<Problem>) {
@@ -293,8 +345,7 @@ fn resolve_target(
     let Some(service_port) = service_port else {
         return (Target::Unavailable, vec![port_problem(service_key, port)]);
     };
-    let (endpoints, refused) =
-        ready_endpoints(slices, &policy.addresses, service_key, service_port);
+    let (endpoints, refused) = ready_endpoints(slices, &policy.addresses, service_port);
     let mut problems = Vec::new();
     if !refused.is_empty() {
         let listed: Vec<String> = refused
@@ -332,10 +383,9 @@ fn local_name(name: &str) -> Option<std::net::IpAddr> {
 /// Ready endpoints of every slice of the Service, matched to the Service port by name, as the
 /// EndpointSlice controller names them, and the ready addresses the policy refused. Deduplicated:
 /// an address can be in two slices while the controller moves it.
-fn ready_endpoints(
-    slices: &SliceIndex<'_>,
+fn ready_endpoints<'s>(
+    slices: impl Iterator<Item = &'s EndpointSlice>,
     policy: &AddressPolicy,
-    service: &ObjectKey,
     port: &ServicePort,
 ) -> (
     Vec<Arc<Endpoint>>,
@@ -344,8 +394,7 @@ fn ready_endpoints(
     let port_name = port.name.as_deref().unwrap_or("");
     let mut addrs: Vec<SocketAddr> = Vec::new();
     let mut refused = Vec::new();
-    let slices = slices.get(&(service.namespace.as_str(), service.name.as_str()));
-    for slice in slices.into_iter().flatten() {
+    for slice in slices {
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
             continue;
         }

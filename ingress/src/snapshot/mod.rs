@@ -15,6 +15,7 @@
 pub mod address;
 pub mod annotations;
 pub mod backend;
+pub mod cache;
 pub mod certs;
 pub mod class;
 pub mod host;
@@ -23,7 +24,7 @@ pub mod policy;
 pub mod sni;
 pub mod tls;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
@@ -33,9 +34,11 @@ use crate::store::{Kind, ObjectKey, Store};
 use annotations::UnsupportedAccess;
 use annotations::registry::Category;
 use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
+pub use cache::BuildCache;
+use cache::{Compiled, HostPart, PathPart};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
-use path::{PathMatcher, PathRule};
+use path::PathMatcher;
 use policy::RoutePolicy;
 
 /// What the builder needs beyond the store. Everything here comes from flags.
@@ -61,7 +64,8 @@ pub struct Snapshot {
     /// Sorted and deduplicated.
     pub diagnostics: Vec<Diagnostic>,
     /// The Ingresses this controller owns, with what the reporter needs of each.
-    pub ingresses: BTreeMap<ObjectKey, IngressMeta>,
+    /// Shared between snapshots while no owned Ingress's metadata changes.
+    pub ingresses: Arc<BTreeMap<ObjectKey, IngressMeta>>,
     /// SNI → certificate.
     pub tls: tls::TlsTable,
     /// The names the HTTPS port admits, for the kernel gate and userspace mode alike.
@@ -178,114 +182,42 @@ impl Snapshot {
         counts
     }
 
-    /// Builds a snapshot. Pure: the same store and settings give the same routing.
+    /// Builds a snapshot from scratch. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
-        let mut builder = Builder {
-            diagnostics: store.source_diagnostics.clone(),
-            resolver: Resolver::new(store, &settings.backends),
-            unsupported_access: settings.unsupported_access,
-            tls: tls::TlsBuilder::new(store, &settings.tls),
-            hosts: BTreeMap::new(),
-            passthrough: BTreeMap::new(),
-            default_backend: None,
-        };
-        let owned = owned_ingresses(store, &settings.class);
-        for (key, ingress) in &owned {
-            builder.add_ingress(key, ingress);
-        }
-        let tls = builder.tls.finish(&mut builder.diagnostics);
-        let mut diagnostics = builder.diagnostics;
-        diagnostics.sort();
-        diagnostics.dedup();
-        let mut hosts = HostTable::default();
-        let mut sni = sni::SniPolicy {
-            catch_all: builder.default_backend.is_some(),
-            unnamed: settings.unnamed,
-            ..Default::default()
-        };
-        for (pattern, host) in builder.hosts {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Pass);
-                }
-                HostPattern::Wildcard(parent) => {
-                    sni.names.insert(format!("*.{parent}"), sni::Action::Pass);
-                }
-                HostPattern::Any => sni.catch_all = true,
-            }
-            let vhost = VirtualHost {
-                pattern: pattern.clone(),
-                paths: PathMatcher::new(host.rules),
-                default_backend: host.default_backend,
-            };
-            hosts.insert(pattern, Arc::new(vhost));
-        }
-        let mut passthrough = HostTable::default();
-        for (pattern, route) in builder.passthrough {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Passthrough);
-                }
-                HostPattern::Wildcard(parent) => {
-                    sni.names
-                        .insert(format!("*.{parent}"), sni::Action::Passthrough);
-                }
-                HostPattern::Any => {}
-            }
-            passthrough.insert(pattern, route);
-        }
-        Snapshot {
-            generation,
-            hosts,
-            default_backend: builder.default_backend,
-            diagnostics,
-            ingresses: owned
-                .into_iter()
-                .map(|(k, ing)| (k.clone(), IngressMeta::of(ing)))
-                .collect(),
-            tls,
-            sni,
-            passthrough,
-        }
+        Self::build_with(store, settings, generation, BuildCache::default()).0
+    }
+
+    /// Builds a snapshot reusing what `cache` kept from the previous build (of any store), and
+    /// returns the cache for the next one. Still pure: the snapshot is the one [`Snapshot::build`]
+    /// gives for the same store and settings; only the work differs, in proportion to what
+    /// changed since the cache was made.
+    pub fn build_with(
+        store: &Store,
+        settings: &BuildSettings,
+        generation: u64,
+        cache: BuildCache,
+    ) -> (Snapshot, BuildCache) {
+        cache.build(store, settings, generation)
     }
 }
 
-/// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
-fn owned_ingresses<'s>(
+/// Compiles one Ingress on its own, before it meets the others: everything here depends only on
+/// the Ingress, the Services, slices and Secrets it names, and the settings.
+struct Compiler<'s, 'c> {
     store: &'s Store,
-    class: &ClassSelector,
-) -> Vec<(&'s ObjectKey, &'s Ingress)> {
-    let mut owned: Vec<(&ObjectKey, &Ingress)> = store
-        .ingresses
-        .iter()
-        .filter(|(_, ing)| class.owns(ing, &store.ingress_classes))
-        .map(|(k, ing)| (k, ing.as_ref()))
-        .collect();
-    owned.sort_by_key(|(key, ing)| (ing.metadata.creation_timestamp.as_ref().map(|t| t.0), *key));
-    owned
-}
-
-struct Builder<'s> {
+    settings: &'s BuildSettings,
+    resolver: &'c mut Resolver<'s>,
+    certs: &'c mut tls::CertLoader,
     diagnostics: Vec<Diagnostic>,
-    resolver: Resolver<'s>,
-    unsupported_access: UnsupportedAccess,
-    tls: tls::TlsBuilder<'s>,
-    hosts: BTreeMap<HostPattern, HostBuilder>,
-    /// Passthrough host → its route and the Ingress that claimed it first.
-    passthrough: BTreeMap<HostPattern, Arc<Route>>,
-    default_backend: Option<Arc<Route>>,
+    services: Vec<ObjectKey>,
 }
 
-#[derive(Default)]
-struct HostBuilder {
-    rules: Vec<PathRule<Arc<Route>>>,
-    /// (path, type) to the Ingress that defined it first.
-    seen: HashMap<(String, &'static str), ObjectKey>,
-    default_backend: Option<Arc<Route>>,
-}
-
-impl Builder<'_> {
-    fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
+impl Compiler<'_, '_> {
+    fn compile(mut self, key: &ObjectKey, ingress: &Ingress) -> Compiled {
+        let mut out = Compiled {
+            meta: IngressMeta::of(ingress),
+            ..Compiled::default()
+        };
         let subject = Subject::object(Kind::Ingress, key);
         let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
         for message in errors {
@@ -299,16 +231,25 @@ impl Builder<'_> {
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies =
             [false, true].map(|tls| Arc::new(RoutePolicy::new(&options, tls, refused.as_ref())));
-        let Some(spec) = &ingress.spec else { return };
+        let Some(spec) = &ingress.spec else {
+            return self.finish(out);
+        };
         let rules = spec.rules.as_deref().unwrap_or_default();
-        let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
+        out.tls = tls::compile_ingress(
+            self.store,
+            &self.settings.tls,
+            self.certs,
+            key,
+            ingress,
+            &mut self.diagnostics,
+        );
         let default_route = spec
             .default_backend
             .as_ref()
             .and_then(|b| self.route(key, b, &policies[0], false, refused.is_some()));
 
         if options.ssl_passthrough {
-            self.add_passthrough(
+            out.passthrough = self.passthrough(
                 key,
                 rules,
                 default_route.as_ref(),
@@ -318,18 +259,7 @@ impl Builder<'_> {
         }
 
         if rules.is_empty() {
-            match (&default_route, &self.default_backend) {
-                (Some(route), None) => self.default_backend = Some(route.clone()),
-                (Some(_), Some(existing)) => self.diagnostics.push(Diagnostic::error(
-                    DiagnosticKind::ConflictingRule,
-                    subject.clone(),
-                    format!(
-                        "the default backend is already set by Ingress {}; this one is ignored",
-                        existing.ingress
-                    ),
-                )),
-                (None, _) => {}
-            }
+            out.default.clone_from(&default_route);
         }
 
         for rule in rules {
@@ -344,11 +274,12 @@ impl Builder<'_> {
                     continue;
                 }
             };
-            let tls = tls_hosts.contains(&pattern);
-            let host = self.hosts.entry(pattern.clone()).or_default();
-            if host.default_backend.is_none() {
-                host.default_backend = default_route.clone();
-            }
+            let tls = out.tls.declared.contains(&pattern);
+            let mut part = HostPart {
+                pattern: pattern.clone(),
+                default_route: default_route.clone(),
+                paths: Vec::new(),
+            };
             let paths = rule
                 .http
                 .as_ref()
@@ -373,51 +304,43 @@ impl Builder<'_> {
                         continue;
                     }
                 };
-                let seen_key = (path.clone(), kind.as_str());
-                let host = self.hosts.entry(pattern.clone()).or_default();
-                if let Some(first) = host.seen.get(&seen_key) {
-                    if first != key {
-                        let message = format!(
-                            "host {pattern} path {path} ({}) is already defined by Ingress {first}; this rule is ignored",
-                            kind.as_str()
-                        );
-                        self.diagnostics.push(Diagnostic::error(
-                            DiagnosticKind::ConflictingRule,
-                            subject.clone(),
-                            message,
-                        ));
-                    }
-                    continue;
-                }
-                host.seen.insert(seen_key, key.clone());
+                // The route's problems count only if the path is not claimed by an older
+                // Ingress, which assembly decides: they stay with the path until then.
+                let before = self.diagnostics.len();
                 let policy = &policies[usize::from(tls)];
-                let Some(route) =
-                    self.route(key, &http_path.backend, policy, tls, refused.is_some())
-                else {
-                    continue;
-                };
-                if let Some(host) = self.hosts.get_mut(&pattern) {
-                    host.rules.push(PathRule {
-                        path,
-                        kind,
-                        target: route,
-                    });
-                }
+                let route = self.route(key, &http_path.backend, policy, tls, refused.is_some());
+                part.paths.push(PathPart {
+                    path,
+                    kind,
+                    route,
+                    diagnostics: self.diagnostics.split_off(before),
+                });
             }
+            out.hosts.push(part);
         }
+        self.finish(out)
+    }
+
+    fn finish(self, mut out: Compiled) -> Compiled {
+        out.diagnostics = self.diagnostics;
+        out.services = self.services;
+        out.services.sort();
+        out.services.dedup();
+        out
     }
 
     /// `ssl-passthrough`: each rule's host is routed by SNI to the backend of its `/` path (or
     /// its only path, or the Ingress's default backend). The TLS stream is not terminated, so
     /// paths mean nothing; more than that one path is a warning.
-    fn add_passthrough(
+    fn passthrough(
         &mut self,
         key: &ObjectKey,
         rules: &[k8s_openapi::api::networking::v1::IngressRule],
         default_route: Option<&Arc<Route>>,
         policy: &Arc<RoutePolicy>,
         refused: bool,
-    ) {
+    ) -> Vec<(HostPattern, Arc<Route>)> {
+        let mut out = Vec::new();
         let subject = Subject::object(Kind::Ingress, key);
         for rule in rules {
             let pattern = match host::parse_pattern(rule.host.as_deref()) {
@@ -454,18 +377,9 @@ impl Builder<'_> {
                 None => default_route.cloned(),
             };
             let Some(route) = route else { continue };
-            match self.passthrough.get(&pattern) {
-                Some(existing) if existing.ingress != *key => self.diagnostics.push(Diagnostic::error(
-                    DiagnosticKind::ConflictingRule,
-                    subject.clone(),
-                    format!("host {pattern} is already passed through by Ingress {}; this one is ignored for it", existing.ingress),
-                )),
-                Some(_) => {}
-                None => {
-                    self.passthrough.insert(pattern, route);
-                }
-            }
+            out.push((pattern, route));
         }
+        out
     }
 
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not
@@ -481,7 +395,7 @@ impl Builder<'_> {
                     u.key, u.category
                 )
             };
-            let diagnostic = match (u.category, self.unsupported_access) {
+            let diagnostic = match (u.category, self.settings.unsupported_access) {
                 (Category::AccessControl, UnsupportedAccess::Refuse) => {
                     let message = format!(
                         "{what} is not supported, so this Ingress is not served: every path it declares answers 503 rather than being served without the access control it asks for (--unsupported-access-annotations=ignore serves it anyway)"
@@ -571,6 +485,7 @@ impl Builder<'_> {
             }
         };
         let service_key = ObjectKey::new(ingress.namespace.clone(), service.name.clone());
+        self.services.push(service_key.clone());
         let (backend, problems) = self.resolver.resolve(service_key, port);
         for problem in problems {
             let severity = match problem.kind {
