@@ -146,6 +146,14 @@ impl<T> HostTable<T> {
         self.len() == 0
     }
 
+    /// Every value, in no particular order (cheaper than `iter`, which sorts).
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.exact
+            .values()
+            .chain(self.wildcard.values())
+            .chain(self.any.iter())
+    }
+
     /// Every entry with its pattern, exact names first, each group sorted.
     pub fn iter(&self) -> impl Iterator<Item = (HostPattern, &T)> {
         let mut exact: Vec<_> = self.exact.iter().collect();
