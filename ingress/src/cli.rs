@@ -155,6 +155,12 @@ pub struct KernelArgs {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotBuilds {
+    Incremental,
+    Full,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Auto,
     Ebpf,
@@ -463,6 +469,16 @@ pub struct ProxyArgs {
     /// into one build, which happens at most 5 debounce periods after the burst began.
     #[arg(long, env = "INGRESS_DEBOUNCE", default_value = "10ms", value_parser = duration)]
     pub debounce: Duration,
+    /// `incremental` reuses what each unchanged Ingress, Service, EndpointSlice and Secret
+    /// compiled in the previous build, so a build costs what changed; `full` builds every
+    /// snapshot from scratch (the same result, more work: an escape hatch and a baseline).
+    #[arg(
+        long,
+        env = "INGRESS_SNAPSHOT_BUILDS",
+        value_enum,
+        default_value_t = SnapshotBuilds::Incremental
+    )]
+    pub snapshot_builds: SnapshotBuilds,
     /// Worker threads for the proxy runtime (0: one per CPU).
     #[arg(
         long,

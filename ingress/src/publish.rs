@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 use crate::diagnostics::{Diagnostic, Severity};
-use crate::snapshot::{BuildSettings, Snapshot};
+use crate::snapshot::{BuildCache, BuildSettings, Snapshot};
 use crate::store::{SourceEvent, Store};
 
 /// Something that must see each snapshot change in step with the swap.
@@ -141,6 +141,8 @@ pub struct Pipeline {
     pub max_delay: Duration,
     /// Rebuild at least this often even without changes, so certificate expiry is re-judged.
     pub refresh: Duration,
+    /// Whether each build starts from what the previous one compiled (`--snapshot-builds`).
+    pub incremental: bool,
 }
 
 impl Pipeline {
@@ -167,6 +169,8 @@ impl Pipeline {
         let mut store = Store::default();
         let mut synced = false;
         let mut generation = 0;
+        // Owned here, not by the snapshot: what the last build compiled, for the next.
+        let mut cache = BuildCache::default();
         let mut refresh = tokio::time::interval(self.refresh);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         refresh.tick().await;
@@ -201,7 +205,15 @@ impl Pipeline {
             let mut settings = self.settings.clone();
             settings.tls.now = crate::clock::unix_now();
             // This runs on the pipeline's own thread (see `spawn`), so building blocks no proxy task.
-            let snapshot = Snapshot::build(&store, &settings, generation);
+            let previous = if self.incremental {
+                std::mem::take(&mut cache)
+            } else {
+                BuildCache::default()
+            };
+            let (snapshot, next) = Snapshot::build_with(&store, &settings, generation, previous);
+            if self.incremental {
+                cache = next;
+            }
             let build_time = started.elapsed();
             let old = self.published.load_full();
             log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);
@@ -359,6 +371,7 @@ mod tests {
             debounce: Duration::from_millis(100),
             max_delay: Duration::from_millis(500),
             refresh: Duration::from_secs(3600),
+            incremental: true,
         };
         tokio::spawn(pipeline.run(rx));
         (published, tx)

@@ -120,6 +120,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         debounce: args.proxy.debounce,
         max_delay: args.proxy.debounce * 5,
         refresh: CERTIFICATE_REFRESH,
+        incremental: args.proxy.snapshot_builds == crate::cli::SnapshotBuilds::Incremental,
     };
     if let Some(gate) = &gate {
         let sync = MapSync::new(gate.clone(), sync_errors);

@@ -62,7 +62,7 @@ impl StatusWriter {
             .retain(|key, _| snapshot.ingresses.contains_key(key));
         let mut pass = Pass::Done;
         let mut written = 0usize;
-        for (key, meta) in &snapshot.ingresses {
+        for (key, meta) in snapshot.ingresses.iter() {
             if sorted(&meta.addresses) == want {
                 self.pending.remove(key);
                 continue;

@@ -110,6 +110,14 @@ impl<T> HostTable<T> {
         }
     }
 
+    pub fn remove(&mut self, pattern: &HostPattern) -> Option<T> {
+        match pattern {
+            HostPattern::Exact(h) => self.exact.remove(h.as_str()),
+            HostPattern::Wildcard(h) => self.wildcard.remove(h.as_str()),
+            HostPattern::Any => self.any.take(),
+        }
+    }
+
     /// The entry for a request host (already normalised by `ingress_wire::authority::parse`).
     pub fn lookup(&self, host: &str) -> Option<&T> {
         self.lookup_named(host).or(self.any.as_ref())
@@ -136,6 +144,14 @@ impl<T> HostTable<T> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Every value, in no particular order (cheaper than `iter`, which sorts).
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.exact
+            .values()
+            .chain(self.wildcard.values())
+            .chain(self.any.iter())
     }
 
     /// Every entry with its pattern, exact names first, each group sorted.

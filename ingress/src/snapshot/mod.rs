@@ -15,6 +15,7 @@
 pub mod address;
 pub mod annotations;
 pub mod backend;
+pub mod cache;
 pub mod certs;
 pub mod class;
 pub mod host;
@@ -24,7 +25,7 @@ pub mod sni;
 pub mod sources;
 pub mod tls;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
@@ -34,10 +35,12 @@ use crate::store::{Kind, ObjectKey, Store};
 use annotations::UnsupportedAccess;
 use annotations::registry::Category;
 use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
+pub use cache::BuildCache;
+use cache::{Compiled, HostPart, PathPart};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
-use policy::{CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
+use policy::{HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -65,7 +68,8 @@ pub struct Snapshot {
     /// Sorted and deduplicated.
     pub diagnostics: Vec<Diagnostic>,
     /// The Ingresses this controller owns, with what the reporter needs of each.
-    pub ingresses: BTreeMap<ObjectKey, IngressMeta>,
+    /// Shared between snapshots while no owned Ingress's metadata changes.
+    pub ingresses: Arc<BTreeMap<ObjectKey, IngressMeta>>,
     /// SNI → certificate.
     pub tls: tls::TlsTable,
     /// The names the HTTPS port admits, for the kernel gate and userspace mode alike.
@@ -191,222 +195,22 @@ impl Snapshot {
         counts
     }
 
-    /// Builds a snapshot. Pure: the same store and settings give the same routing.
+    /// Builds a snapshot from scratch. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
-        let mut builder = Builder {
-            max_body: settings.max_body,
-            rank: 0,
-            diagnostics: store.source_diagnostics.clone(),
-            resolver: Resolver::new(store, &settings.backends),
-            unsupported_access: settings.unsupported_access,
-            tls: tls::TlsBuilder::new(store, &settings.tls),
-            hosts: BTreeMap::new(),
-            passthrough: BTreeMap::new(),
-            default_backend: None,
-        };
-        let owned = owned_ingresses(store, &settings.class);
-        // Canaries after every main Ingress: a canary is attached to the main route with its
-        // host, path and type, whichever is older.
-        let mut canaries = Vec::new();
-        for (rank, (key, ingress)) in owned.iter().enumerate() {
-            builder.rank = rank;
-            if annotations::parse(ingress.metadata.annotations.as_ref())
-                .0
-                .canary
-                .is_some()
-            {
-                canaries.push((*key, *ingress));
-                continue;
-            }
-            builder.add_ingress(key, ingress);
-        }
-        for (key, ingress) in canaries {
-            builder.add_canary(key, ingress);
-        }
-        let mut tls = builder.tls.finish(&mut builder.diagnostics);
-        let mut diagnostics = builder.diagnostics;
-        let mut hosts = HostTable::default();
-        let mut sni = sni::SniPolicy {
-            catch_all: builder.default_backend.is_some(),
-            unnamed: settings.unnamed,
-            ..Default::default()
-        };
-        let extra = extra_names(&builder.hosts, &mut diagnostics);
-        extra_certificates(&mut tls, &extra);
-        let mut built: BTreeMap<HostPattern, Arc<VirtualHost>> = BTreeMap::new();
-        for (pattern, host) in builder.hosts {
-            let paths = if host.nginx_regex {
-                PathMatcher::nginx_regex(nginx_regex_rules(&pattern, host.rules, &mut diagnostics))
-            } else {
-                PathMatcher::new(host.rules)
-            };
-            let vhost = VirtualHost {
-                pattern: pattern.clone(),
-                paths,
-                default_backend: host.default_backend,
-                policy: host.policy,
-                nginx_regex: host.nginx_regex,
-            };
-            built.insert(pattern, Arc::new(vhost));
-        }
-        for (name, extra) in extra {
-            let vhost = match extra {
-                ExtraName::Alias(of) => built.get(&of).cloned(),
-                ExtraName::WwwRedirect(to) => Some(Arc::new(VirtualHost {
-                    pattern: name.clone(),
-                    paths: PathMatcher::default(),
-                    default_backend: None,
-                    policy: HostPolicy {
-                        www_redirect: Some(to.into()),
-                        ..HostPolicy::default()
-                    },
-                    nginx_regex: false,
-                })),
-            };
-            if let Some(vhost) = vhost {
-                built.insert(name, vhost);
-            }
-        }
-        for (pattern, vhost) in built {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Pass);
-                }
-                HostPattern::Wildcard(parent) => {
-                    sni.names.insert(format!("*.{parent}"), sni::Action::Pass);
-                }
-                HostPattern::Any => sni.catch_all = true,
-            }
-            hosts.insert(pattern, vhost);
-        }
-        let mut passthrough = HostTable::default();
-        for (pattern, route) in builder.passthrough {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Passthrough);
-                }
-                HostPattern::Wildcard(parent) => {
-                    sni.names
-                        .insert(format!("*.{parent}"), sni::Action::Passthrough);
-                }
-                HostPattern::Any => {}
-            }
-            passthrough.insert(pattern, route);
-        }
-        diagnostics.sort();
-        diagnostics.dedup();
-        Snapshot {
-            generation,
-            hosts,
-            default_backend: builder.default_backend,
-            diagnostics,
-            ingresses: owned
-                .into_iter()
-                .map(|(k, ing)| (k.clone(), IngressMeta::of(ing)))
-                .collect(),
-            tls,
-            sni,
-            passthrough,
-        }
+        Self::build_with(store, settings, generation, BuildCache::default()).0
     }
-}
 
-/// A name served for another host's sake.
-enum ExtraName {
-    /// `server-alias`: the same virtual host as this one.
-    Alias(HostPattern),
-    /// `from-to-www-redirect`: a host that only redirects to this name.
-    WwwRedirect(String),
-}
-
-/// The names `server-alias` and `from-to-www-redirect` add, as ingress-nginx adds them: never
-/// a name an Ingress rule declares; of two claims on one name, the older Ingress's wins.
-fn extra_names(
-    hosts: &BTreeMap<HostPattern, HostBuilder>,
-    diagnostics: &mut Vec<Diagnostic>,
-) -> BTreeMap<HostPattern, ExtraName> {
-    let mut extra = BTreeMap::new();
-    let subject = |key: &ObjectKey| Subject::object(Kind::Ingress, key);
-    let mut claims: Vec<(usize, &HostPattern, &HostBuilder)> = hosts
-        .iter()
-        .flat_map(|(pattern, host)| {
-            let alias = host.aliases.as_ref().map(|(rank, ..)| *rank);
-            let www = host.www.as_ref().map(|(rank, _)| *rank);
-            [alias, www]
-                .into_iter()
-                .flatten()
-                .min()
-                .map(|rank| (rank, pattern, host))
-        })
-        .collect();
-    claims.sort_by_key(|(rank, pattern, _)| (*rank, *pattern));
-    for (_, pattern, host) in claims {
-        if let Some((_, key, aliases)) = &host.aliases {
-            for alias in aliases {
-                if alias == pattern || hosts.contains_key(alias) {
-                    continue;
-                }
-                match extra.get(alias) {
-                    None => {
-                        extra.insert(alias.clone(), ExtraName::Alias(pattern.clone()));
-                    }
-                    Some(_) => diagnostics.push(Diagnostic::warning(
-                        DiagnosticKind::ConflictingRule,
-                        subject(key),
-                        format!("server-alias {alias} of host {pattern} is already an alias of another host; it is not added"),
-                    )),
-                }
-            }
-        }
-        let Some((_, key)) = &host.www else { continue };
-        let HostPattern::Exact(to) = pattern else {
-            diagnostics.push(Diagnostic::warning(
-                DiagnosticKind::InvalidAnnotation,
-                subject(key),
-                format!("from-to-www-redirect applies to plain host names, not to {pattern}; no redirect is made for it"),
-            ));
-            continue;
-        };
-        let from = match to.strip_prefix("www.") {
-            Some(bare) => bare.to_string(),
-            None => format!("www.{to}"),
-        };
-        let from_pattern = HostPattern::Exact(from.clone());
-        if hosts.contains_key(&from_pattern) || extra.contains_key(&from_pattern) {
-            diagnostics.push(Diagnostic::warning(
-                DiagnosticKind::ConflictingRule,
-                subject(key),
-                format!("from-to-www-redirect: {from} is already served, so it does not redirect to {to}"),
-            ));
-            continue;
-        }
-        extra.insert(from_pattern, ExtraName::WwwRedirect(to.clone()));
-    }
-    extra
-}
-
-/// The certificates of the extra names, where no Ingress gives them one: an alias is served
-/// with its host's (ingress-nginx lists it in the host's server block), a www-redirect name
-/// with its target's when that covers it (ingress-nginx's rule), else the default.
-fn extra_certificates(tls: &mut tls::TlsTable, extra: &BTreeMap<HostPattern, ExtraName>) {
-    let certificate_of = |tls: &tls::TlsTable, pattern: &HostPattern| {
-        tls.hosts
-            .iter()
-            .find(|(p, _)| p == pattern)
-            .map(|(_, cert)| cert.clone())
-    };
-    for (name, extra) in extra {
-        if certificate_of(tls, name).is_some() {
-            continue;
-        }
-        let cert = match extra {
-            ExtraName::Alias(of) => certificate_of(tls, of),
-            ExtraName::WwwRedirect(to) => certificate_of(tls, &HostPattern::Exact(to.clone()))
-                .filter(|cert| cert.covers(name)),
-        };
-        if let Some(cert) = cert {
-            tls.hosts.insert(name.clone(), cert);
-        }
+    /// Builds a snapshot reusing what `cache` kept from the previous build (of any store), and
+    /// returns the cache for the next one. Still pure: the snapshot is the one [`Snapshot::build`]
+    /// gives for the same store and settings; only the work differs, in proportion to what
+    /// changed since the cache was made.
+    pub fn build_with(
+        store: &Store,
+        settings: &BuildSettings,
+        generation: u64,
+        cache: BuildCache,
+    ) -> (Snapshot, BuildCache) {
+        cache.build(store, settings, generation)
     }
 }
 
@@ -433,54 +237,23 @@ fn nginx_regex_rules(
         .collect()
 }
 
-/// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
-fn owned_ingresses<'s>(
+/// Compiles one Ingress on its own, before it meets the others: everything here depends only on
+/// the Ingress, the Services, slices and Secrets it names, and the settings.
+struct Compiler<'s, 'c> {
     store: &'s Store,
-    class: &ClassSelector,
-) -> Vec<(&'s ObjectKey, &'s Ingress)> {
-    let mut owned: Vec<(&ObjectKey, &Ingress)> = store
-        .ingresses
-        .iter()
-        .filter(|(_, ing)| class.owns(ing, &store.ingress_classes))
-        .map(|(k, ing)| (k, ing.as_ref()))
-        .collect();
-    owned.sort_by_key(|(key, ing)| (ing.metadata.creation_timestamp.as_ref().map(|t| t.0), *key));
-    owned
-}
-
-struct Builder<'s> {
-    /// `--proxy-body-size`.
-    max_body: Option<u64>,
-    /// The age rank of the Ingress being added (0 is the oldest).
-    rank: usize,
+    settings: &'s BuildSettings,
+    resolver: &'c mut Resolver<'s>,
+    certs: &'c mut tls::CertLoader,
     diagnostics: Vec<Diagnostic>,
-    resolver: Resolver<'s>,
-    unsupported_access: UnsupportedAccess,
-    tls: tls::TlsBuilder<'s>,
-    hosts: BTreeMap<HostPattern, HostBuilder>,
-    /// Passthrough host → its route and the Ingress that claimed it first.
-    passthrough: BTreeMap<HostPattern, Arc<Route>>,
-    default_backend: Option<Arc<Route>>,
+    services: Vec<ObjectKey>,
 }
 
-#[derive(Default)]
-struct HostBuilder {
-    rules: Vec<PathRule<Arc<Route>>>,
-    /// (path, type) to the Ingress that defined it first.
-    seen: HashMap<(String, &'static str), ObjectKey>,
-    default_backend: Option<Arc<Route>>,
-    policy: HostPolicy,
-    /// `use-regex`, or a `rewrite-target` that differs from its path, on one of its Ingresses.
-    nginx_regex: bool,
-    /// `server-alias` of the oldest Ingress that sets one for this host, with that Ingress's
-    /// age rank (0 is the oldest).
-    aliases: Option<(usize, ObjectKey, Vec<HostPattern>)>,
-    /// The oldest Ingress that asks for `from-to-www-redirect` on this host, with its rank.
-    www: Option<(usize, ObjectKey)>,
-}
-
-impl Builder<'_> {
-    fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
+impl Compiler<'_, '_> {
+    fn compile(mut self, key: &ObjectKey, ingress: &Ingress) -> Compiled {
+        let mut out = Compiled {
+            meta: IngressMeta::of(ingress),
+            ..Compiled::default()
+        };
         let subject = Subject::object(Kind::Ingress, key);
         let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
         for message in errors {
@@ -489,6 +262,9 @@ impl Builder<'_> {
                 subject.clone(),
                 message,
             ));
+        }
+        if let Some(rules) = options.canary.clone() {
+            return self.compile_canary(key, ingress, &options, rules, out);
         }
         if options.x_forwarded_prefix.is_some() && options.rewrite_target.is_none() {
             self.diagnostics.push(Diagnostic::warning(
@@ -514,20 +290,36 @@ impl Builder<'_> {
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
             Arc::new(
-                RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
+                RoutePolicy::new(&options, tls, refused.as_ref(), self.settings.max_body)
                     .with_sources(&sources),
             )
         });
-        let Some(spec) = &ingress.spec else { return };
+        let aliases = (!options.server_alias.is_empty()).then(|| {
+            options
+                .server_alias
+                .iter()
+                .filter_map(|a| host::parse_pattern(Some(a)).ok())
+                .collect::<Vec<_>>()
+        });
+        let Some(spec) = &ingress.spec else {
+            return self.finish(out);
+        };
         let rules = spec.rules.as_deref().unwrap_or_default();
-        let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
+        out.tls = tls::compile_ingress(
+            self.store,
+            &self.settings.tls,
+            self.certs,
+            key,
+            ingress,
+            &mut self.diagnostics,
+        );
         let default_route = spec
             .default_backend
             .as_ref()
             .and_then(|b| self.route(key, b, &policies[0], false, refused.is_some()));
 
         if options.ssl_passthrough {
-            self.add_passthrough(
+            out.passthrough = self.passthrough(
                 key,
                 rules,
                 default_route.as_ref(),
@@ -537,18 +329,7 @@ impl Builder<'_> {
         }
 
         if rules.is_empty() {
-            match (&default_route, &self.default_backend) {
-                (Some(route), None) => self.default_backend = Some(route.clone()),
-                (Some(_), Some(existing)) => self.diagnostics.push(Diagnostic::error(
-                    DiagnosticKind::ConflictingRule,
-                    subject.clone(),
-                    format!(
-                        "the default backend is already set by Ingress {}; this one is ignored",
-                        existing.ingress
-                    ),
-                )),
-                (None, _) => {}
-            }
+            out.default.clone_from(&default_route);
         }
 
         for rule in rules {
@@ -563,36 +344,16 @@ impl Builder<'_> {
                     continue;
                 }
             };
-            let tls = tls_hosts.contains(&pattern);
-            let host = self.hosts.entry(pattern.clone()).or_default();
-            if host.default_backend.is_none() {
-                host.default_backend = default_route.clone();
-            }
-            host.nginx_regex |= options.use_regex;
-            if options.from_to_www && host.www.is_none() {
-                host.www = Some((self.rank, key.clone()));
-            }
-            if !options.server_alias.is_empty() && host.aliases.is_none() {
-                let aliases = options
-                    .server_alias
-                    .iter()
-                    .filter_map(|a| host::parse_pattern(Some(a)).ok())
-                    .collect();
-                host.aliases = Some((self.rank, key.clone(), aliases));
-            }
-            if let Some(app_root) = &options.app_root {
-                match &host.policy.app_root {
-                    None => host.policy.app_root = Some(app_root.clone()),
-                    Some(existing) if existing != app_root => {
-                        self.diagnostics.push(Diagnostic::warning(
-                            DiagnosticKind::ConflictingRule,
-                            subject.clone(),
-                            format!("host {pattern} already has app-root {existing} from an older Ingress; this one's {app_root} is ignored"),
-                        ));
-                    }
-                    Some(_) => {}
-                }
-            }
+            let tls = out.tls.declared.contains(&pattern);
+            let mut part = HostPart {
+                pattern: pattern.clone(),
+                default_route: default_route.clone(),
+                paths: Vec::new(),
+                use_regex: options.use_regex,
+                www: options.from_to_www,
+                aliases: aliases.clone(),
+                app_root: options.app_root.clone(),
+            };
             let paths = rule
                 .http
                 .as_ref()
@@ -617,28 +378,15 @@ impl Builder<'_> {
                         continue;
                     }
                 };
-                let seen_key = (path.clone(), kind.as_str());
-                let host = self.hosts.entry(pattern.clone()).or_default();
-                if let Some(first) = host.seen.get(&seen_key) {
-                    if first != key {
-                        let message = format!(
-                            "host {pattern} path {path} ({}) is already defined by Ingress {first}; this rule is ignored",
-                            kind.as_str()
-                        );
-                        self.diagnostics.push(Diagnostic::error(
-                            DiagnosticKind::ConflictingRule,
-                            subject.clone(),
-                            message,
-                        ));
-                    }
-                    continue;
-                }
-                host.seen.insert(seen_key, key.clone());
+                // The route's problems count only if the path is not claimed by an older
+                // Ingress, which assembly decides: they stay with the path until then.
+                let before = self.diagnostics.len();
                 let mut policy = policies[usize::from(tls)].for_path(&path);
+                let mut regex = false;
                 match Rewrite::for_path(&options, &path) {
                     None => {}
                     Some(Ok(rewrite)) => {
-                        host.nginx_regex = true;
+                        regex = true;
                         policy = Arc::new(RoutePolicy {
                             rewrite: RewritePolicy {
                                 target: Some(rewrite),
@@ -652,36 +400,37 @@ impl Builder<'_> {
                         format!("host {pattern} path {path}: rewrite-target needs the path as a regex, and it is not one ({err}); requests on it are not rewritten"),
                     )),
                 }
-                let Some(route) =
-                    self.route(key, &http_path.backend, &policy, tls, refused.is_some())
-                else {
-                    continue;
-                };
-                if let Some(host) = self.hosts.get_mut(&pattern) {
-                    host.rules.push(PathRule {
-                        path,
-                        kind,
-                        target: route,
-                    });
-                }
+                let route = self.route(key, &http_path.backend, &policy, tls, refused.is_some());
+                part.paths.push(PathPart {
+                    path,
+                    kind,
+                    route,
+                    regex,
+                    diagnostics: self.diagnostics.split_off(before),
+                });
             }
+            out.hosts.push(part);
         }
+        self.finish(out)
     }
 
     /// A canary Ingress (`canary: "true"`): each of its paths becomes the canary of the main
-    /// route with the same host, path and type (ingress-nginx's rule); it serves nothing by
-    /// itself, and its other annotations have no effect (the main Ingress's apply).
-    fn add_canary(&mut self, key: &ObjectKey, ingress: &Ingress) {
+    /// route with the same host, path and type (ingress-nginx's rule), which assembly finds; it
+    /// serves nothing by itself, and its other annotations have no effect (the main Ingress's
+    /// apply).
+    fn compile_canary(
+        mut self,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        options: &annotations::Options,
+        rules: Arc<annotations::canary::Rules>,
+        mut out: Compiled,
+    ) -> Compiled {
         let subject = Subject::object(Kind::Ingress, key);
-        let (options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
-        for message in errors {
-            self.diagnostics.push(Diagnostic::error(
-                DiagnosticKind::InvalidAnnotation,
-                subject.clone(),
-                message,
-            ));
-        }
-        let Some(rules) = options.canary else { return };
+        out.canary = Some(cache::CanaryPart {
+            rules,
+            sticky: !options.affinity_canary_legacy,
+        });
         for name in ingress.metadata.annotations.iter().flat_map(|a| a.keys()) {
             let Some(short) = name
                 .strip_prefix(annotations::NGINX_PREFIX)
@@ -697,7 +446,9 @@ impl Builder<'_> {
                 ));
             }
         }
-        let Some(spec) = &ingress.spec else { return };
+        let Some(spec) = &ingress.spec else {
+            return self.finish(out);
+        };
         if spec.default_backend.is_some() {
             self.diagnostics.push(Diagnostic::warning(
                 DiagnosticKind::CanaryUnmatched,
@@ -718,6 +469,15 @@ impl Builder<'_> {
                     continue;
                 }
             };
+            let mut part = HostPart {
+                pattern: pattern.clone(),
+                default_route: None,
+                paths: Vec::new(),
+                use_regex: false,
+                www: false,
+                aliases: None,
+                app_root: None,
+            };
             let paths = rule
                 .http
                 .as_ref()
@@ -725,9 +485,8 @@ impl Builder<'_> {
                 .unwrap_or_default();
             for http_path in paths {
                 let path = http_path.path.clone().unwrap_or_else(|| "/".into());
-                let ty = http_path.path_type.as_str();
-                let kind = match path::compile(&path, ty) {
-                    Ok(kind) => kind.as_str(),
+                let kind = match path::compile(&path, &http_path.path_type) {
+                    Ok(kind) => kind,
                     Err(err) => {
                         self.diagnostics.push(Diagnostic::error(
                             DiagnosticKind::InvalidPath,
@@ -737,85 +496,43 @@ impl Builder<'_> {
                         continue;
                     }
                 };
-                let main = self
-                    .hosts
-                    .get(&pattern)
-                    .and_then(|h| h.seen.get(&(path.clone(), kind)))
-                    .cloned();
-                let Some(main) = main else {
-                    self.diagnostics.push(Diagnostic::warning(
-                        DiagnosticKind::CanaryUnmatched,
-                        subject.clone(),
-                        format!("no main Ingress serves host {pattern} path {path} ({ty}); this canary path is not used"),
-                    ));
-                    continue;
-                };
-                let Some(canary) = self.route(key, &http_path.backend, &placeholder, false, false)
-                else {
-                    continue;
-                };
-                let Some(host) = self.hosts.get_mut(&pattern) else {
-                    continue;
-                };
-                let Some(rule) = host.rules.iter_mut().find(|r| {
-                    r.path == path && r.kind.as_str() == kind && r.target.ingress == main
-                }) else {
-                    continue;
-                };
-                let old = &rule.target;
-                let problem = if let Some(existing) = &old.policy.canary {
-                    Some(format!(
-                        "host {pattern} path {path} already has the canary Ingress {}; ingress-nginx uses one canary per path, so this one is not used",
-                        existing.ingress
-                    ))
-                } else if old.backend.service == canary.backend.service
-                    && old.backend.port == canary.backend.port
-                {
-                    Some(format!(
-                        "host {pattern} path {path}: the canary's backend is the main Ingress's own; it is not used"
-                    ))
-                } else {
-                    None
-                };
-                if let Some(message) = problem {
-                    self.diagnostics.push(Diagnostic::warning(
-                        DiagnosticKind::ConflictingRule,
-                        subject.clone(),
-                        message,
-                    ));
-                    continue;
-                }
-                let policy = RoutePolicy {
-                    canary: Some(Arc::new(CanaryPolicy {
-                        rules: rules.clone(),
-                        backend: canary.backend.clone(),
-                        ingress: key.clone(),
-                        sticky: !options.affinity_canary_legacy,
-                    })),
-                    ..(*old.policy).clone()
-                };
-                rule.target = Arc::new(Route {
-                    ingress: old.ingress.clone(),
-                    tls: old.tls,
-                    backend: old.backend.clone(),
-                    policy: Arc::new(policy),
-                    labels: old.labels.clone(),
+                // The backend's problems count only if a main route is found, which assembly
+                // decides.
+                let before = self.diagnostics.len();
+                let route = self.route(key, &http_path.backend, &placeholder, false, false);
+                part.paths.push(PathPart {
+                    path,
+                    kind,
+                    route,
+                    regex: false,
+                    diagnostics: self.diagnostics.split_off(before),
                 });
             }
+            out.hosts.push(part);
         }
+        self.finish(out)
+    }
+
+    fn finish(self, mut out: Compiled) -> Compiled {
+        out.diagnostics = self.diagnostics;
+        out.services = self.services;
+        out.services.sort();
+        out.services.dedup();
+        out
     }
 
     /// `ssl-passthrough`: each rule's host is routed by SNI to the backend of its `/` path (or
     /// its only path, or the Ingress's default backend). The TLS stream is not terminated, so
     /// paths mean nothing; more than that one path is a warning.
-    fn add_passthrough(
+    fn passthrough(
         &mut self,
         key: &ObjectKey,
         rules: &[k8s_openapi::api::networking::v1::IngressRule],
         default_route: Option<&Arc<Route>>,
         policy: &Arc<RoutePolicy>,
         refused: bool,
-    ) {
+    ) -> Vec<(HostPattern, Arc<Route>)> {
+        let mut out = Vec::new();
         let subject = Subject::object(Kind::Ingress, key);
         for rule in rules {
             let pattern = match host::parse_pattern(rule.host.as_deref()) {
@@ -852,18 +569,9 @@ impl Builder<'_> {
                 None => default_route.cloned(),
             };
             let Some(route) = route else { continue };
-            match self.passthrough.get(&pattern) {
-                Some(existing) if existing.ingress != *key => self.diagnostics.push(Diagnostic::error(
-                    DiagnosticKind::ConflictingRule,
-                    subject.clone(),
-                    format!("host {pattern} is already passed through by Ingress {}; this one is ignored for it", existing.ingress),
-                )),
-                Some(_) => {}
-                None => {
-                    self.passthrough.insert(pattern, route);
-                }
-            }
+            out.push((pattern, route));
         }
+        out
     }
 
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not
@@ -879,7 +587,7 @@ impl Builder<'_> {
                     u.key, u.category
                 )
             };
-            let diagnostic = match (u.category, self.unsupported_access) {
+            let diagnostic = match (u.category, self.settings.unsupported_access) {
                 (Category::AccessControl, UnsupportedAccess::Refuse) => {
                     let message = format!(
                         "{what} is not supported, so this Ingress is not served: every path it declares answers 503 rather than being served without the access control it asks for (--unsupported-access-annotations=ignore serves it anyway)"
@@ -969,6 +677,7 @@ impl Builder<'_> {
             }
         };
         let service_key = ObjectKey::new(ingress.namespace.clone(), service.name.clone());
+        self.services.push(service_key.clone());
         let (backend, problems) = self.resolver.resolve(service_key, port);
         for problem in problems {
             let severity = match problem.kind {
