@@ -1022,7 +1022,10 @@ mod tests {
         }
         let mut out = String::new();
         for (pattern, vhost) in s.hosts.iter() {
-            out += &format!("host {pattern} ({})\n", vhost.pattern);
+            out += &format!(
+                "host {pattern} ({}) regex={} {:?}\n",
+                vhost.pattern, vhost.nginx_regex, vhost.policy
+            );
             for rule in vhost.paths.rules() {
                 out += &format!(
                     "  {} {} {}\n",
@@ -1070,12 +1073,13 @@ mod tests {
         [pem(&["a.test", "*.w.test"], 2099), pem(&["b.test"], 2030)]
     });
 
-    const HOSTS: [Option<&str>; 5] = [
+    const HOSTS: [Option<&str>; 6] = [
         Some("a.test"),
         Some("b.test"),
         Some("x.w.test"),
         Some("*.w.test"),
         None,
+        Some("www.a.test"),
     ];
 
     #[derive(Clone, Debug)]
@@ -1087,7 +1091,8 @@ mod tests {
             rules: Vec<(u8, Vec<(u8, bool, u8, u8)>)>,
             default: Option<u8>,
             tls: Option<(u8, u8)>,
-            annotation: u8,
+            /// Indexes into [`annotation`], merged.
+            annotations: Vec<u8>,
         },
         DeleteIngress(u8),
         Service {
@@ -1115,8 +1120,18 @@ mod tests {
     }
 
     fn op() -> impl Strategy<Value = Op> {
-        let path = (0u8..3, any::<bool>(), 0u8..4, 0u8..3);
-        let rule = (0u8..5, prop::collection::vec(path, 0..3));
+        // Mostly a.test and /, so that Ingresses meet: conflicts, and canaries that find their
+        // main route.
+        let path = (
+            prop_oneof![2 => Just(0u8), 1 => 0u8..3],
+            prop::bool::weighted(0.25),
+            0u8..4,
+            0u8..3,
+        );
+        let rule = (
+            prop_oneof![2 => Just(0u8), 3 => 0u8..6],
+            prop::collection::vec(path, 0..3),
+        );
         prop_oneof![
             6 => (
                 0u8..5,
@@ -1124,17 +1139,21 @@ mod tests {
                 prop::bool::weighted(0.9),
                 prop::collection::vec(rule, 0..3),
                 prop::option::of(0u8..4),
-                prop::option::of((0u8..3, 0u8..5)),
-                0u8..6,
+                prop::option::of((0u8..3, 0u8..6)),
+                // Canaries often, or few would find their main route.
+                prop::collection::vec(
+                    prop_oneof![2 => 5u8..7, 3 => 0u8..ANNOTATIONS],
+                    0..3
+                ),
             )
-                .prop_map(|(i, created, class, rules, default, tls, annotation)| Op::Ingress {
+                .prop_map(|(i, created, class, rules, default, tls, annotations)| Op::Ingress {
                     i,
                     created,
                     class,
                     rules,
                     default,
                     tls,
-                    annotation,
+                    annotations,
                 }),
             1 => (0u8..5).prop_map(Op::DeleteIngress),
             3 => (0u8..3, 0u8..3, prop::bool::weighted(0.15))
@@ -1154,6 +1173,33 @@ mod tests {
             1 => any::<bool>().prop_map(Op::Class),
             1 => any::<bool>().prop_map(Op::Now),
         ]
+    }
+
+    const ANNOTATIONS: u8 = 14;
+
+    /// The annotations an Ingress of the property test may carry, among them every one whose
+    /// effect crosses Ingresses: canary, use-regex and rewrite-target (a host's regex mode),
+    /// server-alias and from-to-www-redirect (names beyond the host), app-root (per host).
+    fn annotation(which: u8) -> Value {
+        let n = |k: &str| format!("nginx.ingress.kubernetes.io/{k}");
+        match which {
+            1 => json!({n("ssl-passthrough"): "true"}),
+            2 => json!({n("whitelist-source-range"): "10.0.0.0/8"}),
+            3 => json!({n("ssl-redirect"): "false", n("use-regex"): "true"}),
+            4 => json!({n("force-ssl-redirect"): "maybe"}),
+            5 => json!({n("canary"): "true", n("canary-weight"): "30"}),
+            6 => {
+                json!({n("canary"): "true", n("canary-by-header"): "x-canary", n("proxy-body-size"): "1k"})
+            }
+            7 => json!({n("use-regex"): "true"}),
+            8 => json!({n("rewrite-target"): "/$1"}),
+            9 => json!({n("server-alias"): "b.test, alias.test, *.w.test"}),
+            10 => json!({n("server-alias"): "alias.test, www.a.test"}),
+            11 => json!({n("from-to-www-redirect"): "true"}),
+            12 => json!({n("app-root"): "/app"}),
+            13 => json!({n("whitelist-source-range"): "not a range"}),
+            _ => json!({}),
+        }
     }
 
     fn from<T: serde::de::DeserializeOwned>(value: Value) -> Arc<T> {
@@ -1183,7 +1229,7 @@ mod tests {
                 rules,
                 default,
                 tls,
-                annotation,
+                annotations: chosen,
             } => {
                 let rules: Vec<Value> = rules
                     .into_iter()
@@ -1213,17 +1259,14 @@ mod tests {
                         rule
                     })
                     .collect();
-                let annotations = match annotation {
-                    1 => json!({"nginx.ingress.kubernetes.io/ssl-passthrough": "true"}),
-                    2 => {
-                        json!({"nginx.ingress.kubernetes.io/whitelist-source-range": "10.0.0.0/8"})
+                let mut annotations = json!({});
+                for which in chosen {
+                    if let (Some(all), Value::Object(more)) =
+                        (annotations.as_object_mut(), annotation(which))
+                    {
+                        all.extend(more);
                     }
-                    3 => {
-                        json!({"nginx.ingress.kubernetes.io/ssl-redirect": "false", "nginx.ingress.kubernetes.io/use-regex": "true"})
-                    }
-                    4 => json!({"nginx.ingress.kubernetes.io/force-ssl-redirect": "maybe"}),
-                    _ => json!({}),
-                };
+                }
                 let mut spec = json!({"rules": rules});
                 if class {
                     spec["ingressClassName"] = json!("ingress");
@@ -1399,7 +1442,7 @@ mod tests {
                     rules: vec![(host, vec![(0, false, 0, 0)])],
                     default: None,
                     tls: None,
-                    annotation: 0,
+                    annotations: Vec::new(),
                 },
             );
         }
@@ -1414,7 +1457,7 @@ mod tests {
                 rules: vec![(1, vec![(1, false, 0, 0)])],
                 default: None,
                 tls: None,
-                annotation: 0,
+                annotations: Vec::new(),
             },
         );
         let (second, cache) = Snapshot::build_with(&store, &settings, 2, cache);
