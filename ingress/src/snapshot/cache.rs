@@ -10,9 +10,18 @@
 //!   compile it again (Compiler) ──> the host patterns, TLS names, passthrough and default
 //!                                    backend it touched (before and after) are dirty
 //!     ▼
-//!   each dirty host: its Ingresses, oldest first, replayed (first path wins) ──> Arc<VirtualHost>
+//!   each dirty host: its Ingresses, oldest first, replayed (first path wins), then its canary
+//!   Ingresses attached to the main routes, then its regex mode ──> Arc<VirtualHost>
 //!   host table, SNI names, TLS table, diagnostics: the previous ones with the dirty entries redone
+//!   server-alias and from-to-www-redirect names: worked out again from the hosts that claim any
 //! ```
+//!
+//! What crosses Ingresses stays within a host, except the extra names: a canary Ingress is a
+//! user of its rules' hosts like any other, so changing it or its main Ingress replays the host;
+//! a host's regex mode (`use-regex` or `rewrite-target` on one of its Ingresses) is decided in
+//! that replay; `app-root` too. The names `server-alias` and `from-to-www-redirect` add depend on
+//! which names every other host declares, so they are recomputed on every build, from the
+//! (few) hosts that ask for any: correct first, and cheap.
 //!
 //! An object is unchanged when the store holds the same `Arc` (sources replace the `Arc` on
 //! every change) or, failing that, an equal object (a relist, or a manifests directory reread).
