@@ -1499,4 +1499,50 @@ mod tests {
             "10.0.0.2:8080"
         );
     }
+
+    /// A canary is a user of its main route's host: adding, changing or removing it rebuilds
+    /// that host (and only it), and the main route gets or loses its canary.
+    #[test]
+    fn a_canary_change_rebuilds_its_main_host_alone() {
+        let mut store = Store::default();
+        let mut settings = testing::settings();
+        let ingress = |i, service, host, annotations| Op::Ingress {
+            i,
+            created: i,
+            class: true,
+            rules: vec![(host, vec![(0, false, service, 0)])],
+            default: None,
+            tls: None,
+            annotations,
+        };
+        for op in [ingress(0, 0, 0, vec![]), ingress(1, 0, 1, vec![])] {
+            apply(&mut store, &mut settings, op);
+        }
+        let canary = |s: &Snapshot| {
+            s.route(Some("a.test"), "/")
+                .and_then(|r| r.policy.canary.as_ref())
+                .map(|c| c.ingress.name.clone())
+        };
+        let host = |s: &Snapshot, name: &str| s.hosts.lookup(name).cloned().expect("host");
+        let (first, cache) = Snapshot::build_with(&store, &settings, 1, BuildCache::default());
+        assert_eq!(canary(&first), None);
+        apply(&mut store, &mut settings, ingress(2, 1, 0, vec![5]));
+        let (second, cache) = Snapshot::build_with(&store, &settings, 2, cache);
+        assert_eq!(canary(&second).as_deref(), Some("ing-2"));
+        assert!(!Arc::ptr_eq(
+            &host(&first, "a.test"),
+            &host(&second, "a.test")
+        ));
+        assert!(Arc::ptr_eq(
+            &host(&first, "b.test"),
+            &host(&second, "b.test")
+        ));
+        store.delete(Kind::Ingress, &ObjectKey::new("t", "ing-2"));
+        let (third, _) = Snapshot::build_with(&store, &settings, 3, cache);
+        assert_eq!(canary(&third), None);
+        assert!(Arc::ptr_eq(
+            &host(&first, "b.test"),
+            &host(&third, "b.test")
+        ));
+    }
 }
