@@ -188,6 +188,7 @@ mod tests {
             unnamed: Default::default(),
             max_body: Some(1 << 20),
             allow_snippets: false,
+            sources: Default::default(),
         };
         Snapshot::build(&store, &settings, 1)
     }

@@ -86,6 +86,10 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once at startup; boxing the flags would only add noise"
+)]
 pub enum Command {
     /// Print the resolved routing table and every diagnostic; exit 1 if any is an error.
     Check(CheckArgs),
@@ -372,6 +376,24 @@ pub struct PolicyArgs {
     /// allow-snippet-annotations since v1.9.
     #[arg(long, env = "INGRESS_ALLOW_SNIPPET_ANNOTATIONS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub allow_snippet_annotations: bool,
+    /// Addresses and CIDR ranges, comma-separated, that may reach every route whose Ingress
+    /// sets no `allowlist-source-range` of its own (ingress-nginx's global
+    /// `whitelist-source-range`); others get 403. Default: everyone.
+    #[arg(long, alias = "allowlist-source-range", env = "INGRESS_WHITELIST_SOURCE_RANGE", value_parser = source_ranges, value_name = "CIDR[,CIDR...]")]
+    pub whitelist_source_range: Option<SourceRanges>,
+    /// Addresses and CIDR ranges, comma-separated, refused (403) on every route whose Ingress
+    /// sets no `denylist-source-range` of its own (ingress-nginx's global
+    /// `denylist-source-range`).
+    #[arg(long, env = "INGRESS_DENYLIST_SOURCE_RANGE", value_parser = source_ranges, value_name = "CIDR[,CIDR...]")]
+    pub denylist_source_range: Option<SourceRanges>,
+}
+
+/// A list of source ranges from a flag.
+pub type SourceRanges = std::sync::Arc<[ipnet::IpNet]>;
+
+fn source_ranges(s: &str) -> Result<SourceRanges, String> {
+    crate::snapshot::sources::parse_ranges(s)?
+        .ok_or_else(|| "expected at least one address or CIDR range".to_string())
 }
 
 impl PolicyArgs {

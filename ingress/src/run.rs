@@ -414,6 +414,13 @@ pub fn build_settings(
         unnamed: tls.unnamed_policy(),
         max_body: Some(policy.proxy_body_size).filter(|n| *n > 0),
         allow_snippets: policy.allow_snippet_annotations,
+        sources: crate::snapshot::sources::SourcePolicy {
+            allow: policy.whitelist_source_range.clone(),
+            deny: policy
+                .denylist_source_range
+                .clone()
+                .unwrap_or_else(|| Arc::from([])),
+        },
     })
 }
 

@@ -268,4 +268,37 @@ async fn source_ranges_answer_403_outside_them() {
     ] {
         assert!(error.contains(part), "{part:?} missing from {error}");
     }
+    drop(ingress);
+
+    // The global ranges (ingress-nginx's ConfigMap keys, as flags) hold where an Ingress sets
+    // none of its own: the unannotated `/` is now refused, `/inside` keeps its own allow-list.
+    let global = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--whitelist-source-range", "10.0.0.0/8"])
+        .start();
+    for (path, want) in [("/", "<403>"), ("/inside", "inside")] {
+        for version in ["--http1.1", "--http2-prior-knowledge"] {
+            let got = curl_backend(&global, "shop.example.com", path, version).await;
+            assert_eq!(got, want, "global allow-list: {version} {path}");
+        }
+    }
+    drop(global);
+    let denied = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--denylist-source-range", "127.0.0.1"])
+        .start();
+    assert_eq!(
+        curl_backend(&denied, "shop.example.com", "/", "--http1.1").await,
+        "<403>"
+    );
+    // A value that does not parse stops the process at startup, naming the flag.
+    let out = Command::new(binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .args(["--whitelist-source-range", "10.0.0.0/8,office"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--whitelist-source-range"), "{stderr}");
 }

@@ -57,6 +57,9 @@ pub struct BuildSettings {
     /// `--allow-snippet-annotations`: read the header actions of `server-snippet` and
     /// `configuration-snippet`.
     pub allow_snippets: bool,
+    /// `--whitelist-source-range`, `--denylist-source-range`: the source ranges of routes whose
+    /// Ingress sets none of its own (ingress-nginx's global ones).
+    pub sources: sources::SourcePolicy,
 }
 
 /// One immutable routing state.
@@ -200,6 +203,7 @@ impl Snapshot {
         let mut builder = Builder {
             max_body: settings.max_body,
             allow_snippets: settings.allow_snippets,
+            default_sources: settings.sources.clone(),
             rank: 0,
             store,
             diagnostics: store.source_diagnostics.clone(),
@@ -459,6 +463,8 @@ struct Builder<'s> {
     max_body: Option<u64>,
     /// `--allow-snippet-annotations`.
     allow_snippets: bool,
+    /// The global source ranges.
+    default_sources: sources::SourcePolicy,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     store: &'s Store,
@@ -526,7 +532,10 @@ impl Builder<'_> {
             ));
         }
         let mut refused = self.judge_unsupported(&subject, ingress);
-        let sources = match annotations::source_ranges(ingress.metadata.annotations.as_ref()) {
+        let sources = match annotations::source_ranges(
+            ingress.metadata.annotations.as_ref(),
+            &self.default_sources,
+        ) {
             Ok(sources) => sources,
             Err(message) => {
                 self.diagnostics.push(Diagnostic::error(
@@ -1115,6 +1124,7 @@ pub(crate) mod testing {
             unnamed: sni::UnnamedPolicy::default(),
             max_body: Some(1 << 20),
             allow_snippets: true,
+            sources: sources::SourcePolicy::default(),
         }
     }
 }

@@ -636,11 +636,15 @@ fn seconds_of(
 /// `whitelist-source-range`, and `denylist-source-range`), or why they cannot be applied. An
 /// access control that cannot be applied as written refuses the Ingress (503, as ingress-nginx
 /// denies such a location), never serves it open.
+///
+/// `defaults` are the global ranges (`--whitelist-source-range`, `--denylist-source-range`):
+/// each list an Ingress does not set is the global one, as in ingress-nginx.
 pub fn source_ranges(
     annotations: Option<&BTreeMap<String, String>>,
+    defaults: &SourcePolicy,
 ) -> Result<SourcePolicy, String> {
     let Some(annotations) = annotations else {
-        return Ok(SourcePolicy::default());
+        return Ok(defaults.clone());
     };
     let ranges = |names: &[&str]| -> Result<Option<Arc<[ipnet::IpNet]>>, String> {
         let Some((key, value)) = names.iter().find_map(|name| lookup(annotations, name)) else {
@@ -649,8 +653,9 @@ pub fn source_ranges(
         sources::parse_ranges(value).map_err(|err| format!("{key}: {err}"))
     };
     Ok(SourcePolicy {
-        allow: ranges(&["allowlist-source-range", "whitelist-source-range"])?,
-        deny: ranges(&["denylist-source-range"])?.unwrap_or_else(|| Arc::from([])),
+        allow: ranges(&["allowlist-source-range", "whitelist-source-range"])?
+            .or_else(|| defaults.allow.clone()),
+        deny: ranges(&["denylist-source-range"])?.unwrap_or_else(|| defaults.deny.clone()),
     })
 }
 
@@ -746,7 +751,7 @@ mod tests {
             ),
         ];
         for (pairs, want) in cases {
-            let got = source_ranges(Some(&map(&pairs)));
+            let got = source_ranges(Some(&map(&pairs)), &SourcePolicy::default());
             match (&got, want) {
                 (Ok(policy), Ok((allow, deny))) => {
                     let (got_allow, got_deny) = render(policy);
@@ -760,6 +765,49 @@ mod tests {
                 _ => panic!("{pairs:?}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn global_source_ranges_fill_what_an_ingress_leaves_unset() {
+        let global = SourcePolicy {
+            allow: sources::parse_ranges("10.0.0.0/8").unwrap(),
+            deny: sources::parse_ranges("10.9.0.0/16").unwrap().unwrap(),
+        };
+        let with = |pairs: &[(&str, &str)]| {
+            let map: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (format!("{NGINX_PREFIX}{k}"), v.to_string()))
+                .collect();
+            source_ranges(Some(&map), &global).unwrap()
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        // (annotations, client, admitted)
+        let cases: [(&[(&str, &str)], &str, bool); 6] = [
+            (&[], "10.1.2.3", true),
+            (&[], "192.168.1.1", false),
+            (&[], "10.9.1.1", false),
+            // The Ingress's own allow-list replaces the global one; the global deny stays.
+            (
+                &[("allowlist-source-range", "192.168.0.0/16")],
+                "192.168.1.1",
+                true,
+            ),
+            (
+                &[("allowlist-source-range", "0.0.0.0/0")],
+                "10.9.1.1",
+                false,
+            ),
+            // Its own deny-list replaces the global one.
+            (
+                &[("denylist-source-range", "203.0.113.0/24")],
+                "10.9.1.1",
+                true,
+            ),
+        ];
+        for (pairs, client, want) in cases {
+            assert_eq!(with(pairs).admits(ip(client)), want, "{pairs:?} {client}");
+        }
+        assert_eq!(source_ranges(None, &global).unwrap(), global);
     }
 
     #[test]
