@@ -1136,72 +1136,13 @@ mod tests {
         }
     }
 
+    /// The upstream annotations (`backend-protocol`, `proxy-ssl-*`, timeouts, `upstream-vhost`,
+    /// `service-upstream`, `load-balance`, `proxy-next-upstream*`); the rest are in `table`.
     #[test]
     fn upstream_table() {
         let n = |s: &str| format!("{NGINX_PREFIX}{s}");
         let o = |s: &str| format!("{PREFIX}{s}");
         let cases: Vec<(Vec<(String, &str)>, Options, usize)> = vec![
-            (vec![], Options::default(), 0),
-            (
-                vec![(n("ssl-redirect"), "false")],
-                Options {
-                    ssl_redirect: Some(false),
-                    ..Default::default()
-                },
-                0,
-            ),
-            (
-                vec![(n("ssl-redirect"), "false"), (o("ssl-redirect"), "true")],
-                Options {
-                    ssl_redirect: Some(true),
-                    ..Default::default()
-                },
-                0,
-            ),
-            (
-                vec![(n("force-ssl-redirect"), "true")],
-                Options {
-                    force_ssl_redirect: true,
-                    ..Default::default()
-                },
-                0,
-            ),
-            (
-                vec![(o("ssl-passthrough"), "true")],
-                Options {
-                    ssl_passthrough: true,
-                    ..Default::default()
-                },
-                0,
-            ),
-            (vec![(n("ssl-passthrough"), "yes")], Options::default(), 1),
-            (
-                vec![(n("proxy-read-timeout"), "120")],
-                Options {
-                    read_timeout: Some(Duration::from_secs(120)),
-                    ..Default::default()
-                },
-                0,
-            ),
-            (vec![(n("proxy-read-timeout"), "5s")], Options::default(), 1),
-            (vec![(o("proxy-read-timeout"), "0")], Options::default(), 1),
-            (
-                vec![(o("upgrades"), "WebSocket, h2c")],
-                Options {
-                    upgrades: Arc::from(["websocket".to_string(), "h2c".to_string()]),
-                    ..Default::default()
-                },
-                0,
-            ),
-            (
-                vec![(o("upgrades"), "")],
-                Options {
-                    upgrades: Arc::from(Vec::<String>::new()),
-                    ..Default::default()
-                },
-                0,
-            ),
-            (vec![(o("upgrades"), "web socket")], Options::default(), 1),
             (
                 vec![(n("backend-protocol"), "GRPCS")],
                 Options {
@@ -1333,13 +1274,6 @@ mod tests {
                     proxy_ssl_secret: Some("ca-only".into()),
                     ..Default::default()
                 },
-                0,
-            ),
-            // Not an ingress-nginx annotation: its prefix does nothing here.
-            (vec![(n("upgrades"), "h2c")], Options::default(), 0),
-            (
-                vec![("example.com/other".to_string(), "x")],
-                Options::default(),
                 0,
             ),
         ];
