@@ -167,56 +167,75 @@ async fn watch_namespace_limits_scope() {
     );
 }
 
-/// Secrets are listed and watched only with `type=kubernetes.io/tls`, and a TLS Secret from the
-/// API serves its certificate.
+/// Secrets are listed and watched with the field selector that leaves out the types no Ingress
+/// can name: a TLS Secret and an `Opaque` one (as `kubectl create secret generic` makes) both
+/// serve their certificates, and a Helm release record is never read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn secrets_only_of_type_tls() {
+async fn secrets_an_ingress_can_name_and_no_others() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
     let ca = Ca::new("kube test CA");
-    let leaf = ca.leaf(
-        "secure.example.com",
-        &["secure.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
+    let leaf = |host: &str| ca.leaf(host, &[host], KeyKind::EcdsaP256, KeyFormat::Pkcs8, false);
+    let (secure, generic, helm) = (
+        leaf("secure.example.com"),
+        leaf("generic.example.com"),
+        leaf("helm.example.com"),
     );
-    let opaque = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: opaque, namespace: app}\ntype: Opaque\nstringData: {password: hunter2}\n";
-    let secure = ingress(
-        "app",
-        "secure",
-        &[("secure.example.com", "/", "Prefix", "web")],
-    )
-    .replace(
-        "  rules:\n",
-        "  tls: [{hosts: [secure.example.com], secretName: secure-tls}]\n  rules:\n",
-    );
+    let with_tls = |name: &str, host: &str, secret: &str| {
+        ingress("app", name, &[(host, "/", "Prefix", "web")]).replace(
+            "  rules:\n",
+            &format!("  tls: [{{hosts: [{host}], secretName: {secret}}}]\n  rules:\n"),
+        )
+    };
+    let retyped =
+        |yaml: String, ty: &str| yaml.replace("type: kubernetes.io/tls", &format!("type: {ty}"));
     cluster
         .apply(
             &(CLASS.to_string()
                 + &service("app", "web", &[&web])
-                + opaque
-                + &secret_yaml("app", "secure-tls", &leaf.chain, &leaf.key)
-                + &secure),
+                + &secret_yaml("app", "secure-tls", &secure.chain, &secure.key)
+                + &retyped(
+                    secret_yaml("app", "generic-tls", &generic.chain, &generic.key),
+                    "Opaque",
+                )
+                + &retyped(
+                    secret_yaml("app", "helm-tls", &helm.chain, &helm.key),
+                    "helm.sh/release.v1",
+                )
+                + &with_tls("secure", "secure.example.com", "secure-tls")
+                + &with_tls("generic", "generic.example.com", "generic-tls")
+                + &with_tls("helm", "helm.example.com", "helm-tls")),
         )
         .await;
     let proc = cluster.ingress().start();
     wait_ready(&proc).await;
-    eventually(
-        "certificate loaded from the Secret",
-        TIMEOUT,
-        async || match metric(
+    for secret in ["secure-tls", "generic-tls"] {
+        eventually(
+            &format!("certificate loaded from the Secret {secret}"),
+            TIMEOUT,
+            async || match metric(
+                &proc,
+                "ingress_certificate_expiry_timestamp_seconds",
+                &[("namespace", "app"), ("secret", secret)],
+            )
+            .await
+            {
+                Some(v) if v > 0.0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        metric(
             &proc,
             "ingress_certificate_expiry_timestamp_seconds",
-            &[("namespace", "app"), ("secret", "secure-tls")],
+            &[("namespace", "app"), ("secret", "helm-tls")],
         )
-        .await
-        {
-            Some(v) if v > 0.0 => Ok(()),
-            other => Err(format!("{other:?}")),
-        },
-    )
-    .await;
+        .await,
+        None,
+        "a Helm release record was read as a certificate"
+    );
     let secret_reads = cluster.controller_requests(|r| r.path.ends_with("/secrets"));
     assert!(
         secret_reads.iter().any(|r| r.is_watch()) && secret_reads.iter().any(|r| !r.is_watch()),
@@ -225,7 +244,7 @@ async fn secrets_only_of_type_tls() {
     for r in &secret_reads {
         assert_eq!(
             r.param("fieldSelector").as_deref(),
-            Some("type=kubernetes.io/tls"),
+            Some(ingress::source::kube::SECRET_FIELD_SELECTOR),
             "{r:?}"
         );
     }

@@ -43,7 +43,7 @@ pub fn secret_tls(
     let Some(secret) = store.secrets.get(&key) else {
         return Err((
             DiagnosticKind::SecretNotFound,
-            format!("proxy-ssl-secret {key} not found (only kubernetes.io/tls Secrets are read)"),
+            format!("proxy-ssl-secret {key} not found"),
         ));
     };
     let invalid = |why: String| {

@@ -5,7 +5,7 @@
 //!   watcher(IngressClass)    │   Init … InitApply* … InitDone ─> SourceEvent::ReplaceKind (atomic)
 //!   watcher(Service)         ├─> Apply / Delete              ─> SourceEvent::Apply / Delete
 //!   watcher(EndpointSlice)   │   all five kinds listed once  ─> SourceEvent::Synced
-//!   watcher(Secret, type=tls)┘
+//!   watcher(Secret, -types)  ┘
 //! ```
 //!
 //! A relist (after a 410 Gone, a dropped watch, or an API server restart) is buffered and handed
@@ -35,9 +35,19 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Only TLS Secrets are watched: least privilege in spirit, and far less memory than every
-/// Secret in the cluster.
-pub const SECRET_FIELD_SELECTOR: &str = "type=kubernetes.io/tls";
+/// The Secrets an Ingress can name: TLS certificates (`kubernetes.io/tls`), and the `Opaque`
+/// ones `auth-secret`, `auth-tls-secret` and `proxy-ssl-secret` point at (ingress-nginx's docs
+/// make them with `kubectl create secret generic`). A field selector cannot say "tls or
+/// Opaque", so the watch names what it leaves out instead: the types no annotation can use, of
+/// which Helm's release records and service-account tokens are most of a cluster's Secret
+/// bytes. RBAC is unchanged (it cannot express a field selector either).
+pub const SECRET_FIELD_SELECTOR: &str = "type!=helm.sh/release.v1,\
+    type!=kubernetes.io/service-account-token,\
+    type!=kubernetes.io/dockerconfigjson,\
+    type!=kubernetes.io/dockercfg,\
+    type!=kubernetes.io/basic-auth,\
+    type!=kubernetes.io/ssh-auth,\
+    type!=bootstrap.kubernetes.io/token";
 
 const ALL_KINDS: [Kind; 5] = [
     Kind::Ingress,
@@ -348,7 +358,7 @@ pub async fn list_once(
         Ok(())
     }
     let all = ListParams::default();
-    let tls = ListParams::default().fields(SECRET_FIELD_SELECTOR);
+    let secrets = ListParams::default().fields(SECRET_FIELD_SELECTOR);
     macro_rules! scoped {
         () => {
             match namespace {
@@ -385,7 +395,13 @@ pub async fn list_once(
         &mut store,
     )
     .await?;
-    list::<Secret>(scoped!(), &tls, |o| Object::Secret(Arc::new(o)), &mut store).await?;
+    list::<Secret>(
+        scoped!(),
+        &secrets,
+        |o| Object::Secret(Arc::new(o)),
+        &mut store,
+    )
+    .await?;
     Ok(store)
 }
 
