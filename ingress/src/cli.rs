@@ -589,6 +589,11 @@ pub struct LogArgs {
     /// One access-log line per request (target `access`).
     #[arg(long, env = "INGRESS_ACCESS_LOG", default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
     pub access_log: bool,
+    /// How access-log lines are written: `text` or `json` (an event with named fields), or
+    /// `upstream` (ingress-nginx's default `log-format-upstream` line, byte for byte).
+    /// Default: the `--log-format`.
+    #[arg(long, env = "INGRESS_ACCESS_LOG_FORMAT", value_enum)]
+    pub access_log_format: Option<AccessLogFormat>,
 }
 
 flag_values! {
@@ -599,12 +604,33 @@ flag_values! {
     }
 }
 
+flag_values! {
+    /// `--access-log-format`.
+    AccessLogFormat => crate::telemetry::logging::AccessLogFormat {
+        Text,
+        Json,
+        Upstream,
+    }
+}
+
 impl LogArgs {
     pub fn settings(&self) -> crate::telemetry::logging::LogSettings {
         crate::telemetry::logging::LogSettings {
             format: self.log_format.into(),
             filter: self.log_level.clone(),
             access_log: self.access_log,
+            access_format: self.access_log_format.map_or_else(
+                || crate::telemetry::logging::LogFormat::from(self.log_format).into(),
+                Into::into,
+            ),
+        }
+    }
+
+    /// What the proxy makes of each request for the access log.
+    pub fn access_format(&self) -> crate::proxy::access_log::AccessFormat {
+        match self.access_log_format {
+            Some(AccessLogFormat::Upstream) => crate::proxy::access_log::AccessFormat::Upstream,
+            _ => crate::proxy::access_log::AccessFormat::Event,
         }
     }
 }

@@ -152,6 +152,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             client_body_timeout: args.limits.client_body_timeout,
             client_send_timeout: args.limits.client_send_timeout,
             access_log: args.log.access_log,
+            access_format: args.log.access_format(),
             https_port: args.listen.https_port,
             hsts: args
                 .tls

@@ -36,7 +36,13 @@ pub struct IdleBody<B> {
     sleep: Option<Pin<Box<Sleep>>>,
     /// A frame arrived since the timer was last armed.
     progressed: bool,
+    /// Told how many data bytes passed when the body is dropped (done, failed or reset): the
+    /// HTTP/2 path's access log line, written when the response has really ended.
+    on_end: Option<(u64, OnEnd)>,
 }
+
+/// See [`IdleBody::on_end`].
+pub type OnEnd = Box<dyn FnOnce(u64) + Send + Sync>;
 
 impl<B> IdleBody<B> {
     pub fn new(inner: B, timeout: Duration) -> Self {
@@ -46,7 +52,13 @@ impl<B> IdleBody<B> {
             limit: None,
             sleep: None,
             progressed: false,
+            on_end: None,
         }
+    }
+
+    /// Calls `f` with the data bytes passed on, once, when the body is dropped.
+    pub fn on_end(&mut self, f: OnEnd) {
+        self.on_end = Some((0, f));
     }
 
     /// Also fails once more than `limit` bytes of data have passed, setting `tripped`.
@@ -81,6 +93,11 @@ where
                         return Poll::Ready(Some(Err(IdleError::TooLarge(*limit))));
                     }
                 }
+                if let (Some(Ok(frame)), Some((passed, _))) = (&frame, &mut this.on_end)
+                    && let Some(data) = frame.data_ref()
+                {
+                    *passed = passed.saturating_add(data.len() as u64);
+                }
                 Poll::Ready(frame.map(|f| f.map_err(|e| IdleError::Body(e.into()))))
             }
             Poll::Pending => {
@@ -105,6 +122,14 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl<B> Drop for IdleBody<B> {
+    fn drop(&mut self) {
+        if let Some((passed, f)) = self.on_end.take() {
+            f(passed);
+        }
     }
 }
 

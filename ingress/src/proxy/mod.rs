@@ -16,6 +16,7 @@
 //! A request takes the snapshot current when it arrives and keeps its route until it is done, so
 //! a configuration change never disturbs a request in flight.
 
+pub mod access_log;
 pub mod caps;
 pub mod connect;
 pub mod forward;

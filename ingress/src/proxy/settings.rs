@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::header::HeaderValue;
 use ingress_wire::target::PathSettings;
 
+use super::access_log::AccessFormat;
 use super::forward::HeaderOptions;
 use super::phase::tls::NoSniRequests;
 
@@ -22,6 +23,8 @@ pub struct ProxySettings {
     /// The most a write to the client may stall (`send_timeout`).
     pub client_send_timeout: Duration,
     pub access_log: bool,
+    /// `--access-log-format`: an event with fields, or ingress-nginx's `upstream` line.
+    pub access_format: AccessFormat,
     /// The HTTPS port clients use, for redirect locations.
     pub https_port: u16,
     /// The `Strict-Transport-Security` value added to HTTPS responses, if enabled.
@@ -40,6 +43,7 @@ impl Default for ProxySettings {
             client_body_timeout: Duration::from_secs(60),
             client_send_timeout: Duration::from_secs(60),
             access_log: true,
+            access_format: AccessFormat::Event,
             https_port: 443,
             hsts: None,
             paths: PathSettings::default(),

@@ -23,6 +23,7 @@ use super::streams::Upstream;
 use super::{
     BUFFERED_BODY, Client, MAX_RESPONSE_HEAD, Prepared, READ_SIZE, read_timed, write_timed,
 };
+use crate::proxy::access_log::UpstreamMeter;
 use crate::proxy::phase::upstream;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Forward, Outcome};
@@ -73,10 +74,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             connect_timeout,
             send_timeout,
             next_upstream,
+            canary,
             ..
         } = forward;
         self.send_timeout = send_timeout;
+        self.meter.canary = canary;
         let upload = self.buffer_small_body(p).await;
+        let upstream_started = Instant::now();
         // After a failure reading the body, part of it may be unread: treat it as streamed.
         let sent_as = upload
             .as_ref()
@@ -144,6 +148,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let (response, up, early) = match result {
             Ok(triple) => triple,
             Err(Failure::ClientGone) => {
+                self.meter.upstream = Some(UpstreamMeter::failed(key.clone(), upstream_started));
                 let outcome = Outcome {
                     upstream: Some(key),
                     error: Some(UpstreamError::Protocol("client went away".into())),
@@ -154,6 +159,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Err(Failure::Client(code, reason)) => {
                 ctx.close = true;
                 response::write_local(&mut self.response, code, None, ctx);
+                self.meter.body_bytes_sent = super::local_body_len(&self.response);
                 let outcome = Outcome {
                     upstream: Some(key),
                     error: None,
@@ -166,6 +172,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 ctx.close |= !matches!(upload, Upload::WithHead);
                 let code = error.status();
                 response::write_local(&mut self.response, code, None, ctx);
+                self.meter.body_bytes_sent = super::local_body_len(&self.response);
+                self.meter.upstream = Some(UpstreamMeter::failed(key.clone(), upstream_started));
                 let outcome = Outcome {
                     upstream: Some(key),
                     error: Some(error),
@@ -175,7 +183,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             }
         };
         let status = response.status;
+        self.meter.upstream = Some(UpstreamMeter::answered(
+            key.clone(),
+            upstream_started,
+            status,
+        ));
         let (keep_open, up) = self.relay(response, up, timeout).await;
+        let sent = self.meter.body_bytes_sent;
+        if let Some(upstream) = &mut self.meter.upstream {
+            upstream.finish(sent);
+        }
         if let Some(up) = up.filter(|_| !early) {
             streams.checkin(&key, &transport, up, Instant::now());
         }
@@ -216,6 +233,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         }
         self.request.extend_from_slice(&self.inbuf[..n]);
         self.inbuf.advance(n);
+        self.meter.request_bytes += n as u64;
         Ok(Upload::WithHead)
     }
 
@@ -357,6 +375,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         .min(self.inbuf.len());
                     out.extend_from_slice(&self.inbuf[..n]);
                     self.inbuf.advance(n);
+                    self.meter.request_bytes += n as u64;
                     left -= n as u64;
                     left == 0
                 }
@@ -383,6 +402,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         chunked::encode_chunk(&self.inbuf[step.data.clone()], &mut out);
                         done = step.done;
                         self.inbuf.advance(step.consumed);
+                        self.meter.request_bytes += step.consumed as u64;
                     }
                     if done {
                         out.extend_from_slice(chunked::LAST_CHUNK);
@@ -466,6 +486,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let send_timeout = self.proxy.settings.client_send_timeout;
         let mut done = false;
         let mut first = true;
+        // The first write carries the head (already in `self.response`): not body bytes.
+        let mut head_left = self.response.len() as u64;
         loop {
             if !up.buf.is_empty() || first {
                 let taken = match &mut dechunk {
@@ -507,10 +529,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         send_timeout,
                     )
                     .await;
+                    let len = self.response.len() as u64;
                     self.response.clear();
                     if written.is_err() {
                         return (false, None);
                     }
+                    let head = head_left.min(len);
+                    head_left -= head;
+                    self.meter.body_bytes_sent += len - head;
                 }
             }
             if done {

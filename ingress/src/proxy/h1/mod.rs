@@ -48,13 +48,15 @@ use deadline::Deadline;
 use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
 
-use super::phase::RequestView;
+use super::access_log::{Logged, Meter};
 use super::phase::route::Refusal;
+use super::phase::{RequestHeaders, RequestView};
 use super::settings::HttpSettings;
 use super::upstream::UpstreamError;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
 use crate::snapshot::policy::Wire;
+use ingress_wire::header::usable_request_id;
 
 /// Room made for a client's next request head: most are well under this, and an idle
 /// kept-alive connection holds its buffer.
@@ -98,6 +100,7 @@ where
         client_due: Deadline::new(),
         upstream_due: Deadline::new(),
         send_timeout: proxy.settings.upstream_send_timeout,
+        meter: Meter::default(),
     };
     let mut stopped = pin!(stop.cancelled());
     let mut waiting_since = Instant::now();
@@ -138,6 +141,8 @@ struct Client<'a, IO> {
     upstream_due: Deadline,
     /// How long a write to the upstream may block: the current request's route's.
     send_timeout: Duration,
+    /// The current request's sizes and upstream timings, for the access log.
+    meter: Meter,
 }
 
 // A request is moved through these once; boxing it would allocate once per request.
@@ -162,8 +167,8 @@ struct Prepared {
     body: BodyFraming,
     /// The protocol asked for in `Upgrade`, when the route allows it.
     upgrade: Option<Vec<u8>>,
-    /// Method, target and host, when the access log is on.
-    logged: Option<(String, String, Option<String>)>,
+    /// What the access log keeps of the request, when it is on.
+    logged: Option<Logged>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
@@ -237,11 +242,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let started = Instant::now();
         let proxy = self.proxy;
         let host = req.authority.as_ref().map(|a| a.host.as_ref());
+        let fresh_id = super::forward::new_request_id();
         let logged = proxy.settings.access_log.then(|| {
-            (
-                req.method.to_string(),
-                req.target.to_string(),
-                host.map(str::to_string),
+            let id = req
+                .headers
+                .header("x-request-id")
+                .filter(|id| usable_request_id(id))
+                .unwrap_or(&fresh_id);
+            Logged::new(
+                req.method,
+                &req.target,
+                host,
+                if req.version == Version::Http10 {
+                    "HTTP/1.0"
+                } else {
+                    "HTTP/1.1"
+                },
+                |name| req.headers.header(name),
+                String::from_utf8_lossy(id).into_owned(),
             )
         });
         let authority = req.authority.as_ref().map(|a| a.raw);
@@ -301,7 +319,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     underscores: proxy.settings.headers.underscores,
                     body: req.body.into(),
                     upgrade: upgrade.is_some(),
-                    new_request_id: super::forward::new_request_id(),
+                    new_request_id: fresh_id,
                     forwarded_prefix: forward.forwarded_prefix.as_deref(),
                     set_headers: &set_headers,
                 },
@@ -322,6 +340,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             logged,
         };
         let head_len = req.head_len;
+        self.meter = Meter {
+            request_bytes: head_len as u64,
+            ..Meter::default()
+        };
         self.inbuf.advance(head_len);
         Parsed::Ready(prepared)
     }
@@ -340,11 +362,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             expect_continue: false,
             body: BodyFraming::None,
             upgrade: None,
-            logged: self
-                .proxy
-                .settings
-                .access_log
-                .then(|| ("-".to_string(), "-".to_string(), None)),
+            logged: self.proxy.settings.access_log.then(|| Logged {
+                method: "-".into(),
+                target: "-".into(),
+                protocol: "-",
+                request_id: String::from_utf8_lossy(&super::forward::new_request_id()).into_owned(),
+                ..Logged::default()
+            }),
         }
     }
 
@@ -405,18 +429,18 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     Decision::Forward(_) => unreachable_forward(),
                 };
                 response::write_local(&mut self.response, code, location.as_deref(), &ctx);
+                self.meter.body_bytes_sent = local_body_len(&self.response);
                 (code.as_u16(), outcome, self.write_response().await)
             }
         };
         let finished = Instant::now();
-        let logged = prepared.logged.as_ref();
         self.proxy.record(&Record {
             conn: self.conn,
             route: prepared.route.as_ref(),
             status,
             elapsed: finished.saturating_duration_since(prepared.started),
-            request: logged.map(|(m, t, _)| (m.as_str(), t.as_str())),
-            host: logged.and_then(|(_, _, h)| h.as_deref()),
+            logged: prepared.logged.as_ref(),
+            meter: &self.meter,
             version: if prepared.http10 {
                 HttpVersion::HTTP_10
             } else {
@@ -435,6 +459,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             BodyFraming::Length(n) => match usize::try_from(n) {
                 Ok(n) if n <= self.inbuf.len() => {
                     self.inbuf.advance(n);
+                    self.meter.request_bytes += n as u64;
                     true
                 }
                 _ => false,
@@ -450,6 +475,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             .is_ok()
             && self.io.flush().await.is_ok()
     }
+}
+
+/// The body length of a response the proxy made itself (`out` holds its whole head and body).
+fn local_body_len(out: &[u8]) -> u64 {
+    out.windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |head| (out.len() - head - 4) as u64)
 }
 
 #[allow(clippy::large_enum_variant)]

@@ -16,6 +16,7 @@
 //! only protocols an operator allowed may switch (an `h2c` upgrade to a backend that accepts it
 //! would otherwise carry any number of unrouted requests).
 
+use crate::proxy::access_log::UpstreamMeter;
 use std::time::{Duration, Instant};
 
 use bytes::Buf;
@@ -76,6 +77,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Ok(pair) => pair,
             Err(error) => {
                 let (code, error) = fail(self, error, ctx);
+                self.meter.upstream = Some(UpstreamMeter::failed(key.clone(), p.started));
                 let outcome = Outcome {
                     upstream: Some(key),
                     error: Some(error),
@@ -85,6 +87,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             }
         };
         let status = response.status;
+        self.meter.upstream = Some(UpstreamMeter::answered(key.clone(), p.started, status));
         let outcome = Outcome {
             upstream: Some(key),
             error: None,

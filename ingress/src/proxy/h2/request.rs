@@ -20,7 +20,9 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use ingress_wire::authority::{self, AuthorityError};
+use ingress_wire::header::usable_request_id;
 
+use crate::proxy::access_log::{Logged, Meter, UpstreamMeter};
 use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response::{self, SERVER};
@@ -38,15 +40,16 @@ impl Proxy {
     /// Serves one HTTP/2 request.
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         conn: Arc<ConnInfo>,
     ) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
-        let logged = self
-            .settings
-            .access_log
-            .then(|| (req.method().to_string(), req.uri().to_string()));
-        let (mut response, route, host, outcome) = self.serve_h2(req, &conn).await;
+        let logged = self.settings.access_log.then(|| logged(&mut req));
+        let mut meter = Meter {
+            request_bytes: request_bytes(&req),
+            ..Meter::default()
+        };
+        let (mut response, route, _host, outcome) = self.serve_h2(req, &conn, &mut meter).await;
         response
             .headers_mut()
             .insert(header::SERVER, SERVER.clone());
@@ -69,16 +72,56 @@ impl Proxy {
             response::rewrite_headers(&rewrite, response.headers_mut());
         }
         *response.version_mut() = Version::HTTP_2;
-        self.record(&Record {
+        let status = response.status().as_u16();
+        let record = |meter| Record {
             conn: &conn,
             route: route.as_ref(),
-            status: response.status().as_u16(),
+            status,
             elapsed: started.elapsed(),
-            request: logged.as_ref().map(|(m, u)| (m.as_str(), u.as_str())),
-            host: host.as_deref(),
+            logged: logged.as_ref(),
             version: Version::HTTP_2,
             outcome: &outcome,
+            meter,
+        };
+        // An upstream's body streams after this returns: the access line waits for its end,
+        // to say how much was sent and how long it took. The proxy's own answers are whole.
+        let streamed = !matches!(response.body(), Either::Right(Either::Right(_)));
+        if !(streamed && logged.is_some()) {
+            meter.body_bytes_sent = hyper::body::Body::size_hint(response.body())
+                .exact()
+                .unwrap_or(0);
+            self.record(&record(&meter));
+            return Ok(response);
+        }
+        self.observe(&record(&meter));
+        let proxy = self.clone();
+        let upstream = outcome.upstream.clone();
+        let route = route.clone();
+        let on_end: idle::OnEnd = Box::new(move |sent| {
+            meter.body_bytes_sent = sent;
+            if let Some(up) = &mut meter.upstream {
+                up.finish(sent);
+            }
+            proxy.log(&Record {
+                conn: &conn,
+                route: route.as_ref(),
+                status,
+                elapsed: started.elapsed(),
+                logged: logged.as_ref(),
+                version: Version::HTTP_2,
+                outcome: &Outcome {
+                    upstream,
+                    error: None,
+                    refused: None,
+                },
+                meter: &meter,
+            });
         });
+        match response.body_mut() {
+            Either::Left(body) => body.on_end(on_end),
+            Either::Right(Either::Left(body)) => body.on_end(on_end),
+            Either::Right(Either::Right(_)) => {}
+        }
         Ok(response)
     }
 
@@ -86,6 +129,7 @@ impl Proxy {
         &self,
         mut req: Request<Incoming>,
         conn: &ConnInfo,
+        meter: &mut Meter,
     ) -> (
         Response<ProxyBody>,
         Option<Arc<Route>>,
@@ -184,15 +228,26 @@ impl Proxy {
                     authority: &authority_raw,
                     original_uri: &original,
                 };
-                self.forward(
-                    req,
-                    forward,
-                    &forwarded_target,
-                    &request,
-                    conn,
-                    route.as_ref(),
-                )
-                .await
+                meter.canary = forward.canary;
+                let upstream_started = Instant::now();
+                let (response, outcome) = self
+                    .forward(
+                        req,
+                        forward,
+                        &forwarded_target,
+                        &request,
+                        conn,
+                        route.as_ref(),
+                    )
+                    .await;
+                meter.upstream = outcome.upstream.clone().map(|key| {
+                    if outcome.error.is_none() {
+                        UpstreamMeter::answered(key, upstream_started, response.status().as_u16())
+                    } else {
+                        UpstreamMeter::failed(key, upstream_started)
+                    }
+                });
+                (response, outcome)
             }
         };
         (response, route, Some(host), outcome)
@@ -403,6 +458,52 @@ impl Proxy {
             },
         )
     }
+}
+
+/// What the access log keeps of an HTTP/2 request. A request without a usable `X-Request-ID`
+/// is given one here, so the id logged is the id the upstream is sent (the header rewrite keeps
+/// a usable one).
+fn logged(req: &mut Request<Incoming>) -> Logged {
+    let usable = req
+        .headers()
+        .get(&forward::X_REQUEST_ID)
+        .is_some_and(|id| usable_request_id(id.as_bytes()));
+    if !usable && let Ok(id) = HeaderValue::from_bytes(&forward::new_request_id()) {
+        req.headers_mut().insert(forward::X_REQUEST_ID.clone(), id);
+    }
+    let headers = req.headers();
+    let id = headers
+        .get(&forward::X_REQUEST_ID)
+        .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let host = req.uri().host();
+    Logged::new(
+        req.method().as_str(),
+        req.uri()
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str),
+        host,
+        "HTTP/2.0",
+        |name| headers.get(name).map(HeaderValue::as_bytes),
+        id,
+    )
+}
+
+/// nginx's `$request_length` for an HTTP/2 request: its decoded header fields (as HPACK counts
+/// a field: name, value and 32 bytes) and its declared body.
+fn request_bytes(req: &Request<Incoming>) -> u64 {
+    let fields: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 32)
+        .sum();
+    let pseudo = req.method().as_str().len()
+        + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
+        + req.uri().authority().map_or(0, |a| a.as_str().len());
+    let body = hyper::body::Body::size_hint(req.body())
+        .exact()
+        .unwrap_or(0);
+    (fields + pseudo) as u64 + body
 }
 
 /// The most of a locally answered request's body that is read before answering: the initial

@@ -49,6 +49,7 @@ use http::{StatusCode, Version};
 use ingress_wire::target::{self, Target};
 
 use super::Proxy;
+use super::access_log::{Logged, Meter};
 use super::connect::Transport;
 use super::pool::PoolKey;
 use super::upstream::UpstreamError;
@@ -171,6 +172,8 @@ pub(crate) struct Forward {
     pub(crate) response_headers: Option<Arc<ResponseEdits>>,
     /// The response phase's rewrites of the upstream's `Location` and `Set-Cookie`.
     pub(crate) response_rewrite: Option<Arc<UpstreamRewrite>>,
+    /// The canary phase chose the route's canary (the access log's alternative upstream).
+    pub(crate) canary: bool,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -210,11 +213,11 @@ pub(crate) struct Record<'a> {
     pub(crate) route: Option<&'a Arc<Route>>,
     pub(crate) status: u16,
     pub(crate) elapsed: Duration,
-    /// Method and target, when the access log is on.
-    pub(crate) request: Option<(&'a str, &'a str)>,
-    pub(crate) host: Option<&'a str>,
+    /// What the access log keeps of the request, when it is on.
+    pub(crate) logged: Option<&'a Logged>,
     pub(crate) version: Version,
     pub(crate) outcome: &'a Outcome,
+    pub(crate) meter: &'a Meter,
 }
 
 impl Proxy {
@@ -315,7 +318,9 @@ impl Proxy {
                 {
                     forward.set_headers = set;
                 }
+                let canary = !Arc::ptr_eq(backend, &route.backend);
                 if let Decision::Forward(forward) = &mut decision {
+                    forward.canary = canary;
                     forward.response_headers = response::edits(&route.policy.response);
                     forward.response_rewrite = response::rewrites(&route.policy.response);
                 }

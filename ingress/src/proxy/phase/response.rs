@@ -7,6 +7,7 @@ use http::HeaderValue;
 
 use super::Record;
 use crate::proxy::Proxy;
+use crate::proxy::access_log::{self, AccessFormat};
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
@@ -49,6 +50,12 @@ impl Proxy {
 
     /// Metrics and the access log line, the same for both HTTP paths.
     pub(crate) fn record(&self, r: &Record<'_>) {
+        self.observe(r);
+        self.log(r);
+    }
+
+    /// The metrics of a finished request (or, for HTTP/2, of one whose head was sent).
+    pub(crate) fn observe(&self, r: &Record<'_>) {
         self.metrics.observe_request(r.route, r.status, r.elapsed);
         if let Some(error) = &r.outcome.error {
             if let UpstreamError::AddressRefused { refusal, .. } = error {
@@ -66,27 +73,54 @@ impl Proxy {
                 );
             }
         }
-        let Some((method, uri)) = r.request else {
+    }
+
+    /// The access log line of a finished request.
+    pub(crate) fn log(&self, r: &Record<'_>) {
+        let Some(logged) = r.logged else {
             return;
         };
         let outcome = r.outcome;
+        if self.settings.access_format == AccessFormat::Upstream {
+            let line = access_log::upstream_line(&access_log::Line {
+                client: r.conn.peer.ip(),
+                logged,
+                status: r.status,
+                elapsed: r.elapsed,
+                route: r.route.map(Arc::as_ref),
+                meter: r.meter,
+                time: &access_log::time_local(),
+            });
+            tracing::info!(target: "access", "{line}");
+            return;
+        }
         let error = match (&outcome.error, outcome.refused) {
             (Some(error), _) => error.to_string(),
             (None, Some(reason)) => reason.to_string(),
             (None, None) => "-".to_string(),
         };
+        let upstream = r.meter.upstream.as_ref();
+        let answered = upstream.and_then(|u| u.response);
         tracing::info!(
             target: "access",
             client = %r.conn.peer.ip(),
-            method = method,
-            host = r.host.unwrap_or("-"),
-            uri = uri,
+            method = logged.method,
+            host = logged.host.as_deref().unwrap_or("-"),
+            uri = logged.target,
             version = ?r.version,
             status = r.status,
             duration_ms = %format_args!("{:.3}", r.elapsed.as_secs_f64() * 1000.0),
+            request_bytes = r.meter.request_bytes,
+            body_bytes_sent = r.meter.body_bytes_sent,
             upstream = %outcome.upstream.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
+            upstream_status = answered.map_or(0, |a| a.status),
+            upstream_header_ms = %format_args!("{:.3}", answered.map_or(0.0, |a| a.header.as_secs_f64() * 1000.0)),
+            upstream_response_ms = %format_args!("{:.3}", upstream.map_or(0.0, |u| answered.map_or(u.spent, |a| a.response).as_secs_f64() * 1000.0)),
+            upstream_bytes = answered.map_or(0, |a| a.length),
             ingress = r.route.map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
             service = r.route.map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
+            canary = r.meter.canary,
+            request_id = logged.request_id,
             error = error,
         );
     }
