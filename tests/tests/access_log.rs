@@ -214,3 +214,74 @@ fn hostile_header_bytes_stay_inside_their_field() {
     assert_eq!(&f["referer"], "\\x22", "{line}");
     assert_eq!(&f["code"], "200", "{line}");
 }
+
+#[test]
+fn a_request_the_canary_took_names_it_as_the_alternative_upstream() {
+    let (web, canary) = (Backend::start("web"), Backend::start("canary"));
+    let dir = Scratch::new("access-log-canary");
+    dir.write(
+        "all.yaml",
+        &[
+            service("shop", "web", &[&web]),
+            service("shop", "web-next", &[&canary]),
+            annotated_ingress(
+                "shop",
+                "front",
+                1,
+                &[],
+                &[("log.test", "/", "Prefix", "web")],
+            ),
+            annotated_ingress(
+                "shop",
+                "front-canary",
+                2,
+                &[("canary", "true"), ("canary-by-header", "X-Canary")],
+                &[("log.test", "/", "Prefix", "web-next")],
+            ),
+        ]
+        .concat(),
+    );
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--access-log-format", "upstream"])
+        .start();
+    for version in VERSIONS {
+        for (choice, id, backend, alternative) in [
+            (
+                "always",
+                "c1000000000000000000000000000000",
+                "canary",
+                "shop-web-next-80",
+            ),
+            ("never", "c2000000000000000000000000000000", "web", ""),
+        ] {
+            let id = &format!(
+                "{}{}",
+                &id[..31],
+                if version == VERSIONS[0] { "a" } else { "b" }
+            );
+            let reply = curl::get(
+                &ingress,
+                "log.test",
+                "/",
+                version,
+                &[
+                    "-H",
+                    &format!("X-Canary: {choice}"),
+                    "-H",
+                    &format!("X-Request-ID: {id}"),
+                ],
+            );
+            assert_eq!(reply.backend(), backend, "{version} {choice}");
+            let line = line_with(&ingress, id);
+            let f = fields(&line);
+            assert_eq!(&f["proxy_upstream_name"], "shop-web-80", "{line}");
+            assert_eq!(
+                f.name("proxy_alternative_upstream_name")
+                    .map(|m| m.as_str()),
+                Some(alternative),
+                "{line}"
+            );
+        }
+    }
+}
