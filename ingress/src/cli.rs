@@ -594,6 +594,20 @@ pub struct LogArgs {
     /// Default: the `--log-format`.
     #[arg(long, env = "INGRESS_ACCESS_LOG_FORMAT", value_enum)]
     pub access_log_format: Option<AccessLogFormat>,
+    /// Also export the request and controller metrics under another controller's names, so its
+    /// dashboards and alerts work unchanged: `ingress-nginx` (`nginx_ingress_controller_*`).
+    #[arg(long, env = "INGRESS_METRICS_COMPAT", value_enum, value_name = "SET")]
+    pub metrics_compat: Option<MetricsCompat>,
+    /// With `--metrics-compat`, label request metrics with the request's host (one series per
+    /// host per route: set it only where the hosts are few).
+    #[arg(long, env = "INGRESS_METRICS_PER_HOST", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub metrics_per_host: bool,
+}
+
+/// `--metrics-compat`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsCompat {
+    IngressNginx,
 }
 
 flag_values! {

@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
@@ -116,6 +118,9 @@ impl Published {
 #[derive(Clone)]
 pub struct PipelineMetrics {
     pub build_seconds: Histogram,
+    /// Snapshots published, and when the last one was (Unix seconds).
+    pub publishes: Counter,
+    pub last_publish: Gauge,
 }
 
 impl PipelineMetrics {
@@ -127,7 +132,23 @@ impl PipelineMetrics {
             "Time to build a routing snapshot from the store",
             build_seconds.clone(),
         );
-        PipelineMetrics { build_seconds }
+        let publishes = Counter::default();
+        registry.register(
+            "snapshot_publishes",
+            "Routing snapshots published",
+            publishes.clone(),
+        );
+        let last_publish = Gauge::default();
+        registry.register(
+            "snapshot_last_publish_timestamp_seconds",
+            "When the last routing snapshot was published, as Unix time",
+            last_publish.clone(),
+        );
+        PipelineMetrics {
+            build_seconds,
+            publishes,
+            last_publish,
+        }
     }
 }
 
@@ -215,6 +236,8 @@ impl Pipeline {
                 "snapshot published"
             );
             self.published.publish(Arc::new(snapshot));
+            self.metrics.publishes.inc();
+            self.metrics.last_publish.set(crate::clock::unix_now());
         }
     }
 }
@@ -355,6 +378,8 @@ mod tests {
             published: published.clone(),
             metrics: PipelineMetrics {
                 build_seconds: Histogram::new([1.0]),
+                publishes: Counter::default(),
+                last_publish: Gauge::default(),
             },
             debounce: Duration::from_millis(100),
             max_delay: Duration::from_millis(500),

@@ -93,10 +93,31 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let registry = telemetry.registry_mut();
     let admin_metrics = AdminMetrics::register(registry);
     let pipeline_metrics = PipelineMetrics::register(registry);
-    let proxy_metrics = ProxyMetrics::register(registry, gate.as_ref());
+    let controller = compat_controller(&args);
+    let compat = args.log.metrics_compat.map(|_| {
+        crate::proxy::metrics::compat::CompatMetrics::register(
+            telemetry.compat_registry_mut(),
+            controller.clone(),
+            args.log.metrics_per_host,
+        )
+    });
+    let registry = telemetry.registry_mut();
+    let proxy_metrics = ProxyMetrics::register(registry, gate.as_ref(), compat);
     let sync_errors = crate::mapsync::register_metrics(registry, gate.as_ref());
     let watch_metrics = crate::source::kube::WatchMetrics::register(registry);
     let report_metrics = report::ReportMetrics::register(registry);
+    if args.log.metrics_compat.is_some() {
+        let collector = crate::telemetry::compat::CompatController {
+            controller,
+            published: published.clone(),
+            proxy: proxy_metrics.clone(),
+            publishes: pipeline_metrics.publishes.clone(),
+            last_publish: pipeline_metrics.last_publish.clone(),
+        };
+        telemetry
+            .compat_registry_mut()
+            .register_collector(Box::new(collector));
+    }
     let telemetry = Arc::new(telemetry);
     let health = Arc::new(Health::default());
     let stop = CancellationToken::new();
@@ -326,6 +347,16 @@ async fn start_kube(
         .await;
     });
     Ok(())
+}
+
+/// ingress-nginx's constant labels, for `--metrics-compat`: this pod's namespace and name (the
+/// downward API's, else the host name) and the IngressClass controller it serves.
+fn compat_controller(args: &RunArgs) -> crate::proxy::metrics::compat::Controller {
+    crate::proxy::metrics::compat::Controller {
+        namespace: args.kube.lease_namespace.as_str().into(),
+        class: args.source.controller_class.as_str().into(),
+        pod: args.kube.pod_name.clone().unwrap_or_else(hostname).into(),
+    }
 }
 
 fn hostname() -> String {

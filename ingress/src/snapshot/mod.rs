@@ -143,6 +143,8 @@ pub struct RouteLabels {
     pub namespace: Arc<str>,
     pub ingress: Arc<str>,
     pub service: Arc<str>,
+    /// The Ingress path the route serves, as written (ingress-nginx's `path` label).
+    pub path: Arc<str>,
 }
 
 impl Snapshot {
@@ -566,7 +568,7 @@ impl Builder<'_> {
         let default_route = spec
             .default_backend
             .as_ref()
-            .and_then(|b| self.route(key, b, &policies[0], false, refused.is_some()));
+            .and_then(|b| self.route(key, b, "/", &policies[0], false, refused.is_some()));
 
         if options.ssl_passthrough {
             self.add_passthrough(
@@ -694,9 +696,14 @@ impl Builder<'_> {
                         format!("host {pattern} path {path}: rewrite-target needs the path as a regex, and it is not one ({err}); requests on it are not rewritten"),
                     )),
                 }
-                let Some(route) =
-                    self.route(key, &http_path.backend, &policy, tls, refused.is_some())
-                else {
+                let Some(route) = self.route(
+                    key,
+                    &http_path.backend,
+                    &path,
+                    &policy,
+                    tls,
+                    refused.is_some(),
+                ) else {
                     continue;
                 };
                 if let Some(host) = self.hosts.get_mut(&pattern) {
@@ -792,7 +799,8 @@ impl Builder<'_> {
                     ));
                     continue;
                 };
-                let Some(canary) = self.route(key, &http_path.backend, &placeholder, false, false)
+                let Some(canary) =
+                    self.route(key, &http_path.backend, &path, &placeholder, false, false)
                 else {
                     continue;
                 };
@@ -890,7 +898,14 @@ impl Builder<'_> {
                 ));
             }
             let route = match chosen {
-                Some(path) => self.route(key, &path.backend, policy, false, refused),
+                Some(path) => self.route(
+                    key,
+                    &path.backend,
+                    path.path.as_deref().unwrap_or("/"),
+                    policy,
+                    false,
+                    refused,
+                ),
                 None => default_route.cloned(),
             };
             let Some(route) = route else { continue };
@@ -994,6 +1009,7 @@ impl Builder<'_> {
         &mut self,
         ingress: &ObjectKey,
         backend: &IngressBackend,
+        path: &str,
         policy: &Arc<RoutePolicy>,
         tls: bool,
         refused: bool,
@@ -1016,7 +1032,7 @@ impl Builder<'_> {
                 next: std::sync::atomic::AtomicUsize::new(0),
                 app_protocol: None,
             };
-            return Some(self.make_route(ingress, Arc::new(backend), policy, tls));
+            return Some(self.make_route(ingress, Arc::new(backend), path, policy, tls));
         }
         let subject = Subject::object(Kind::Ingress, ingress);
         let Some(service) = &backend.service else {
@@ -1056,13 +1072,14 @@ impl Builder<'_> {
                 message: problem.message.clone(),
             });
         }
-        Some(self.make_route(ingress, backend, policy, tls))
+        Some(self.make_route(ingress, backend, path, policy, tls))
     }
 
     fn make_route(
         &self,
         ingress: &ObjectKey,
         backend: Arc<Backend>,
+        path: &str,
         policy: &Arc<RoutePolicy>,
         tls: bool,
     ) -> Arc<Route> {
@@ -1076,6 +1093,7 @@ impl Builder<'_> {
             namespace: ingress.namespace.as_str().into(),
             ingress: ingress.name.as_str().into(),
             service: backend.service.name.as_str().into(),
+            path: path.into(),
         };
         Arc::new(Route {
             ingress: ingress.clone(),

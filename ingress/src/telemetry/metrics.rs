@@ -38,6 +38,8 @@ struct CertLabels {
 /// while the process starts; afterwards it is shared read-only and encoded on each scrape.
 pub struct Telemetry {
     registry: Registry,
+    /// `--metrics-compat`: another controller's names, whole (no `ingress_` prefix).
+    compat: Registry,
     /// 1 when the kernel gate is loaded, 0 in userspace mode.
     pub ebpf_enabled: Gauge,
 }
@@ -67,8 +69,14 @@ impl Telemetry {
         registry.register_collector(Box::new(SnapshotMetrics { published }));
         Self {
             registry,
+            compat: Registry::default(),
             ebpf_enabled,
         }
+    }
+
+    /// For the `--metrics-compat` families, registered under their own whole names.
+    pub fn compat_registry_mut(&mut self) -> &mut Registry {
+        &mut self.compat
     }
 
     /// For subsystems registering their metrics at startup.
@@ -81,9 +89,20 @@ impl Telemetry {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let mut compat = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut compat, &self.compat);
+        // One exposition: the first one's end marker goes, the second's closes both.
+        if compat.len() > EOF.len() {
+            if out.ends_with(EOF) {
+                out.truncate(out.len() - EOF.len());
+            }
+            out.push_str(&compat);
+        }
         out
     }
 }
+
+const EOF: &str = "# EOF\n";
 
 /// What the published snapshot says, read once per scrape from the snapshot current then:
 /// its generation and size, its diagnostics by kind, and its certificates' expiry (against the

@@ -12,6 +12,7 @@
 //!   admin::AdminMetrics ────────┘     at scrape time (one snapshot per scrape, never half)
 //! ```
 
+pub mod compat;
 pub mod logging;
 pub mod metrics;
 

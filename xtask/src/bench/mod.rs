@@ -14,6 +14,7 @@ mod accuracy;
 mod gate;
 mod http;
 mod kube;
+mod logging;
 mod passthrough;
 mod procs;
 mod report;
@@ -37,8 +38,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate, accuracy, passthrough,
-    /// slow); default all. `gate` includes `accuracy`.
+    /// Only these sections (http, https, logging, memory, scale, kube, gate, accuracy,
+    /// passthrough, slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -97,6 +98,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("https") {
         tls::run(&bench)?;
         bench.report.finish("https")?;
+    }
+    if wanted("logging") {
+        logging::run(&bench)?;
+        bench.report.finish("logging")?;
     }
     if wanted("memory") || wanted("scale") {
         scale::run(&bench)?;

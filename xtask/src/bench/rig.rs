@@ -155,19 +155,16 @@ impl Rig {
             ),
         )?;
         let mut ingress_cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
+        // Defaults a section may override (clap refuses a flag given twice).
+        let defaults = [("--access-log", "false"), ("--log-level", "warn")]
+            .into_iter()
+            .filter(|(flag, _)| !extra_args.contains(flag))
+            .flat_map(|(flag, value)| [flag, value]);
         ingress_cmd
             .arg("--manifests")
             .arg(&manifests)
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--worker-threads",
-                "1",
-                "--access-log",
-                "false",
-                "--log-level",
-                "warn",
-            ])
+            .args(["--bind", "127.0.0.1", "--worker-threads", "1"])
+            .args(defaults)
             .args([
                 "--http-port",
                 &INGRESS_HTTP.to_string(),

@@ -169,6 +169,9 @@ struct Prepared {
     upgrade: Option<Vec<u8>>,
     /// What the access log keeps of the request, when it is on.
     logged: Option<Logged>,
+    method: http::Method,
+    /// The host named, when metrics are kept per host.
+    host: Option<Box<str>>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
@@ -338,6 +341,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             body: req.body,
             upgrade,
             logged,
+            method: http::Method::from_bytes(req.method.as_bytes()).unwrap_or_default(),
+            host: proxy
+                .metrics
+                .compat
+                .as_ref()
+                .filter(|c| c.per_host())
+                .and(host)
+                .map(Box::from),
         };
         let head_len = req.head_len;
         self.meter = Meter {
@@ -369,6 +380,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 request_id: String::from_utf8_lossy(&super::forward::new_request_id()).into_owned(),
                 ..Logged::default()
             }),
+            // Not a method anyone sent: counted as `OTHER`.
+            method: http::Method::from_bytes(b"-").unwrap_or_default(),
+            host: None,
         }
     }
 
@@ -441,6 +455,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             elapsed: finished.saturating_duration_since(prepared.started),
             logged: prepared.logged.as_ref(),
             meter: &self.meter,
+            method: prepared.method.as_str(),
+            host: prepared.host.as_deref(),
             version: if prepared.http10 {
                 HttpVersion::HTTP_10
             } else {

@@ -45,11 +45,12 @@ impl Proxy {
     ) -> Result<Response<ProxyBody>, Infallible> {
         let started = Instant::now();
         let logged = self.settings.access_log.then(|| logged(&mut req));
+        let method = req.method().clone();
         let mut meter = Meter {
             request_bytes: request_bytes(&req),
             ..Meter::default()
         };
-        let (mut response, route, _host, outcome) = self.serve_h2(req, &conn, &mut meter).await;
+        let (mut response, route, host, outcome) = self.serve_h2(req, &conn, &mut meter).await;
         response
             .headers_mut()
             .insert(header::SERVER, SERVER.clone());
@@ -76,6 +77,8 @@ impl Proxy {
         let record = |meter| Record {
             conn: &conn,
             route: route.as_ref(),
+            method: method.as_str(),
+            host: host.as_deref(),
             status,
             elapsed: started.elapsed(),
             logged: logged.as_ref(),
@@ -83,10 +86,12 @@ impl Proxy {
             outcome: &outcome,
             meter,
         };
-        // An upstream's body streams after this returns: the access line waits for its end,
-        // to say how much was sent and how long it took. The proxy's own answers are whole.
+        // An upstream's body streams after this returns: what is said of the whole request
+        // (the access line, ingress-nginx's metrics) waits for its end, to say how much was
+        // sent and how long it took. The proxy's own answers are whole already.
         let streamed = !matches!(response.body(), Either::Right(Either::Right(_)));
-        if !(streamed && logged.is_some()) {
+        let at_end = logged.is_some() || self.metrics.compat.is_some();
+        if !(streamed && at_end) {
             meter.body_bytes_sent = hyper::body::Body::size_hint(response.body())
                 .exact()
                 .unwrap_or(0);
@@ -102,9 +107,11 @@ impl Proxy {
             if let Some(up) = &mut meter.upstream {
                 up.finish(sent);
             }
-            proxy.log(&Record {
+            proxy.finished(&Record {
                 conn: &conn,
                 route: route.as_ref(),
+                method: method.as_str(),
+                host: host.as_deref(),
                 status,
                 elapsed: started.elapsed(),
                 logged: logged.as_ref(),

@@ -28,6 +28,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 
+pub mod compat;
 pub mod passthrough;
 
 use crate::gate::{Gate, counter};
@@ -99,11 +100,17 @@ pub struct ProxyMetrics {
     pub passthrough: PassthroughMetrics,
     routes: RouteStatsTable,
     unrouted: OnceLock<RouteStats>,
+    /// `--metrics-compat ingress-nginx`.
+    pub compat: Option<compat::CompatMetrics>,
 }
 
 impl ProxyMetrics {
     /// `gate`, in eBPF mode, adds its before-accept resets to `ingress_sni_gate_total`.
-    pub fn register(registry: &mut Registry, gate: Option<&Arc<Gate>>) -> Arc<ProxyMetrics> {
+    pub fn register(
+        registry: &mut Registry,
+        gate: Option<&Arc<Gate>>,
+        compat: Option<compat::CompatMetrics>,
+    ) -> Arc<ProxyMetrics> {
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
@@ -182,6 +189,7 @@ impl ProxyMetrics {
             upstream_errors,
             passthrough,
             unrouted: OnceLock::new(),
+            compat,
         };
         Arc::new(metrics)
     }
@@ -209,6 +217,7 @@ impl ProxyMetrics {
                     namespace: empty(),
                     ingress: empty(),
                     service: empty(),
+                    path: empty(),
                 })
             }),
         };

@@ -211,6 +211,10 @@ impl Outcome {
 pub(crate) struct Record<'a> {
     pub(crate) conn: &'a ConnInfo,
     pub(crate) route: Option<&'a Arc<Route>>,
+    pub(crate) method: &'a str,
+    /// The host the request named, when a consumer wants it (the access log, or metrics per
+    /// host).
+    pub(crate) host: Option<&'a str>,
     pub(crate) status: u16,
     pub(crate) elapsed: Duration,
     /// What the access log keeps of the request, when it is on.

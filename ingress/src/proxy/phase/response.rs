@@ -8,6 +8,7 @@ use http::HeaderValue;
 use super::Record;
 use crate::proxy::Proxy;
 use crate::proxy::access_log::{self, AccessFormat};
+use crate::proxy::metrics::compat::Observed;
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
@@ -51,6 +52,22 @@ impl Proxy {
     /// Metrics and the access log line, the same for both HTTP paths.
     pub(crate) fn record(&self, r: &Record<'_>) {
         self.observe(r);
+        self.finished(r);
+    }
+
+    /// What is said of a request once its response has ended: ingress-nginx's metrics (with
+    /// `--metrics-compat`) and the access log line.
+    pub(crate) fn finished(&self, r: &Record<'_>) {
+        if let Some(compat) = &self.metrics.compat {
+            compat.observe(&Observed {
+                route: r.route.map(Arc::as_ref),
+                status: r.status,
+                method: r.method,
+                host: r.host,
+                elapsed: r.elapsed,
+                meter: r.meter,
+            });
+        }
         self.log(r);
     }
 

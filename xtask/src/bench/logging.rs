@@ -1,0 +1,85 @@
+//! What the access log costs: the same HTTP/1.1 keep-alive load through ingress with access
+//! lines off, as JSON events, and in ingress-nginx's `upstream` format, written to a file as a
+//! container runtime would take them from stdout. The configurations are interleaved round by
+//! round (a fresh rig each time), and each is reported as a ratio to "off" (the goal is at most
+//! 5% fewer requests/s with the log on). nginx is not involved; its rig process idles.
+
+use anyhow::Result;
+
+use super::rig::{self, Rig};
+use super::{Bench, median, wrk};
+
+const CONFIGS: [(&str, &[&str]); 3] = [
+    ("off", &[]),
+    (
+        "json",
+        &[
+            "--access-log",
+            "true",
+            "--access-log-format",
+            "json",
+            "--log-level",
+            "warn,access=info",
+        ],
+    ),
+    (
+        "upstream",
+        &[
+            "--access-log",
+            "true",
+            "--access-log-format",
+            "upstream",
+            "--log-level",
+            "warn,access=info",
+        ],
+    ),
+];
+
+pub fn run(bench: &Bench) -> Result<()> {
+    let url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
+    let mut runs: Vec<Vec<wrk::Load>> = vec![Vec::new(); CONFIGS.len()];
+    for _ in 0..bench.rounds {
+        for (i, (_, args)) in CONFIGS.iter().enumerate() {
+            let rig = Rig::start(bench, args)?;
+            wrk::run(
+                &url,
+                rig::HOST,
+                std::time::Duration::from_secs(1),
+                bench.connections,
+                None,
+            )?;
+            runs[i].push(wrk::run(
+                &url,
+                rig::HOST,
+                bench.duration,
+                bench.connections,
+                None,
+            )?);
+            drop(rig);
+        }
+    }
+    writeln!(
+        bench.report,
+        "\n## Access log cost: HTTP/1.1 keep-alive through ingress ({} connections, median of {} rounds)",
+        bench.connections, bench.rounds
+    );
+    writeln!(
+        bench.report,
+        "{:<16} {:>12} {:>10} {:>10} {:>10}",
+        "access log", "requests/s", "p50 ms", "p99 ms", "vs off"
+    );
+    let off = median(runs[0].iter().map(|l| l.requests_per_sec).collect());
+    for ((name, _), loads) in CONFIGS.iter().zip(&runs) {
+        let rate = median(loads.iter().map(|l| l.requests_per_sec).collect());
+        writeln!(
+            bench.report,
+            "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x",
+            name,
+            rate,
+            median(loads.iter().map(|l| l.p50_ms).collect()),
+            median(loads.iter().map(|l| l.p99_ms).collect()),
+            rate / off
+        );
+    }
+    Ok(())
+}
