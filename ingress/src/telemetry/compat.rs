@@ -19,7 +19,7 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 
 use crate::proxy::metrics::ProxyMetrics;
@@ -63,9 +63,10 @@ impl Collector for CompatController {
             ConstGauge::new(value).encode(family.encode_family(&controller.as_slice())?)
         };
         let counter = |encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64| {
+            // Bare names, typed `unknown`: see `proxy::metrics::compat::BareCounter`.
             let name = format!("{PREFIX}{name}");
-            let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Counter)?;
-            ConstCounter::new(value).encode(family.encode_family(&controller.as_slice())?)
+            let mut family = encoder.encode_descriptor(&name, help, None, MetricType::Unknown)?;
+            ConstGauge::new(value).encode(family.encode_family(&controller.as_slice())?)
         };
         gauge(
             &mut encoder,
@@ -149,12 +150,12 @@ impl Collector for CompatController {
             ),
             "Total number of client connections, by state (accepted, handled)",
             None,
-            MetricType::Counter,
+            MetricType::Unknown,
         )?;
         for state in ["accepted", "handled"] {
             let mut labels = controller.to_vec();
             labels.push(("state", state));
-            ConstCounter::new(accepted).encode(family.encode_family(&labels.as_slice())?)?;
+            ConstGauge::new(accepted).encode(family.encode_family(&labels.as_slice())?)?;
         }
         if let Some(usage) = process_usage() {
             let mut family = encoder.encode_descriptor(
@@ -164,9 +165,9 @@ impl Collector for CompatController {
                 ),
                 "CPU seconds this process has used (user and system)",
                 None,
-                MetricType::Counter,
+                MetricType::Unknown,
             )?;
-            ConstCounter::new(usage.cpu_seconds)
+            ConstGauge::new(usage.cpu_seconds)
                 .encode(family.encode_family(&controller.as_slice())?)?;
             gauge(
                 &mut encoder,

@@ -26,7 +26,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder};
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
@@ -89,13 +90,39 @@ impl EncodeLabelSet for Labels {
     }
 }
 
+/// A counter under its bare name, as ingress-nginx's Go client exposes counters: OpenMetrics
+/// would add `_total` to a counter's samples, which its dashboards do not query. Typed
+/// `unknown`, which OpenMetrics allows under any name; PromQL's `rate` reads it the same.
+#[derive(Clone, Debug, Default)]
+pub struct BareCounter(Counter);
+
+impl BareCounter {
+    fn inc(&self) {
+        self.0.inc();
+    }
+}
+
+impl TypedMetric for BareCounter {
+    const TYPE: MetricType = MetricType::Unknown;
+}
+
+impl EncodeMetric for BareCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Unknown
+    }
+}
+
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// The request families; see the module docs.
 pub struct CompatMetrics {
     controller: Controller,
     per_host: bool,
-    requests: Family<Labels, Counter>,
+    requests: Family<Labels, BareCounter>,
     request_duration: Histograms,
     response_duration: Histograms,
     header_duration: Histograms,
