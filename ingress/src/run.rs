@@ -18,7 +18,6 @@ use crate::cli::{Mode, PolicyArgs, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::proxy::caps::ConnectionCaps;
-use crate::proxy::forward::HeaderOptions;
 use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::tls::accept::TlsHandshake;
@@ -114,7 +113,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let pipeline = Pipeline {
-        settings: build_settings(&args.source, &args.tls, &args.policy)?,
+        settings: build_settings(
+            &args.source,
+            &args.tls,
+            &args.policy,
+            args.global_settings(),
+        )?,
         published: published.clone(),
         metrics: pipeline_metrics,
         debounce: args.proxy.debounce,
@@ -146,23 +150,13 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         published.clone(),
         proxy_metrics.clone(),
         ProxySettings {
-            connect_timeout: args.proxy.upstream_connect_timeout,
-            response_timeout: args.proxy.upstream_response_timeout,
-            upstream_send_timeout: args.limits.upstream_send_timeout,
             client_body_timeout: args.limits.client_body_timeout,
             client_send_timeout: args.limits.client_send_timeout,
             access_log: args.log.access_log,
             https_port: args.listen.https_port,
-            hsts: args
-                .tls
-                .hsts_value()
-                .and_then(|v| http::HeaderValue::from_str(&v).ok()),
             paths: PathSettings {
                 escaped_slashes: args.requests.escaped_slashes.into(),
                 merge_slashes: args.requests.merge_slashes,
-            },
-            headers: HeaderOptions {
-                underscores: args.requests.enable_underscores_in_headers,
             },
             no_sni_requests: args.tls.no_sni_requests.into(),
         },
@@ -293,6 +287,7 @@ async fn start_kube(
         client: client.clone(),
         namespace: args.kube.watch_namespace.clone(),
         metrics: watch_metrics,
+        config_map: args.source.configmap.clone(),
     }
     .start(events);
     let kube_args = args.kube.clone();
@@ -389,6 +384,7 @@ pub fn build_settings(
     source: &SourceArgs,
     tls: &TlsArgs,
     policy: &PolicyArgs,
+    global: crate::snapshot::global::GlobalSettings,
 ) -> Result<BuildSettings, RunError> {
     let default_certificate = match &tls.default_certificate {
         None => None,
@@ -412,15 +408,8 @@ pub fn build_settings(
         backends: backend_policy(source, policy),
         unsupported_access: policy.unsupported_access_annotations.into(),
         unnamed: tls.unnamed_policy(),
-        max_body: Some(policy.proxy_body_size).filter(|n| *n > 0),
-        allow_snippets: policy.allow_snippet_annotations,
-        sources: crate::snapshot::sources::SourcePolicy {
-            allow: policy.whitelist_source_range.clone(),
-            deny: policy
-                .denylist_source_range
-                .clone()
-                .unwrap_or_else(|| Arc::from([])),
-        },
+        global,
+        config_map: source.configmap.clone(),
     })
 }
 

@@ -23,7 +23,7 @@ use ingress_wire::authority::{self, AuthorityError};
 
 use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
-use crate::proxy::phase::response::{self, SERVER};
+use crate::proxy::phase::response;
 use crate::proxy::phase::route::Refusal;
 use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
@@ -32,6 +32,7 @@ use crate::proxy::pool::SendError;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
+use crate::snapshot::global::GlobalSettings;
 use crate::snapshot::policy::Wire;
 
 impl Proxy {
@@ -46,11 +47,11 @@ impl Proxy {
             .settings
             .access_log
             .then(|| (req.method().to_string(), req.uri().to_string()));
-        let (mut response, route, host, outcome) = self.serve_h2(req, &conn).await;
+        let (mut response, route, host, outcome, client, global) = self.serve_h2(req, &conn).await;
         response
             .headers_mut()
-            .insert(header::SERVER, SERVER.clone());
-        if let Some(hsts) = self.hsts(conn.https) {
+            .insert(header::SERVER, response::server(&global).clone());
+        if let Some(hsts) = response::hsts(&global, conn.https) {
             response
                 .headers_mut()
                 .entry(header::STRICT_TRANSPORT_SECURITY)
@@ -70,7 +71,7 @@ impl Proxy {
         }
         *response.version_mut() = Version::HTTP_2;
         self.record(&Record {
-            conn: &conn,
+            conn: client.as_deref().unwrap_or(&conn),
             route: route.as_ref(),
             status: response.status().as_u16(),
             elapsed: started.elapsed(),
@@ -91,6 +92,8 @@ impl Proxy {
         Option<Arc<Route>>,
         Option<String>,
         Outcome,
+        Option<Box<ConnInfo>>,
+        Arc<GlobalSettings>,
     ) {
         let refuse = |refusal: Refusal, host: Option<String>| {
             (
@@ -98,6 +101,8 @@ impl Proxy {
                 None,
                 host,
                 Outcome::refused(refusal),
+                None,
+                self.published.load().global.clone(),
             )
         };
         match *req.method() {
@@ -142,6 +147,8 @@ impl Proxy {
             target,
             route,
             decision,
+            conn: client,
+            global,
         } = self.request_phases(
             conn,
             RequestView {
@@ -189,13 +196,13 @@ impl Proxy {
                     forward,
                     &forwarded_target,
                     &request,
-                    conn,
+                    client.as_deref().unwrap_or(conn),
                     route.as_ref(),
                 )
                 .await
             }
         };
-        (response, route, Some(host), outcome)
+        (response, route, Some(host), outcome, client, global)
     }
 
     async fn forward(
@@ -236,6 +243,7 @@ impl Proxy {
             connect_timeout,
             next_upstream,
             request_headers,
+            underscores,
             ..
         } = forward;
         // proxy-next-upstream, for attempts that could not connect: the request comes back
@@ -265,7 +273,7 @@ impl Proxy {
             &mut parts.headers,
             &conn.client,
             request,
-            &self.settings.headers,
+            &forward::HeaderOptions { underscores },
         );
         for (name, value) in request_headers.iter().flat_map(|edits| edits.set.iter()) {
             parts.headers.remove(name);
