@@ -3,7 +3,8 @@
 //! annotations still override it, a key that is not applied is reported by `ingress check`
 //! with why, and removing it brings the flags' values back.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// A plain #[test] with no runtime: blocking sleeps between polls are what it should do.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};
