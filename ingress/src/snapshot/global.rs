@@ -52,6 +52,10 @@ pub struct GlobalSettings {
     pub server_tokens: bool,
     /// `use-proxy-protocol` as the listeners run it (a flag: read at startup only).
     pub proxy_protocol: bool,
+    /// A global access control the ConfigMap asks for and this controller cannot apply
+    /// (`global-auth-url`, `block-cidrs`, ...), with `--unsupported-access-annotations=refuse`:
+    /// every route is refused (503) rather than served without it.
+    pub access_refused: Option<Arc<str>>,
 }
 
 impl Default for GlobalSettings {
@@ -79,6 +83,7 @@ impl Default for GlobalSettings {
             sources_invalid: None,
             server_tokens: false,
             proxy_protocol: false,
+            access_refused: None,
         }
     }
 }
@@ -285,6 +290,31 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
         "client-body-timeout" => StartupOnly("use --client-body-timeout"),
         "max-worker-connections" => StartupOnly("use --max-connections"),
         "worker-shutdown-timeout" => StartupOnly("use --drain-timeout"),
+        "enable-serial-reloads" | "use-http2" => {
+            Noop("nothing is reloaded and HTTP/2 is always offered; nothing to tune")
+        }
+        "generate-request-id" => Noop("X-Request-ID is always sent, as ingress-nginx's default"),
+        "proxy-add-original-uri-header" => Unsupported(
+            "X-Original-URI is always sent (ingress-nginx's default is not to); it cannot be turned off",
+        ),
+        "enable-real-ip" | "forwarded-for-proxy-protocol-header" => {
+            Unsupported("use use-forwarded-headers, forwarded-for-header and proxy-real-ip-cidr")
+        }
+        "force-ssl-redirect"
+        | "proxy-next-upstream"
+        | "proxy-next-upstream-timeout"
+        | "proxy-next-upstream-tries"
+        | "proxy-redirect-from"
+        | "proxy-cookie-path"
+        | "proxy-cookie-domain"
+        | "proxy-buffering"
+        | "proxy-request-buffering"
+        | "upstream-hash-by"
+        | "load-balance"
+        | "limit-rate"
+        | "limit-rate-after" => Unsupported(
+            "not as a global default yet; the annotation of the same name applies per Ingress",
+        ),
         "custom-http-errors" => Unsupported(
             "custom error pages (custom-http-errors with a default backend) are not implemented; the upstream's error responses are passed on as they are",
         ),
@@ -458,17 +488,28 @@ const KNOWN_OTHER: &[&str] = &[
     "enable-underscores-in-header",
     "enable-ssl-chain-completion",
     "limit-conn-zone-variable",
-    "client-header-timeout-ms",
-    "hsts-max-age-seconds",
+    "geoip2-autoreload-in-minutes",
+];
+
+/// The global access controls of ingress-nginx's ConfigMap that are not applied here: like an
+/// access-control annotation, one that is set refuses what it would protect (here: every
+/// route) unless `--unsupported-access-annotations=ignore`.
+const ACCESS_KEYS: &[&str] = &[
+    "global-auth-url",
+    "block-cidrs",
+    "block-user-agents",
+    "block-referers",
 ];
 
 /// The settings a ConfigMap (its `data`) makes of `defaults`, with a diagnostic on the
 /// ConfigMap for every key not applied as written. `None`: `--configmap` names one that does
-/// not exist (a warning; the defaults apply).
+/// not exist (a warning; the defaults apply). `refuse_access`: an unsupported global access
+/// control refuses every route (`--unsupported-access-annotations=refuse`).
 pub fn resolve(
     defaults: &GlobalSettings,
     key: &ObjectKey,
     data: Option<&BTreeMap<String, String>>,
+    refuse_access: bool,
     diagnostics: &mut Vec<Diagnostic>,
 ) -> GlobalSettings {
     let subject = || Subject::object(Kind::ConfigMap, key);
@@ -582,6 +623,30 @@ pub fn resolve(
     }
     diagnostics.append(&mut problems);
     for (name, value, status) in unapplied {
+        if ACCESS_KEYS.contains(&name.as_str()) && !value.trim().is_empty() {
+            let diagnostic = if refuse_access {
+                out.access_refused.get_or_insert_with(|| {
+                    Arc::from(format!("the ConfigMap's {name} is not supported"))
+                });
+                Diagnostic::error(
+                    DiagnosticKind::UnsupportedConfigKey,
+                    subject(),
+                    format!(
+                        "{name}: a global access control this controller does not apply; every route answers 503 rather than being served without it (--unsupported-access-annotations=ignore serves them anyway)"
+                    ),
+                )
+            } else {
+                Diagnostic::warning(
+                    DiagnosticKind::UnsupportedConfigKey,
+                    subject(),
+                    format!(
+                        "{name}: a global access control this controller does not apply; routes are served WITHOUT it (--unsupported-access-annotations=ignore)"
+                    ),
+                )
+            };
+            diagnostics.push(diagnostic);
+            continue;
+        }
         let message = match status {
             Some(KeyStatus::StartupOnly(how)) => {
                 if name == "use-proxy-protocol"

@@ -206,7 +206,8 @@ impl Snapshot {
                     .config_maps
                     .get(key)
                     .map(|cm| cm.data.as_ref().unwrap_or(&empty));
-                global::resolve(&settings.global, key, data, &mut diagnostics)
+                let refuse = settings.unsupported_access == UnsupportedAccess::Refuse;
+                global::resolve(&settings.global, key, data, refuse, &mut diagnostics)
             }
             None => settings.global.clone(),
         }
@@ -216,6 +217,7 @@ impl Snapshot {
             allow_snippets: global.allow_snippets,
             default_sources: global.sources.clone(),
             sources_invalid: global.sources_invalid.clone(),
+            access_refused: global.access_refused.clone(),
             ssl_redirect: global.ssl_redirect,
             rank: 0,
             store,
@@ -481,6 +483,8 @@ struct Builder<'s> {
     default_sources: sources::SourcePolicy,
     /// The global source ranges that did not parse: routes that would use them are refused.
     sources_invalid: Option<global::InvalidRanges>,
+    /// An unsupported global access control: every Ingress is refused.
+    access_refused: Option<Arc<str>>,
     /// The ConfigMap's `ssl-redirect`: for Ingresses without the annotation.
     ssl_redirect: bool,
     /// The age rank of the Ingress being added (0 is the oldest).
@@ -553,6 +557,9 @@ impl Builder<'_> {
             options.ssl_redirect = Some(self.ssl_redirect);
         }
         let mut refused = self.judge_unsupported(&subject, ingress);
+        if let Some(reason) = &self.access_refused {
+            refused.get_or_insert_with(|| reason.clone());
+        }
         if let Some(invalid) = &self.sources_invalid {
             let (own_allow, own_deny) =
                 annotations::sets_source_ranges(ingress.metadata.annotations.as_ref());

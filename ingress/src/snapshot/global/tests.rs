@@ -17,6 +17,7 @@ fn resolved(pairs: &[(&str, &str)]) -> (GlobalSettings, Vec<Diagnostic>) {
         &GlobalSettings::default(),
         &key(),
         Some(&data(pairs)),
+        true,
         &mut diagnostics,
     );
     (out, diagnostics)
@@ -192,7 +193,13 @@ fn keys_not_applied_are_each_reported_with_why() {
 #[test]
 fn a_missing_configmap_is_a_warning_and_the_flags_apply() {
     let mut diagnostics = Vec::new();
-    let out = resolve(&GlobalSettings::default(), &key(), None, &mut diagnostics);
+    let out = resolve(
+        &GlobalSettings::default(),
+        &key(),
+        None,
+        true,
+        &mut diagnostics,
+    );
     assert_eq!(out, GlobalSettings::default());
     assert_eq!(diagnostics.len(), 1);
     assert_eq!(diagnostics[0].kind, DiagnosticKind::ConfigMapNotFound);
@@ -338,5 +345,65 @@ fn hops_parse_as_nginx_reads_them() {
         ("", None),
     ] {
         assert_eq!(parse_hop(entry.as_bytes()), want.map(ip), "{entry}");
+    }
+}
+
+#[test]
+fn an_unsupported_global_access_control_refuses_every_route_unless_ignored() {
+    let (out, diagnostics) =
+        resolved(&[("block-cidrs", "198.51.100.0/24"), ("global-auth-url", "")]);
+    assert!(out.access_refused.is_some(), "block-cidrs set: refused");
+    assert_eq!(diagnostics.len(), 2, "{diagnostics:?}");
+    assert!(
+        diagnostics
+            .iter()
+            .any(|d| d.severity == crate::diagnostics::Severity::Error
+                && d.message.starts_with("block-cidrs: "))
+    );
+    let mut diagnostics = Vec::new();
+    let out = resolve(
+        &GlobalSettings::default(),
+        &key(),
+        Some(&data(&[("block-cidrs", "198.51.100.0/24")])),
+        false,
+        &mut diagnostics,
+    );
+    assert!(out.access_refused.is_none());
+    assert!(
+        diagnostics[0].message.contains("WITHOUT"),
+        "{diagnostics:?}"
+    );
+}
+
+/// docs/configmap.md lists every key with the status the code gives it.
+#[test]
+fn the_reference_agrees_with_the_code() {
+    let doc = include_str!("../../../../docs/configmap.md");
+    let (applied, rest) = doc.split_once("## Keys not applied").expect("two sections");
+    let keys = |text: &str| -> Vec<(String, String)> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| {
+                let (key, rest) = l.split_once('`')?;
+                let status = rest.trim_start_matches(" |").split('|').next()?.trim();
+                Some((key.to_string(), status.to_string()))
+            })
+            .collect()
+    };
+    let applied = keys(applied);
+    assert_eq!(applied.len(), 18, "{applied:?}");
+    for (key, _) in &applied {
+        assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
+    }
+    let rest = keys(rest);
+    assert!(rest.len() > 150, "{}", rest.len());
+    for (key, status) in rest {
+        let want = match key_status(&key) {
+            Some(KeyStatus::StartupOnly(_)) => "startup only",
+            Some(KeyStatus::Noop(_)) => "no effect",
+            Some(KeyStatus::Unsupported(_)) => "unsupported",
+            other => panic!("{key}: {other:?} in the table of keys not applied"),
+        };
+        assert_eq!(status, want, "{key}");
     }
 }
