@@ -113,10 +113,30 @@ async fn the_configmap_is_watched_live_by_name() {
             "{r:?}"
         );
     }
-    // The key this controller does not apply is reported with why.
+    // The key this controller does not apply is reported with why, in the log and as an Event
+    // on the ConfigMap once this instance leads.
     assert!(
         proc.wait_for_log("enable-brotli: ignored", Duration::from_secs(5)),
         "{}",
         proc.logs()
     );
+    cluster.apply(&config_map("ingress-config", "8k")).await;
+    let described = eventually("an Event on the ConfigMap", TIMEOUT, async || {
+        let described = cluster
+            .ok(&[
+                "describe",
+                "configmap",
+                "ingress-config",
+                "-n",
+                "ingress-system",
+            ])
+            .await;
+        if described.contains("UnsupportedConfigKey") && described.contains("enable-brotli") {
+            Ok(described)
+        } else {
+            Err(described)
+        }
+    })
+    .await;
+    assert!(described.contains("Warning"), "{described}");
 }

@@ -77,6 +77,8 @@ pub struct Snapshot {
     pub passthrough: HostTable<Arc<Route>>,
     /// The flags with the ConfigMap's keys applied: what the proxy reads per request.
     pub global: Arc<global::GlobalSettings>,
+    /// The `--configmap` ConfigMap, when it exists, with its uid (for Events on it).
+    pub config_map: Option<(ObjectKey, Option<String>)>,
 }
 
 /// What status and Event writing need of an owned Ingress.
@@ -333,6 +335,10 @@ impl Snapshot {
             sni,
             passthrough,
             global: Arc::new(global),
+            config_map: settings.config_map.as_ref().and_then(|key| {
+                let cm = store.config_maps.get(key)?;
+                Some((key.clone(), cm.metadata.uid.clone()))
+            }),
         }
     }
 }
