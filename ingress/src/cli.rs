@@ -857,6 +857,68 @@ mod tests {
     }
 
     #[test]
+    fn flag_combinations_that_never_take_effect_stop_startup() {
+        let cases: &[(&[&str], Option<&str>)] = &[
+            (&[], None),
+            (
+                &["--proxy-real-ip-cidr", "10.0.0.0/8"],
+                Some("--proxy-real-ip-cidr"),
+            ),
+            (
+                &[
+                    "--use-forwarded-headers",
+                    "--proxy-real-ip-cidr",
+                    "10.0.0.0/8",
+                ],
+                None,
+            ),
+            (
+                &["--forwarded-for-header", "CF-Connecting-IP"],
+                Some("--forwarded-for-header"),
+            ),
+            (&["--forwarded-for-header", "X-Forwarded-For"], None),
+            (&["--hsts=false", "--hsts-preload"], Some("--hsts-preload")),
+            (
+                &["--hsts=false", "--hsts-include-subdomains"],
+                Some("--hsts-include-subdomains"),
+            ),
+            (&["--hsts-include-subdomains"], None),
+            // A ConfigMap may turn the setting on later.
+            (
+                &[
+                    "--proxy-real-ip-cidr",
+                    "10.0.0.0/8",
+                    "--configmap",
+                    "ns/cfg",
+                ],
+                None,
+            ),
+        ];
+        for (args, flag) in cases {
+            let cli = Cli::try_parse_from(["ingress"].iter().chain(*args)).unwrap();
+            let got = crate::run::check_flags(&cli.run)
+                .err()
+                .map(|e| e.to_string());
+            match flag {
+                None => assert_eq!(got, None, "{args:?}"),
+                Some(flag) => assert!(
+                    got.as_deref().is_some_and(|e| e.starts_with(flag)),
+                    "{args:?}: {got:?}"
+                ),
+            }
+        }
+        for bad in [
+            &["--proxy-real-ip-cidr", "10.0.0.0/33"][..],
+            &["--forwarded-for-header", "Host"],
+            &["--forwarded-for-header", "a b"],
+            &["--configmap", "no-namespace"],
+        ] {
+            let err = Cli::try_parse_from(["ingress"].iter().chain(bad)).unwrap_err();
+            assert!(err.to_string().contains(bad[0]), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
     fn gate_interfaces() {
         let cases = [
             (None, Some(EarlyReset::All)),

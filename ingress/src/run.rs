@@ -54,6 +54,11 @@ pub enum RunError {
         "--mode ebpf with --use-proxy-protocol: the kernel gate cannot read a ClientHello behind a PROXY protocol header yet; use --mode auto or userspace"
     )]
     GateBehindProxyProtocol,
+    #[error("{flag}: {why}")]
+    Flags {
+        flag: &'static str,
+        why: &'static str,
+    },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
@@ -72,6 +77,7 @@ pub fn ebpf_object_embedded() -> bool {
 }
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    check_flags(&args)?;
     if ebpf_object_embedded() {
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -263,6 +269,40 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         }
     }
     tracing::info!("drained; exiting");
+    Ok(())
+}
+
+/// Flag combinations that can never take effect: without `--configmap` nothing can turn the
+/// setting they refine on later, so they are a mistake worth stopping for.
+pub fn check_flags(args: &RunArgs) -> Result<(), RunError> {
+    if args.source.configmap.is_some() {
+        return Ok(());
+    }
+    let identity = &args.identity;
+    if !identity.use_forwarded_headers {
+        if identity.proxy_real_ip_cidr.is_some() {
+            return Err(RunError::Flags {
+                flag: "--proxy-real-ip-cidr",
+                why: "has no effect without --use-forwarded-headers (or a --configmap that sets use-forwarded-headers)",
+            });
+        }
+        if identity.forwarded_for_header != "x-forwarded-for" {
+            return Err(RunError::Flags {
+                flag: "--forwarded-for-header",
+                why: "has no effect without --use-forwarded-headers (or a --configmap that sets use-forwarded-headers)",
+            });
+        }
+    }
+    if !args.tls.hsts && (args.tls.hsts_include_subdomains || args.tls.hsts_preload) {
+        return Err(RunError::Flags {
+            flag: if args.tls.hsts_preload {
+                "--hsts-preload"
+            } else {
+                "--hsts-include-subdomains"
+            },
+            why: "has no effect with --hsts=false (or without a --configmap that sets hsts)",
+        });
+    }
     Ok(())
 }
 

@@ -170,3 +170,144 @@ impl ClientSide {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::sources::parse_ranges;
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    /// What the upstream is told, per request, by policy and peer.
+    #[test]
+    fn the_requests_client_side() {
+        let trusted = ForwardedPolicy {
+            enabled: true,
+            trusted: parse_ranges("10.0.0.0/8").unwrap(),
+            ..ForwardedPolicy::default()
+        };
+        let full = ForwardedPolicy {
+            compute_full: true,
+            ..trusted.clone()
+        };
+        let full_only = ForwardedPolicy {
+            compute_full: true,
+            ..ForwardedPolicy::default()
+        };
+        let off = ForwardedPolicy::default();
+        let sent = [
+            ("x-forwarded-for", "198.51.100.1, 203.0.113.9"),
+            ("x-forwarded-proto", "HTTPS"),
+            ("x-forwarded-port", "8443"),
+            ("x-forwarded-host", "www.example.com"),
+        ];
+        let junk = [
+            ("x-forwarded-proto", "gopher"),
+            ("x-forwarded-port", "99999"),
+            ("x-forwarded-host", "a b"),
+        ];
+        // (policy, peer, headers, X-Real-IP, X-Forwarded-For, https, port, host)
+        type Case<'a> = (
+            &'a ForwardedPolicy,
+            &'a str,
+            &'a [(&'a str, &'a str)],
+            Option<(&'a str, &'a str, bool, &'a str, Option<&'a str>)>,
+        );
+        let cases: &[Case] = &[
+            (&off, "10.1.1.1", &sent, None),
+            (
+                &trusted,
+                "10.1.1.1",
+                &sent,
+                Some((
+                    "203.0.113.9",
+                    "203.0.113.9",
+                    true,
+                    "8443",
+                    Some("www.example.com"),
+                )),
+            ),
+            // An untrusted peer: none of it is believed.
+            (
+                &trusted,
+                "192.0.2.1",
+                &sent,
+                Some(("192.0.2.1", "192.0.2.1", false, "80", None)),
+            ),
+            // Values that are not a scheme, a port or a host are not believed either.
+            (
+                &trusted,
+                "10.1.1.1",
+                &junk,
+                Some(("10.1.1.1", "10.1.1.1", false, "80", None)),
+            ),
+            (
+                &full,
+                "10.1.1.1",
+                &sent,
+                Some((
+                    "203.0.113.9",
+                    "198.51.100.1, 203.0.113.9, 10.1.1.1",
+                    true,
+                    "8443",
+                    Some("www.example.com"),
+                )),
+            ),
+            // compute-full-forwarded-for alone appends the peer and believes nothing.
+            (
+                &full_only,
+                "192.0.2.1",
+                &sent,
+                Some((
+                    "192.0.2.1",
+                    "198.51.100.1, 203.0.113.9, 192.0.2.1",
+                    false,
+                    "80",
+                    None,
+                )),
+            ),
+            (
+                &full_only,
+                "192.0.2.1",
+                &[],
+                Some(("192.0.2.1", "192.0.2.1", false, "80", None)),
+            ),
+        ];
+        for (policy, peer, pairs, want) in cases {
+            let conn = ConnInfo::new(SocketAddr::new(peer.parse().unwrap(), 40000), 80, false);
+            let got = conn.for_request(policy, &headers(pairs)).map(|c| {
+                (
+                    c.client.client_ip.to_str().unwrap().to_string(),
+                    c.client.forwarded_for.to_str().unwrap().to_string(),
+                    c.client.https,
+                    c.client.port.to_str().unwrap().to_string(),
+                    c.client
+                        .host
+                        .as_ref()
+                        .map(|h| h.to_str().unwrap().to_string()),
+                    c.peer.ip().to_string(),
+                )
+            });
+            let want = want.map(|(ip, xff, https, port, host)| {
+                (
+                    ip.to_string(),
+                    xff.to_string(),
+                    https,
+                    port.to_string(),
+                    host.map(str::to_string),
+                    ip.to_string(),
+                )
+            });
+            assert_eq!(got, want, "{peer} {pairs:?}");
+        }
+    }
+}
