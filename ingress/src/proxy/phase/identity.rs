@@ -67,22 +67,20 @@ impl ConnInfo {
         let chain = headers.all(policy.header.as_str());
         let peer = self.peer.ip();
         let client = policy.client(peer, chain.iter().copied());
-        let mut conn = self.clone();
-        conn.peer = SocketAddr::new(client, self.peer.port());
-        conn.client = ClientSide::new(client, self.https, self.local_port);
+        let mut side = ClientSide::new(client, self.https, self.local_port);
         if policy.enabled && policy.trusts(peer, true) {
             if let Some(https) = headers.header("x-forwarded-proto").and_then(proto) {
-                conn.client.https = https;
+                side.https = https;
             }
             if let Some(port) = headers.header("x-forwarded-port").and_then(port) {
-                conn.client.port = port;
+                side.port = port;
             }
-            conn.client.host = headers
+            side.host = headers
                 .header("x-forwarded-host")
                 .filter(|h| !h.is_empty() && h.iter().all(u8::is_ascii_graphic))
                 .and_then(|h| HeaderValue::from_bytes(h).ok());
         }
-        if policy.compute_full {
+        if policy.compute_full && !chain.is_empty() {
             // ingress-nginx's `$http_x_forwarded_for, $realip_remote_addr`: the list as it
             // came, with the address that connected to us (or the PROXY-named one) appended.
             let mut list = Vec::new();
@@ -94,9 +92,17 @@ impl ConnInfo {
             }
             list.extend_from_slice(peer.to_string().as_bytes());
             if let Ok(value) = HeaderValue::from_bytes(&list) {
-                conn.client.forwarded_for = value;
+                side.forwarded_for = value;
             }
         }
+        // Most requests from an untrusted peer, or without the headers, change nothing: no
+        // copy of the connection's values for them.
+        if side == self.client {
+            return None;
+        }
+        let mut conn = self.clone();
+        conn.peer = SocketAddr::new(client, self.peer.port());
+        conn.client = side;
         Some(Box::new(conn))
     }
 }
@@ -126,7 +132,7 @@ fn port(value: &[u8]) -> Option<HeaderValue> {
 
 /// What the upstream is told about the client side of one connection, as header values made
 /// once per connection rather than once per request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientSide {
     /// `X-Real-IP`: the client's address.
     pub client_ip: HeaderValue,
@@ -236,20 +242,10 @@ mod tests {
                     Some("www.example.com"),
                 )),
             ),
-            // An untrusted peer: none of it is believed.
-            (
-                &trusted,
-                "192.0.2.1",
-                &sent,
-                Some(("192.0.2.1", "192.0.2.1", false, "80", None)),
-            ),
+            // An untrusted peer: none of it is believed (the connection's values hold).
+            (&trusted, "192.0.2.1", &sent, None),
             // Values that are not a scheme, a port or a host are not believed either.
-            (
-                &trusted,
-                "10.1.1.1",
-                &junk,
-                Some(("10.1.1.1", "10.1.1.1", false, "80", None)),
-            ),
+            (&trusted, "10.1.1.1", &junk, None),
             (
                 &full,
                 "10.1.1.1",
@@ -276,10 +272,11 @@ mod tests {
                 )),
             ),
             (
+                // Nothing to append to: the connection's values hold.
                 &full_only,
                 "192.0.2.1",
                 &[],
-                Some(("192.0.2.1", "192.0.2.1", false, "80", None)),
+                None,
             ),
         ];
         for (policy, peer, pairs, want) in cases {
