@@ -219,6 +219,36 @@ fn only_trusted_hops_are_believed() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(h2(BALANCER, "198.51.100.1, 203.0.113.9"), "200");
+    let reply = ingress_tests::curl::get(
+        &ingress,
+        "open.test",
+        "/who",
+        "--http2-prior-knowledge",
+        &[
+            "--interface",
+            BALANCER,
+            "-H",
+            "X-Forwarded-For: 198.51.100.1, 203.0.113.9",
+            "-H",
+            "X-Forwarded-Proto: https",
+            "-H",
+            "X-Forwarded-Host: www.example.com",
+        ],
+    );
+    let echo = reply.echo().expect("echo");
+    for (header, want) in [
+        ("x-real-ip", "203.0.113.9"),
+        ("x-forwarded-for", "203.0.113.9"),
+        ("x-forwarded-proto", "https"),
+        ("x-forwarded-host", "www.example.com"),
+        ("x-original-forwarded-for", "198.51.100.1, 203.0.113.9"),
+    ] {
+        assert_eq!(
+            echo.headers.get(header).map(String::as_str),
+            Some(want),
+            "h2 {header}"
+        );
+    }
     assert_eq!(h2(BALANCER, "203.0.113.9, 198.51.100.1"), "403");
     assert_eq!(h2(DIRECT, "203.0.113.9"), "403");
 }
