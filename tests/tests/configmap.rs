@@ -196,6 +196,23 @@ fn configmap_keys_apply_live_and_annotations_override_them() {
         ingress.logs()
     );
 
+    // upstream-keepalive-connections: kept idle connections are reused (one connection for
+    // three requests); with 0 none is kept (one connection each).
+    let fresh = |n: usize| {
+        let before = web.connections();
+        for _ in 0..n {
+            assert_eq!(post("plain.test", &small), 200);
+        }
+        web.connections() - before
+    };
+    fresh(1);
+    assert_eq!(fresh(3), 0, "pooled connections are reused");
+    dir.replace(
+        "config.yaml",
+        &config_map(&[("upstream-keepalive-connections", "0")]),
+    );
+    eventually("no idle upstream connection kept", 3, || fresh(3));
+
     // Without the ConfigMap the flags apply again.
     dir.replace("config.yaml", &config_map(&[("proxy-body-size", "8k")]));
     eventually("the ConfigMap's limit again", 413, || {

@@ -66,6 +66,19 @@ fn keys_override_the_flags_defaults() {
         ),
         (&[("enable-underscores-in-headers", "1")], |g| g.underscores),
         (&[("server-tokens", "t")], |g| g.server_tokens),
+        (
+            &[
+                ("upstream-keepalive-connections", "0"),
+                ("upstream-keepalive-timeout", "30"),
+            ],
+            |g| {
+                g.keepalive
+                    == UpstreamKeepalive {
+                        idle_timeout: Duration::from_secs(30),
+                        max_idle: 0,
+                    }
+            },
+        ),
         (&[("allow-snippet-annotations", "true")], |g| {
             g.allow_snippets
         }),
@@ -119,6 +132,8 @@ fn invalid_values_keep_the_default_and_say_which_key() {
         ("forwarded-for-header", "Host"),
         ("proxy-real-ip-cidr", "10.0.0.0/33"),
         ("server-tokens", ""),
+        ("upstream-keepalive-connections", "-1"),
+        ("upstream-keepalive-timeout", "1m"),
     ];
     for (name, value) in cases {
         let (out, diagnostics) = resolved(&[(name, value)]);
@@ -151,7 +166,7 @@ fn keys_not_applied_are_each_reported_with_why() {
         ("custom-http-errors", "404,503"),
         ("log-format-upstream", "$remote_addr"),
         ("ssl-protocols", "TLSv1.2"),
-        ("upstream-keepalive-connections", "64"),
+        ("upstream-keepalive-requests", "64"),
         ("worker-processes", "4"),
         ("use-proxy-protocol", "true"),
         ("use-proxy-protocol-typo", "true"),
@@ -170,7 +185,7 @@ fn keys_not_applied_are_each_reported_with_why() {
         ("custom-http-errors", "not supported"),
         ("log-format-upstream", "fixed set of fields"),
         ("ssl-protocols", "rustls"),
-        ("upstream-keepalive-connections", "pooled per endpoint"),
+        ("upstream-keepalive-requests", "however many requests"),
         ("worker-processes", "accepted, no effect"),
         ("use-proxy-protocol", "--use-proxy-protocol"),
         (
@@ -391,7 +406,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 18, "{applied:?}");
+    assert_eq!(applied.len(), 20, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }
