@@ -186,9 +186,8 @@ mod tests {
             backends: Default::default(),
             unsupported_access: Default::default(),
             unnamed: Default::default(),
-            max_body: Some(1 << 20),
-            allow_snippets: false,
-            sources: Default::default(),
+            global: Default::default(),
+            config_map: None,
         };
         Snapshot::build(&store, &settings, 1)
     }

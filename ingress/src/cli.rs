@@ -119,6 +119,50 @@ pub struct RunArgs {
     pub kernel: KernelArgs,
     #[command(flatten)]
     pub log: LogArgs,
+    #[command(flatten)]
+    pub identity: IdentityArgs,
+}
+
+/// Trusted forwarded headers: who the client is behind a load balancer that does not speak
+/// PROXY protocol. Each is also a ConfigMap key of the same name, which overrides the flag.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Client identity")]
+pub struct IdentityArgs {
+    /// Believe the client address in --forwarded-for-header and the scheme, host and port in
+    /// `X-Forwarded-Proto`, `-Host` and `-Port`, when the connecting peer is trusted
+    /// (--proxy-real-ip-cidr). ingress-nginx's `use-forwarded-headers`.
+    #[arg(long, env = "INGRESS_USE_FORWARDED_HEADERS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub use_forwarded_headers: bool,
+    /// The header that carries the client's address chain (ingress-nginx's
+    /// `forwarded-for-header`), such as `X-Forwarded-For` or `CF-Connecting-IP`.
+    #[arg(long, env = "INGRESS_FORWARDED_FOR_HEADER", default_value = "X-Forwarded-For", value_parser = forwarded_for_header, value_name = "NAME")]
+    pub forwarded_for_header: http::HeaderName,
+    /// Send upstream the incoming `X-Forwarded-For` list with the peer appended, rather than
+    /// the client address alone (ingress-nginx's `compute-full-forwarded-for`).
+    #[arg(long, env = "INGRESS_COMPUTE_FULL_FORWARDED_FOR", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub compute_full_forwarded_for: bool,
+    /// The proxies whose forwarded headers are believed, as addresses and CIDR ranges,
+    /// comma-separated: the peer must be one, and the address chain is walked from the right
+    /// past every hop that is one (nginx's `real_ip_recursive on`). Default: the connecting
+    /// peer only, so only the address it appended is believed (ingress-nginx's default,
+    /// `0.0.0.0/0`, believes every hop, which any client can write).
+    #[arg(long, env = "INGRESS_PROXY_REAL_IP_CIDR", value_parser = source_ranges, value_name = "CIDR[,CIDR...]")]
+    pub proxy_real_ip_cidr: Option<SourceRanges>,
+}
+
+impl IdentityArgs {
+    pub fn forwarded(&self) -> crate::snapshot::global::ForwardedPolicy {
+        crate::snapshot::global::ForwardedPolicy {
+            enabled: self.use_forwarded_headers,
+            header: self.forwarded_for_header.clone(),
+            compute_full: self.compute_full_forwarded_for,
+            trusted: self.proxy_real_ip_cidr.clone(),
+        }
+    }
+}
+
+fn forwarded_for_header(s: &str) -> Result<http::HeaderName, String> {
+    crate::snapshot::global::forwarded_for_header(s).map_err(|why| format!("{s:?} {why}"))
 }
 
 #[derive(Args, Debug, Clone)]
@@ -238,8 +282,9 @@ pub struct TlsArgs {
         value_name = "NAMESPACE/NAME"
     )]
     pub default_certificate: Option<String>,
-    /// Add `Strict-Transport-Security` to HTTPS responses that lack it.
-    #[arg(long, env = "INGRESS_HSTS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    /// Add `Strict-Transport-Security` to HTTPS responses that lack it (on, as in
+    /// ingress-nginx).
+    #[arg(long, env = "INGRESS_HSTS", default_value_t = true, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub hsts: bool,
     /// HSTS max-age, in seconds.
     #[arg(
@@ -249,9 +294,13 @@ pub struct TlsArgs {
         value_name = "SECONDS"
     )]
     pub hsts_max_age: u64,
-    /// Add `includeSubDomains` to the HSTS header.
+    /// Add `includeSubDomains` to the HSTS header. Off here, unlike ingress-nginx: it pins
+    /// every subdomain to HTTPS for max-age, names this controller may not even serve.
     #[arg(long, env = "INGRESS_HSTS_INCLUDE_SUBDOMAINS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub hsts_include_subdomains: bool,
+    /// Add `preload` to the HSTS header.
+    #[arg(long, env = "INGRESS_HSTS_PRELOAD", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub hsts_preload: bool,
     /// Time a client has to send its ClientHello, and again to finish the handshake.
     #[arg(long, env = "INGRESS_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = duration)]
     pub tls_handshake_timeout: Duration,
@@ -282,14 +331,13 @@ impl TlsArgs {
         }
     }
 
-    pub fn hsts_value(&self) -> Option<String> {
-        self.hsts.then(|| {
-            let mut value = format!("max-age={}", self.hsts_max_age);
-            if self.hsts_include_subdomains {
-                value.push_str("; includeSubDomains");
-            }
-            value
-        })
+    pub fn hsts(&self) -> crate::snapshot::global::Hsts {
+        crate::snapshot::global::Hsts {
+            enabled: self.hsts,
+            max_age: self.hsts_max_age,
+            include_subdomains: self.hsts_include_subdomains,
+            preload: self.hsts_preload,
+        }
     }
 }
 
@@ -344,6 +392,12 @@ pub struct SourceArgs {
         value_name = "NAME"
     )]
     pub controller_class: String,
+    /// The ConfigMap (NAMESPACE/NAME) holding ingress-nginx's global settings
+    /// (`proxy-body-size`, `hsts`, `use-forwarded-headers`, ...): its keys override these
+    /// flags, and annotations override it. Watched live; with --manifests, read from the
+    /// directory. Every key is listed in docs/configmap.md.
+    #[arg(long, env = "INGRESS_CONFIGMAP", value_parser = namespaced_name, value_name = "NAMESPACE/NAME")]
+    pub configmap: Option<ObjectKey>,
 }
 
 /// What the configuration may ask for: backends, and annotations this controller cannot honour.
@@ -503,6 +557,10 @@ pub struct ProxyArgs {
     /// is closed.
     #[arg(long, env = "INGRESS_PASSTHROUGH_IDLE_TIMEOUT", default_value = "1h", value_parser = duration)]
     pub passthrough_idle_timeout: Duration,
+    /// Name the version in the `Server` header (`ingress/0.1.0` rather than `ingress`), as
+    /// ingress-nginx's `server-tokens`.
+    #[arg(long, env = "INGRESS_SERVER_TOKENS", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub server_tokens: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -624,6 +682,44 @@ flag_values! {
         Text,
         Json,
         Upstream,
+    }
+}
+
+impl RunArgs {
+    /// The global settings the flags give: what a `--configmap` ConfigMap overrides.
+    pub fn global_settings(&self) -> crate::snapshot::global::GlobalSettings {
+        crate::snapshot::global::GlobalSettings {
+            timeouts: crate::snapshot::global::Timeouts {
+                connect: self.proxy.upstream_connect_timeout,
+                read: self.proxy.upstream_response_timeout,
+                send: self.limits.upstream_send_timeout,
+            },
+            underscores: self.requests.enable_underscores_in_headers,
+            forwarded: std::sync::Arc::new(self.identity.forwarded()),
+            server_tokens: self.proxy.server_tokens,
+            proxy_protocol: self.listen.use_proxy_protocol,
+            ..self.policy.global_settings(&self.tls)
+        }
+    }
+}
+
+impl PolicyArgs {
+    /// The global settings of these flags and `tls`'s, the rest at their defaults (what
+    /// `check` builds with).
+    pub fn global_settings(&self, tls: &TlsArgs) -> crate::snapshot::global::GlobalSettings {
+        crate::snapshot::global::GlobalSettings {
+            max_body: Some(self.proxy_body_size).filter(|n| *n > 0),
+            hsts: tls.hsts(),
+            allow_snippets: self.allow_snippet_annotations,
+            sources: crate::snapshot::sources::SourcePolicy {
+                allow: self.whitelist_source_range.clone(),
+                deny: self
+                    .denylist_source_range
+                    .clone()
+                    .unwrap_or_else(|| std::sync::Arc::from([])),
+            },
+            ..crate::snapshot::global::GlobalSettings::default()
+        }
     }
 }
 
@@ -797,6 +893,68 @@ mod tests {
                 policy.unsupported_access_annotations,
                 UnsupportedAccess::Refuse
             );
+        }
+    }
+
+    #[test]
+    fn flag_combinations_that_never_take_effect_stop_startup() {
+        let cases: &[(&[&str], Option<&str>)] = &[
+            (&[], None),
+            (
+                &["--proxy-real-ip-cidr", "10.0.0.0/8"],
+                Some("--proxy-real-ip-cidr"),
+            ),
+            (
+                &[
+                    "--use-forwarded-headers",
+                    "--proxy-real-ip-cidr",
+                    "10.0.0.0/8",
+                ],
+                None,
+            ),
+            (
+                &["--forwarded-for-header", "CF-Connecting-IP"],
+                Some("--forwarded-for-header"),
+            ),
+            (&["--forwarded-for-header", "X-Forwarded-For"], None),
+            (&["--hsts=false", "--hsts-preload"], Some("--hsts-preload")),
+            (
+                &["--hsts=false", "--hsts-include-subdomains"],
+                Some("--hsts-include-subdomains"),
+            ),
+            (&["--hsts-include-subdomains"], None),
+            // A ConfigMap may turn the setting on later.
+            (
+                &[
+                    "--proxy-real-ip-cidr",
+                    "10.0.0.0/8",
+                    "--configmap",
+                    "ns/cfg",
+                ],
+                None,
+            ),
+        ];
+        for (args, flag) in cases {
+            let cli = Cli::try_parse_from(["ingress"].iter().chain(*args)).unwrap();
+            let got = crate::run::check_flags(&cli.run)
+                .err()
+                .map(|e| e.to_string());
+            match flag {
+                None => assert_eq!(got, None, "{args:?}"),
+                Some(flag) => assert!(
+                    got.as_deref().is_some_and(|e| e.starts_with(flag)),
+                    "{args:?}: {got:?}"
+                ),
+            }
+        }
+        for bad in [
+            &["--proxy-real-ip-cidr", "10.0.0.0/33"][..],
+            &["--forwarded-for-header", "Host"],
+            &["--forwarded-for-header", "a b"],
+            &["--configmap", "no-namespace"],
+        ] {
+            let err = Cli::try_parse_from(["ingress"].iter().chain(bad)).unwrap_err();
+            assert!(err.to_string().contains(bad[0]), "{bad:?}: {err}");
         }
     }
 

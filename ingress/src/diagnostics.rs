@@ -55,6 +55,12 @@ pub enum DiagnosticKind {
     UnsupportedAnnotation,
     /// A canary Ingress path that no main Ingress serves (same host, path and type): unused.
     CanaryUnmatched,
+    /// A ConfigMap key whose value does not parse: the default stays.
+    InvalidConfigValue,
+    /// A ConfigMap key this controller does not apply (or reads at startup only).
+    UnsupportedConfigKey,
+    /// The ConfigMap `--configmap` names does not exist: flag defaults apply.
+    ConfigMapNotFound,
 }
 
 impl DiagnosticKind {
@@ -84,6 +90,9 @@ impl DiagnosticKind {
             DiagnosticKind::BackendAddressRefused => "BackendAddressRefused",
             DiagnosticKind::UnsupportedAnnotation => "UnsupportedAnnotation",
             DiagnosticKind::CanaryUnmatched => "CanaryUnmatched",
+            DiagnosticKind::InvalidConfigValue => "InvalidConfigValue",
+            DiagnosticKind::UnsupportedConfigKey => "UnsupportedConfigKey",
+            DiagnosticKind::ConfigMapNotFound => "ConfigMapNotFound",
         }
     }
 
@@ -111,6 +120,9 @@ impl DiagnosticKind {
         DiagnosticKind::BackendAddressRefused,
         DiagnosticKind::UnsupportedAnnotation,
         DiagnosticKind::CanaryUnmatched,
+        DiagnosticKind::InvalidConfigValue,
+        DiagnosticKind::UnsupportedConfigKey,
+        DiagnosticKind::ConfigMapNotFound,
     ];
 }
 

@@ -83,10 +83,16 @@ fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             runtime.block_on(ingress::source::kube::list_once(
                 args.source.kubeconfig.as_deref(),
                 args.watch_namespace.as_deref(),
+                args.source.configmap.as_ref(),
             ))?
         }
     };
-    let settings = ingress::run::build_settings(&args.source, &args.tls, &args.policy)?;
+    let settings = ingress::run::build_settings(
+        &args.source,
+        &args.tls,
+        &args.policy,
+        args.policy.global_settings(&args.tls),
+    )?;
     let snapshot = Snapshot::build(&store, &settings, 1);
     let report = check::report(&snapshot);
     let migration = migration::report(&store, &snapshot, settings.unsupported_access);

@@ -37,6 +37,8 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Secret,
+    /// Only the one `--configmap` names (ingress-nginx's global settings).
+    ConfigMap,
 }
 
 impl Kind {
@@ -47,6 +49,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Secret => "Secret",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 }

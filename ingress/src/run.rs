@@ -18,7 +18,6 @@ use crate::cli::{Mode, PolicyArgs, RunArgs, SourceArgs, TlsArgs};
 use crate::gate::{Gate, GateOptions};
 use crate::mapsync::MapSync;
 use crate::proxy::caps::ConnectionCaps;
-use crate::proxy::forward::HeaderOptions;
 use crate::proxy::listener::{HttpSettings, Listener, Plain, Serving, defer_accept};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::tls::accept::TlsHandshake;
@@ -55,6 +54,11 @@ pub enum RunError {
         "--mode ebpf with --use-proxy-protocol: the kernel gate cannot read a ClientHello behind a PROXY protocol header yet; use --mode auto or userspace"
     )]
     GateBehindProxyProtocol,
+    #[error("{flag}: {why}")]
+    Flags {
+        flag: &'static str,
+        why: &'static str,
+    },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
     #[error("cannot install signal handler: {0}")]
@@ -73,6 +77,7 @@ pub fn ebpf_object_embedded() -> bool {
 }
 
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    check_flags(&args)?;
     if ebpf_object_embedded() {
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -135,7 +140,12 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let pipeline = Pipeline {
-        settings: build_settings(&args.source, &args.tls, &args.policy)?,
+        settings: build_settings(
+            &args.source,
+            &args.tls,
+            &args.policy,
+            args.global_settings(),
+        )?,
         published: published.clone(),
         metrics: pipeline_metrics,
         debounce: args.proxy.debounce,
@@ -167,24 +177,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         published.clone(),
         proxy_metrics.clone(),
         ProxySettings {
-            connect_timeout: args.proxy.upstream_connect_timeout,
-            response_timeout: args.proxy.upstream_response_timeout,
-            upstream_send_timeout: args.limits.upstream_send_timeout,
             client_body_timeout: args.limits.client_body_timeout,
             client_send_timeout: args.limits.client_send_timeout,
             access_log: args.log.access_log,
             access_format: args.log.access_format(),
             https_port: args.listen.https_port,
-            hsts: args
-                .tls
-                .hsts_value()
-                .and_then(|v| http::HeaderValue::from_str(&v).ok()),
             paths: PathSettings {
                 escaped_slashes: args.requests.escaped_slashes.into(),
                 merge_slashes: args.requests.merge_slashes,
-            },
-            headers: HeaderOptions {
-                underscores: args.requests.enable_underscores_in_headers,
             },
             no_sni_requests: args.tls.no_sni_requests.into(),
         },
@@ -294,6 +294,40 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     Ok(())
 }
 
+/// Flag combinations that can never take effect: without `--configmap` nothing can turn the
+/// setting they refine on later, so they are a mistake worth stopping for.
+pub fn check_flags(args: &RunArgs) -> Result<(), RunError> {
+    if args.source.configmap.is_some() {
+        return Ok(());
+    }
+    let identity = &args.identity;
+    if !identity.use_forwarded_headers {
+        if identity.proxy_real_ip_cidr.is_some() {
+            return Err(RunError::Flags {
+                flag: "--proxy-real-ip-cidr",
+                why: "has no effect without --use-forwarded-headers (or a --configmap that sets use-forwarded-headers)",
+            });
+        }
+        if identity.forwarded_for_header != "x-forwarded-for" {
+            return Err(RunError::Flags {
+                flag: "--forwarded-for-header",
+                why: "has no effect without --use-forwarded-headers (or a --configmap that sets use-forwarded-headers)",
+            });
+        }
+    }
+    if !args.tls.hsts && (args.tls.hsts_include_subdomains || args.tls.hsts_preload) {
+        return Err(RunError::Flags {
+            flag: if args.tls.hsts_preload {
+                "--hsts-preload"
+            } else {
+                "--hsts-include-subdomains"
+            },
+            why: "has no effect with --hsts=false (or without a --configmap that sets hsts)",
+        });
+    }
+    Ok(())
+}
+
 /// Watches the Kubernetes API and reports back to it (status, Events) while holding the Lease.
 async fn start_kube(
     args: &RunArgs,
@@ -315,6 +349,7 @@ async fn start_kube(
         client: client.clone(),
         namespace: args.kube.watch_namespace.clone(),
         metrics: watch_metrics,
+        config_map: args.source.configmap.clone(),
     }
     .start(events);
     let kube_args = args.kube.clone();
@@ -421,6 +456,7 @@ pub fn build_settings(
     source: &SourceArgs,
     tls: &TlsArgs,
     policy: &PolicyArgs,
+    global: crate::snapshot::global::GlobalSettings,
 ) -> Result<BuildSettings, RunError> {
     let default_certificate = match &tls.default_certificate {
         None => None,
@@ -444,15 +480,8 @@ pub fn build_settings(
         backends: backend_policy(source, policy),
         unsupported_access: policy.unsupported_access_annotations.into(),
         unnamed: tls.unnamed_policy(),
-        max_body: Some(policy.proxy_body_size).filter(|n| *n > 0),
-        allow_snippets: policy.allow_snippet_annotations,
-        sources: crate::snapshot::sources::SourcePolicy {
-            allow: policy.whitelist_source_range.clone(),
-            deny: policy
-                .denylist_source_range
-                .clone()
-                .unwrap_or_else(|| Arc::from([])),
-        },
+        global,
+        config_map: source.configmap.clone(),
     })
 }
 

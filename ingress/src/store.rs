@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::Metadata;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 
@@ -28,6 +28,7 @@ pub enum Object {
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
     Secret(Arc<Secret>),
+    ConfigMap(Arc<ConfigMap>),
 }
 
 impl Object {
@@ -38,6 +39,7 @@ impl Object {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Secret(_) => Kind::Secret,
+            Object::ConfigMap(_) => Kind::ConfigMap,
         }
     }
 
@@ -48,6 +50,7 @@ impl Object {
             Object::Service(o) => key_of(o.as_ref(), true),
             Object::EndpointSlice(o) => key_of(o.as_ref(), true),
             Object::Secret(o) => key_of(o.as_ref(), true),
+            Object::ConfigMap(o) => key_of(o.as_ref(), true),
         }
     }
 }
@@ -93,6 +96,9 @@ pub struct Store {
     pub services: BTreeMap<ObjectKey, Arc<Service>>,
     pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    /// From a cluster only the `--configmap` one; from a manifests directory every one there
+    /// (the snapshot reads the one `--configmap` names).
+    pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     /// Problems a source met before an object could reach the store (an unparseable file).
     pub source_diagnostics: Vec<Diagnostic>,
 }
@@ -113,6 +119,7 @@ impl Store {
                 .insert(key, o)
                 .map(Object::EndpointSlice),
             Object::Secret(o) => self.secrets.insert(key, o).map(Object::Secret),
+            Object::ConfigMap(o) => self.config_maps.insert(key, o).map(Object::ConfigMap),
         }
     }
 
@@ -139,6 +146,7 @@ impl Store {
             Kind::Service => self.services.remove(key).is_some(),
             Kind::EndpointSlice => self.endpoint_slices.remove(key).is_some(),
             Kind::Secret => self.secrets.remove(key).is_some(),
+            Kind::ConfigMap => self.config_maps.remove(key).is_some(),
         }
     }
 
@@ -150,6 +158,7 @@ impl Store {
             Kind::Service => self.services.clear(),
             Kind::EndpointSlice => self.endpoint_slices.clear(),
             Kind::Secret => self.secrets.clear(),
+            Kind::ConfigMap => self.config_maps.clear(),
         }
         for object in objects.into_iter().filter(|o| o.kind() == kind) {
             self.apply(object);
@@ -163,6 +172,7 @@ impl Store {
             Kind::Service => self.services.contains_key(key),
             Kind::EndpointSlice => self.endpoint_slices.contains_key(key),
             Kind::Secret => self.secrets.contains_key(key),
+            Kind::ConfigMap => self.config_maps.contains_key(key),
         }
     }
 
@@ -172,6 +182,7 @@ impl Store {
             + self.services.len()
             + self.endpoint_slices.len()
             + self.secrets.len()
+            + self.config_maps.len()
     }
 
     pub fn is_empty(&self) -> bool {

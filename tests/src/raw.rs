@@ -55,6 +55,27 @@ impl RawConn {
         }
     }
 
+    /// Plain TCP from a chosen local address (another loopback address, say: a second
+    /// client as far as the peer address goes).
+    pub fn connect_from(source: std::net::IpAddr, addr: SocketAddr) -> RawConn {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).expect("socket");
+        socket
+            .bind(&SocketAddr::new(source, 0).into())
+            .unwrap_or_else(|err| panic!("bind {source}: {err}"));
+        socket
+            .connect(&addr.into())
+            .unwrap_or_else(|err| panic!("connect {addr} from {source}: {err}"));
+        let stream: TcpStream = socket.into();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("read timeout");
+        stream.set_nodelay(true).expect("nodelay");
+        RawConn {
+            reader: BufReader::new(Box::new(stream)),
+        }
+    }
+
     /// TLS with `sni` (or none), trusting `config`'s roots.
     pub fn connect_tls(
         addr: SocketAddr,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Namespace, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::IngressClass;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -69,6 +69,7 @@ fn parse_all(docs: &[(Value, String)]) -> Parsed {
         let kind = doc["kind"].as_str().unwrap_or_default().to_string();
         match kind.as_str() {
             "Namespace" => drop(strict::<Namespace>(doc, origin)),
+            "ConfigMap" => drop(strict::<ConfigMap>(doc, origin)),
             "ServiceAccount" => drop(strict::<ServiceAccount>(doc, origin)),
             "ClusterRole" => parsed.cluster_roles.push(strict(doc, origin)),
             "ClusterRoleBinding" => drop(strict::<ClusterRoleBinding>(doc, origin)),
@@ -355,6 +356,19 @@ fn rbac_is_least_privilege() {
         !allows(&rules, "coordination.k8s.io", "leases", "update"),
         "Leases are granted in the controller's namespace only"
     );
+    // The global ConfigMap: read by name, in the controller's namespace, and no other.
+    assert!(allows(&lease_rules, "", "configmaps", "watch"));
+    assert!(!allows(&rules, "", "configmaps", "list"));
+    for rule in lease_rules
+        .iter()
+        .filter(|r| r.resources.iter().flatten().any(|x| x == "configmaps"))
+    {
+        assert_eq!(
+            rule.resource_names.as_deref(),
+            Some(&["ingress-config".to_string()][..]),
+            "{rule:?}"
+        );
+    }
 }
 
 #[test]

@@ -14,9 +14,10 @@
 //! ```
 //!
 //! Backends set up for ingress-nginx trust these headers, so the proxy sets every one of them
-//! itself. `X-Forwarded-For` is the peer's address (ingress-nginx's default, before its
-//! `compute-full-forwarded-for`); what the client sent there travels as
-//! `X-Original-Forwarded-For`, as ingress-nginx passes it.
+//! itself, from the client identity phase's values: `X-Forwarded-For` is the client's address
+//! (the peer's, or the one trusted forwarded headers name), or with
+//! `compute-full-forwarded-for` the incoming list with the peer appended; what the client sent
+//! there travels as `X-Original-Forwarded-For`, as ingress-nginx passes it.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use ingress_wire::header::{Kind, chain_value, kind, passes, tokens, usable_request_id};
@@ -91,9 +92,12 @@ pub fn rewrite_request(
     if let Some(host) = value(request.authority) {
         let sent = request.host.and_then(value).unwrap_or_else(|| host.clone());
         headers.insert(header::HOST, sent);
-        headers.insert(X_FORWARDED_HOST.clone(), host);
+        headers.insert(
+            X_FORWARDED_HOST.clone(),
+            client.host.clone().unwrap_or(host),
+        );
     }
-    headers.insert(X_FORWARDED_FOR.clone(), client.client_ip.clone());
+    headers.insert(X_FORWARDED_FOR.clone(), client.forwarded_for.clone());
     if let Ok(chain) = HeaderValue::from_bytes(&chain)
         && !chain.is_empty()
     {

@@ -37,7 +37,6 @@ pub mod tls;
 pub mod upstream;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{Either, Full};
@@ -46,7 +45,7 @@ use crate::proxy::metrics::ProxyMetrics;
 use crate::publish::Published;
 pub use phase::identity::ConnInfo;
 pub(crate) use phase::{Decision, Forward, Outcome, Record};
-use pool::{Pool, PoolSettings, UpstreamBody};
+use pool::{Pool, PoolLimits, PoolLimitsHook, UpstreamBody};
 pub use settings::ProxySettings;
 
 /// A response body: from an HTTP/1.1 upstream, from an HTTP/2 one, or made by the proxy.
@@ -71,16 +70,18 @@ impl Proxy {
         metrics: Arc<ProxyMetrics>,
         settings: ProxySettings,
     ) -> Self {
-        let pool_settings = PoolSettings {
-            idle_timeout: Duration::from_secs(55),
-            max_idle_per_endpoint: 256,
-        };
+        // The ConfigMap's upstream-keepalive-* apply live: the hook follows every snapshot
+        // published from now on, and the current one is read after it is added, so none is
+        // missed.
+        let limits = PoolLimits::new(&published.load().global.keepalive);
+        published.add_hook(Arc::new(PoolLimitsHook(limits.clone())));
+        limits.set(&published.load().global.keepalive);
         let connectors = Arc::new(connect::Connectors::default());
         Self {
             published,
-            pool: Pool::new(pool_settings.clone(), connectors.clone()),
+            pool: Pool::new(limits.clone(), connectors.clone()),
             h2_pool: multiplex::H2Pool::new(connectors.clone()),
-            streams: h1::streams::StreamPool::new(pool_settings, connectors),
+            streams: h1::streams::StreamPool::new(limits, connectors),
             metrics,
             settings,
         }

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -32,6 +33,9 @@ use hyper_util::rt::TokioIo;
 use super::connect::{Connectors, Transport, UpstreamStream};
 pub use super::connect::{PoolKey, connect_to_any, open, resolve_external};
 use super::upstream::UpstreamError;
+use crate::publish::PublishHook;
+use crate::snapshot::Snapshot;
+use crate::snapshot::global::UpstreamKeepalive;
 use crate::snapshot::policy::Wire;
 
 /// Idle connections are kept per endpoint and transport.
@@ -46,16 +50,56 @@ pub type RequestBody = super::idle::IdleBody<Incoming>;
 
 pub struct Pool {
     idle: Mutex<HashMap<IdleKey, Vec<Idle>, foldhash::fast::RandomState>>,
-    settings: PoolSettings,
+    settings: Arc<PoolLimits>,
     connectors: Arc<Connectors>,
 }
 
-#[derive(Clone, Debug)]
-pub struct PoolSettings {
-    /// Idle connections older than this are closed rather than reused; below the 60 s most
-    /// servers use, so the upstream rarely closes a connection we are about to use.
-    pub idle_timeout: Duration,
-    pub max_idle_per_endpoint: usize,
+/// How many idle upstream connections are kept and for how long: the ConfigMap's
+/// `upstream-keepalive-connections` and `upstream-keepalive-timeout`, set from each published
+/// snapshot by [`PoolLimitsHook`] and read with one atomic load where a pool needs them.
+#[derive(Debug)]
+pub struct PoolLimits {
+    idle_timeout_ms: AtomicU64,
+    max_idle_per_endpoint: AtomicUsize,
+}
+
+impl PoolLimits {
+    pub fn new(keepalive: &UpstreamKeepalive) -> Arc<Self> {
+        let limits = Arc::new(Self {
+            idle_timeout_ms: AtomicU64::new(0),
+            max_idle_per_endpoint: AtomicUsize::new(0),
+        });
+        limits.set(keepalive);
+        limits
+    }
+
+    pub fn set(&self, keepalive: &UpstreamKeepalive) {
+        let ms = u64::try_from(keepalive.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        self.idle_timeout_ms.store(ms, Ordering::Relaxed);
+        self.max_idle_per_endpoint
+            .store(keepalive.max_idle, Ordering::Relaxed);
+    }
+
+    /// Idle connections older than this are closed rather than reused.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Idle connections kept per endpoint (and protocol); `0` keeps none.
+    pub fn max_idle_per_endpoint(&self) -> usize {
+        self.max_idle_per_endpoint.load(Ordering::Relaxed)
+    }
+}
+
+/// Keeps [`PoolLimits`] in step with the published snapshot's global settings.
+pub struct PoolLimitsHook(pub Arc<PoolLimits>);
+
+impl PublishHook for PoolLimitsHook {
+    fn before(&self, _new: &Snapshot, _old: &Snapshot) {}
+
+    fn after(&self, new: &Snapshot, _old: &Snapshot) {
+        self.0.set(&new.global.keepalive);
+    }
 }
 
 struct Idle {
@@ -98,7 +142,7 @@ pub struct Checked {
 }
 
 impl Pool {
-    pub fn new(settings: PoolSettings, connectors: Arc<Connectors>) -> Arc<Self> {
+    pub fn new(settings: Arc<PoolLimits>, connectors: Arc<Connectors>) -> Arc<Self> {
         Arc::new(Self {
             idle: Mutex::new(HashMap::default()),
             settings,
@@ -161,7 +205,7 @@ impl Pool {
             let closed = (&mut idle.conn).now_or_never().is_some();
             if !closed
                 && idle.sender.is_ready()
-                && idle.since.elapsed() < self.settings.idle_timeout
+                && idle.since.elapsed() < self.settings.idle_timeout()
             {
                 return Ok(Checked {
                     sender: idle.sender,
@@ -209,7 +253,7 @@ impl Pool {
         } = checked;
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         let list = idle.entry(key).or_default();
-        if list.len() < self.settings.max_idle_per_endpoint {
+        if list.len() < self.settings.max_idle_per_endpoint() {
             list.push(Idle {
                 sender,
                 conn,

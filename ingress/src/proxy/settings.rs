@@ -1,23 +1,17 @@
 //! What the proxy is configured with, from flags: per request ([`ProxySettings`]) and per
-//! client connection ([`HttpSettings`]).
+//! client connection ([`HttpSettings`]). What the ConfigMap can change (timeouts to upstreams,
+//! HSTS, forwarded headers, underscores, `Server`) is read from each request's snapshot
+//! instead (`snapshot::global`).
 
 use std::time::Duration;
 
-use http::header::HeaderValue;
 use ingress_wire::target::PathSettings;
 
 use super::access_log::AccessFormat;
-use super::forward::HeaderOptions;
 use super::phase::tls::NoSniRequests;
 
 #[derive(Clone, Debug)]
 pub struct ProxySettings {
-    pub connect_timeout: Duration,
-    /// How long the upstream has to send response headers, and the most it may pause while
-    /// sending the body (nginx's `proxy_read_timeout`); `proxy-read-timeout` overrides it.
-    pub response_timeout: Duration,
-    /// The most a write to the upstream may stall (nginx's `proxy_send_timeout`).
-    pub upstream_send_timeout: Duration,
     /// The most a client may pause while sending a request body (`client_body_timeout`).
     pub client_body_timeout: Duration,
     /// The most a write to the client may stall (`send_timeout`).
@@ -27,27 +21,19 @@ pub struct ProxySettings {
     pub access_format: AccessFormat,
     /// The HTTPS port clients use, for redirect locations.
     pub https_port: u16,
-    /// The `Strict-Transport-Security` value added to HTTPS responses, if enabled.
-    pub hsts: Option<HeaderValue>,
     pub paths: PathSettings,
-    pub headers: HeaderOptions,
     pub no_sni_requests: NoSniRequests,
 }
 
 impl Default for ProxySettings {
     fn default() -> Self {
         Self {
-            connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(60),
-            upstream_send_timeout: Duration::from_secs(60),
             client_body_timeout: Duration::from_secs(60),
             client_send_timeout: Duration::from_secs(60),
             access_log: true,
             access_format: AccessFormat::Event,
             https_port: 443,
-            hsts: None,
             paths: PathSettings::default(),
-            headers: HeaderOptions::default(),
             no_sni_requests: NoSniRequests::default(),
         }
     }

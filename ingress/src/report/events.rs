@@ -1,5 +1,5 @@
-//! Diagnostics as Warning Events on the offending Ingress, so `kubectl describe ingress` says
-//! what is wrong.
+//! Diagnostics as Warning Events on the offending Ingress (or the `--configmap` ConfigMap), so
+//! `kubectl describe ingress` (or `configmap`) says what is wrong.
 //!
 //! ```text
 //!   diagnostic appears ──> create Event  <ingress>.<hash(uid, reason, message)>
@@ -25,16 +25,18 @@ use tokio::sync::watch;
 
 use super::Pass;
 use super::{ReportMetrics, ResultLabels};
-use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity};
+use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity, Subject};
 use crate::snapshot::Snapshot;
-use crate::store::ObjectKey;
+use crate::store::{Kind, ObjectKey};
 
 /// The `reportingController` of our Events.
 pub const CONTROLLER: &str = "ingress.rs/controller";
 
-/// One diagnostic on one incarnation of an Ingress.
+/// One diagnostic on one incarnation of an Ingress (or of the ConfigMap).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
+    /// Ingress or ConfigMap.
+    object: Kind,
     ingress: ObjectKey,
     uid: Option<String>,
     kind: DiagnosticKind,
@@ -79,13 +81,13 @@ impl EventWriter {
             .iter()
             .filter(|d| worth_an_event(d))
             .filter_map(|d| {
-                let ingress = d.subject.ingress()?;
-                let meta = snapshot.ingresses.get(ingress)?;
+                let (object, key, uid) = regarding(snapshot, d)?;
                 Some((
                     d,
                     Key {
-                        ingress: ingress.clone(),
-                        uid: meta.uid.clone(),
+                        object,
+                        ingress: key.clone(),
+                        uid,
                         kind: d.kind,
                         message: d.message.clone(),
                     },
@@ -94,12 +96,16 @@ impl EventWriter {
             .collect();
         let still: std::collections::HashSet<&Key> = current.iter().map(|(_, k)| k).collect();
         self.active.retain(|k| still.contains(k));
-        // Counts outlive a resolution (that is their point) but not the Ingress.
-        self.counts.retain(|k, _| {
-            snapshot
+        // Counts outlive a resolution (that is their point) but not the object.
+        self.counts.retain(|k, _| match k.object {
+            Kind::ConfigMap => snapshot
+                .config_map
+                .as_ref()
+                .is_some_and(|(key, uid)| *key == k.ingress && *uid == k.uid),
+            _ => snapshot
                 .ingresses
                 .get(&k.ingress)
-                .is_some_and(|m| m.uid == k.uid)
+                .is_some_and(|m| m.uid == k.uid),
         });
         let mut pass = Pass::Done;
         for (diagnostic, key) in current {
@@ -180,8 +186,14 @@ impl EventWriter {
             reporting_controller: Some(CONTROLLER.into()),
             reporting_instance: Some(truncate_to(&self.identity, 128)),
             regarding: Some(ObjectReference {
-                api_version: Some("networking.k8s.io/v1".into()),
-                kind: Some("Ingress".into()),
+                api_version: Some(
+                    match key.object {
+                        Kind::ConfigMap => "v1",
+                        _ => "networking.k8s.io/v1",
+                    }
+                    .into(),
+                ),
+                kind: Some(key.object.as_str().into()),
                 namespace: Some(key.ingress.namespace.clone()),
                 name: Some(key.ingress.name.clone()),
                 uid: key.uid.clone(),
@@ -205,6 +217,28 @@ impl EventWriter {
         }
         self.counts.entry(key.clone()).or_insert(1);
         Ok(())
+    }
+}
+
+/// The object a diagnostic's Event regards, with its uid: an owned Ingress, or the ConfigMap
+/// `--configmap` names (when it exists).
+fn regarding<'s>(
+    snapshot: &'s Snapshot,
+    d: &'s Diagnostic,
+) -> Option<(Kind, &'s ObjectKey, Option<String>)> {
+    if let Some(ingress) = d.subject.ingress() {
+        let meta = snapshot.ingresses.get(ingress)?;
+        return Some((Kind::Ingress, ingress, meta.uid.clone()));
+    }
+    match (&d.subject, &snapshot.config_map) {
+        (
+            Subject::Object {
+                kind: Kind::ConfigMap,
+                key,
+            },
+            Some((config_map, uid)),
+        ) if key == config_map => Some((Kind::ConfigMap, key, uid.clone())),
+        _ => None,
     }
 }
 
@@ -279,6 +313,7 @@ mod tests {
 
     fn key(name: &str, uid: &str, kind: DiagnosticKind, message: &str) -> Key {
         Key {
+            object: Kind::Ingress,
             ingress: ObjectKey::new("ns", name),
             uid: Some(uid.into()),
             kind,

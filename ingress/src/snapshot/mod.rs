@@ -17,6 +17,7 @@ pub mod annotations;
 pub mod backend;
 pub mod certs;
 pub mod class;
+pub mod global;
 pub mod host;
 pub mod path;
 pub mod policy;
@@ -51,15 +52,10 @@ pub struct BuildSettings {
     pub unsupported_access: UnsupportedAccess,
     /// `--no-sni`, `--malformed-tls`, `--not-tls`: the gate's answer when there is no name.
     pub unnamed: sni::UnnamedPolicy,
-    /// `--proxy-body-size`: the request body limit of routes without `proxy-body-size`
-    /// (`None`: no limit).
-    pub max_body: Option<u64>,
-    /// `--allow-snippet-annotations`: read the header actions of `server-snippet` and
-    /// `configuration-snippet`.
-    pub allow_snippets: bool,
-    /// `--whitelist-source-range`, `--denylist-source-range`: the source ranges of routes whose
-    /// Ingress sets none of its own (ingress-nginx's global ones).
-    pub sources: sources::SourcePolicy,
+    /// The flags' global settings: the defaults a `--configmap` ConfigMap overrides.
+    pub global: global::GlobalSettings,
+    /// `--configmap`: the ConfigMap whose keys override `global` (ingress-nginx's).
+    pub config_map: Option<ObjectKey>,
 }
 
 /// One immutable routing state.
@@ -79,6 +75,10 @@ pub struct Snapshot {
     pub sni: sni::SniPolicy,
     /// `ssl-passthrough` hosts: SNI → the backend that terminates TLS itself.
     pub passthrough: HostTable<Arc<Route>>,
+    /// The flags with the ConfigMap's keys applied: what the proxy reads per request.
+    pub global: Arc<global::GlobalSettings>,
+    /// The `--configmap` ConfigMap, when it exists, with its uid (for Events on it).
+    pub config_map: Option<(ObjectKey, Option<String>)>,
 }
 
 /// What status and Event writing need of an owned Ingress.
@@ -202,13 +202,30 @@ impl Snapshot {
 
     /// Builds a snapshot. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
+        let mut diagnostics = store.source_diagnostics.clone();
+        let global = match &settings.config_map {
+            Some(key) => {
+                let empty = BTreeMap::new();
+                let data = store
+                    .config_maps
+                    .get(key)
+                    .map(|cm| cm.data.as_ref().unwrap_or(&empty));
+                let refuse = settings.unsupported_access == UnsupportedAccess::Refuse;
+                global::resolve(&settings.global, key, data, refuse, &mut diagnostics)
+            }
+            None => settings.global.clone(),
+        }
+        .finish();
         let mut builder = Builder {
-            max_body: settings.max_body,
-            allow_snippets: settings.allow_snippets,
-            default_sources: settings.sources.clone(),
+            max_body: global.max_body,
+            allow_snippets: global.allow_snippets,
+            default_sources: global.sources.clone(),
+            sources_invalid: global.sources_invalid.clone(),
+            access_refused: global.access_refused.clone(),
+            ssl_redirect: global.ssl_redirect,
             rank: 0,
             store,
-            diagnostics: store.source_diagnostics.clone(),
+            diagnostics,
             resolver: Resolver::new(store, &settings.backends),
             unsupported_access: settings.unsupported_access,
             tls: tls::TlsBuilder::new(store, &settings.tls),
@@ -319,6 +336,11 @@ impl Snapshot {
             tls,
             sni,
             passthrough,
+            global: Arc::new(global),
+            config_map: settings.config_map.as_ref().and_then(|key| {
+                let cm = store.config_maps.get(key)?;
+                Some((key.clone(), cm.metadata.uid.clone()))
+            }),
         }
     }
 }
@@ -467,6 +489,12 @@ struct Builder<'s> {
     allow_snippets: bool,
     /// The global source ranges.
     default_sources: sources::SourcePolicy,
+    /// The global source ranges that did not parse: routes that would use them are refused.
+    sources_invalid: Option<global::InvalidRanges>,
+    /// An unsupported global access control: every Ingress is refused.
+    access_refused: Option<Arc<str>>,
+    /// The ConfigMap's `ssl-redirect`: for Ingresses without the annotation.
+    ssl_redirect: bool,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     store: &'s Store,
@@ -533,7 +561,20 @@ impl Builder<'_> {
                 "x-forwarded-prefix is only sent with a rewritten request (as in ingress-nginx); without rewrite-target it has no effect",
             ));
         }
+        if options.ssl_redirect.is_none() {
+            options.ssl_redirect = Some(self.ssl_redirect);
+        }
         let mut refused = self.judge_unsupported(&subject, ingress);
+        if let Some(reason) = &self.access_refused {
+            refused.get_or_insert_with(|| reason.clone());
+        }
+        if let Some(invalid) = &self.sources_invalid {
+            let (own_allow, own_deny) =
+                annotations::sets_source_ranges(ingress.metadata.annotations.as_ref());
+            if (invalid.allow && !own_allow) || (invalid.deny && !own_deny) {
+                refused.get_or_insert_with(|| invalid.message.clone());
+            }
+        }
         let sources = match annotations::source_ranges(
             ingress.metadata.annotations.as_ref(),
             &self.default_sources,
@@ -1140,9 +1181,11 @@ pub(crate) mod testing {
             },
             unsupported_access: UnsupportedAccess::Refuse,
             unnamed: sni::UnnamedPolicy::default(),
-            max_body: Some(1 << 20),
-            allow_snippets: true,
-            sources: sources::SourcePolicy::default(),
+            global: global::GlobalSettings {
+                allow_snippets: true,
+                ..global::GlobalSettings::default()
+            },
+            config_map: None,
         }
     }
 }

@@ -1735,7 +1735,7 @@ fn snippets_become_header_actions_only_with_the_flag() {
     // (--allow-snippet-annotations, headers applied, diagnostic)
     for (allow, applied, diagnostic) in [(true, true, None), (false, false, Some("disabled"))] {
         let mut settings = settings();
-        settings.allow_snippets = allow;
+        settings.global.allow_snippets = allow;
         let snap = build_with(&yaml, &settings);
         let route = snap.route(Some("shop.example.com"), "/").expect("routed");
         assert_eq!(route.policy.response.headers.is_some(), applied, "{allow}");
@@ -1791,4 +1791,102 @@ fn default_backend_is_the_services_first_port_or_an_error() {
             .any(|d| d.kind == DiagnosticKind::InvalidAnnotation && d.message.contains(&key));
         assert_eq!(has_invalid, invalid, "{name}: {:?}", snap.diagnostics);
     }
+}
+
+/// ingress-nginx's precedence: flags are the defaults, the ConfigMap overrides them, an
+/// Ingress's annotations override the ConfigMap.
+#[test]
+fn configmap_overrides_flags_and_annotations_override_the_configmap() {
+    let config = |data: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: config, namespace: ingress}}\ndata: {data}\n"
+        )
+    };
+    let own = annotated(
+        "own",
+        "own.example.com",
+        &[
+            ("nginx.ingress.kubernetes.io/proxy-body-size", "2m"),
+            (
+                "nginx.ingress.kubernetes.io/allowlist-source-range",
+                "192.0.2.0/24",
+            ),
+        ],
+        false,
+    );
+    let plain = annotated("plain", "plain.example.com", &[], false);
+    let mut settings = settings();
+    settings.config_map = Some(ObjectKey::new("ingress", "config"));
+    let body = |snap: &Snapshot, host: &str| {
+        snap.route(Some(host), "/")
+            .expect("routed")
+            .policy
+            .upstream
+            .max_body
+    };
+    let admits = |snap: &Snapshot, host: &str, ip: &str| {
+        snap.route(Some(host), "/")
+            .expect("routed")
+            .policy
+            .access
+            .sources
+            .admits(ip.parse().unwrap())
+    };
+    // No ConfigMap yet: the flags' values, and a warning naming it.
+    let snap = build_with(&format!("{SERVICES}{own}{plain}"), &settings);
+    assert_eq!(body(&snap, "plain.example.com"), Some(1 << 20));
+    assert_eq!(kinds(&snap), vec![DiagnosticKind::ConfigMapNotFound]);
+    // The ConfigMap overrides the flags; the annotations override the ConfigMap.
+    let cm = config(
+        "{proxy-body-size: 8m, whitelist-source-range: 10.0.0.0/8, hsts: \"false\", use-forwarded-headers: \"true\", no-such-key: x}",
+    );
+    let snap = build_with(&format!("{SERVICES}{own}{plain}{cm}"), &settings);
+    assert_eq!(body(&snap, "plain.example.com"), Some(8 << 20));
+    assert_eq!(body(&snap, "own.example.com"), Some(2 << 20));
+    assert!(admits(&snap, "plain.example.com", "10.1.1.1"));
+    assert!(!admits(&snap, "plain.example.com", "192.0.2.1"));
+    assert!(admits(&snap, "own.example.com", "192.0.2.1"));
+    assert!(!admits(&snap, "own.example.com", "10.1.1.1"));
+    assert!(!snap.global.hsts.enabled && snap.global.hsts_header.is_none());
+    assert!(snap.global.forwarded.enabled);
+    assert_eq!(kinds(&snap), vec![DiagnosticKind::UnsupportedConfigKey]);
+    // Another ConfigMap of the same name elsewhere is not the one.
+    let other = config("{proxy-body-size: 8m}").replace("namespace: ingress", "namespace: other");
+    let snap = build_with(&format!("{SERVICES}{own}{plain}{other}"), &settings);
+    assert_eq!(body(&snap, "plain.example.com"), Some(1 << 20));
+    // An invalid global allow-list refuses the routes that would use it, not the others.
+    let cm = config("{whitelist-source-range: \"10.0.0.0/8, not-an-address\"}");
+    let snap = build_with(&format!("{SERVICES}{own}{plain}{cm}"), &settings);
+    let refused = |host: &str| {
+        snap.route(Some(host), "/")
+            .expect("routed")
+            .policy
+            .access
+            .refused
+            .is_some()
+    };
+    assert!(refused("plain.example.com"));
+    assert!(!refused("own.example.com"));
+    // ssl-redirect from the ConfigMap is the default of Ingresses without the annotation.
+    let tls_ingress = |name: &str, annotations: &str| {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: shop\n  annotations: {{{annotations}}}\nspec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{name}.example.com]}}]\n  rules:\n  - host: {name}.example.com\n    http:\n      paths:\n      - {{path: /, pathType: Prefix, backend: {{service: {{name: api, port: {{number: 8080}}}}}}}}\n"
+        )
+    };
+    let yaml = format!(
+        "{SERVICES}{}{}{}",
+        tls_ingress("a", ""),
+        tls_ingress("b", "nginx.ingress.kubernetes.io/ssl-redirect: \"true\""),
+        config("{ssl-redirect: \"false\"}")
+    );
+    let snap = build_with(&yaml, &settings);
+    let to_https = |host: &str| {
+        snap.route(Some(host), "/")
+            .expect("routed")
+            .policy
+            .redirect
+            .to_https
+    };
+    assert!(!to_https("a.example.com"));
+    assert!(to_https("b.example.com"));
 }

@@ -5,7 +5,9 @@
 //!   watcher(IngressClass)    │   Init … InitApply* … InitDone ─> SourceEvent::ReplaceKind (atomic)
 //!   watcher(Service)         ├─> Apply / Delete              ─> SourceEvent::Apply / Delete
 //!   watcher(EndpointSlice)   │   all five kinds listed once  ─> SourceEvent::Synced
-//!   watcher(Secret, -types)  ┘
+//!   watcher(Secret, -types)  │
+//!   watcher(ConfigMap,       ┘   only with --configmap: one object, by name
+//!     metadata.name=NAME)
 //! ```
 //!
 //! A relist (after a 410 Gone, a dropped watch, or an API server restart) is buffered and handed
@@ -18,7 +20,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::runtime::WatchStreamExt;
@@ -91,12 +93,15 @@ pub struct KubeSource {
     /// Limit namespaced kinds to one namespace (`--watch-namespace`).
     pub namespace: Option<String>,
     pub metrics: Arc<WatchMetrics>,
+    /// `--configmap`: the one ConfigMap watched (by name, so no other is ever read).
+    pub config_map: Option<crate::store::ObjectKey>,
 }
 
 impl KubeSource {
-    /// Starts the five watches. They run until the sender's receiver is gone.
+    /// Starts the watches (five, six with `--configmap`). They run until the sender's receiver
+    /// is gone.
     pub fn start(self, events: mpsc::UnboundedSender<SourceEvent>) {
-        let synced = Arc::new(SyncTracker::default());
+        let synced = Arc::new(SyncTracker::new(self.config_map.is_some()));
         let namespaced =
             |client: &Client| -> (Api<Ingress>, Api<Service>, Api<EndpointSlice>, Api<Secret>) {
                 match &self.namespace {
@@ -147,7 +152,21 @@ impl KubeSource {
             watcher::Config::default().fields(SECRET_FIELD_SELECTOR),
             |o| Object::Secret(Arc::new(o)),
         ));
+        if let Some(key) = &self.config_map {
+            let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
+            tokio::spawn(ctx(Kind::ConfigMap).run(
+                api,
+                watcher::Config::default().fields(&config_map_selector(&key.name)),
+                |o| Object::ConfigMap(Arc::new(o)),
+            ));
+        }
     }
+}
+
+/// The field selector that narrows a ConfigMap watch to the one object (RBAC can then grant
+/// `get`, `list` and `watch` on that name alone).
+pub fn config_map_selector(name: &str) -> String {
+    format!("metadata.name={name}")
 }
 
 /// Drops what routing never reads but every object carries: `managedFields` and kubectl's
@@ -165,16 +184,34 @@ fn slim<K: Resource>(mut object: K) -> K {
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Remembers which kinds have completed their first list, and says `Synced` once.
-#[derive(Default)]
 struct SyncTracker {
     listed: AtomicU8,
+    /// The kinds watched: the five, and the ConfigMap with `--configmap`.
+    all: u8,
+}
+
+impl Default for SyncTracker {
+    fn default() -> Self {
+        Self::new(false)
+    }
 }
 
 impl SyncTracker {
+    fn new(config_map: bool) -> Self {
+        let mut all: u8 = ALL_KINDS.iter().fold(0, |acc, k| acc | (1 << (*k as u8)));
+        if config_map {
+            all |= 1 << (Kind::ConfigMap as u8);
+        }
+        Self {
+            listed: AtomicU8::new(0),
+            all,
+        }
+    }
+
     /// Marks `kind` listed; true exactly once, when the last kind completes.
     fn mark(&self, kind: Kind) -> bool {
         let bit = 1u8 << (kind as u8);
-        let all: u8 = ALL_KINDS.iter().fold(0, |acc, k| acc | (1 << (*k as u8)));
+        let all = self.all;
         let before = self.listed.fetch_or(bit, Ordering::AcqRel);
         before != all && (before | bit) == all
     }
@@ -331,10 +368,12 @@ pub async fn client(
     Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
 }
 
-/// Lists every kind once into a store: what `ingress check` reads from a cluster.
+/// Lists every kind once into a store: what `ingress check` reads from a cluster (with the
+/// `--configmap` one, when given).
 pub async fn list_once(
     kubeconfig: Option<&std::path::Path>,
     namespace: Option<&str>,
+    config_map: Option<&crate::store::ObjectKey>,
 ) -> Result<crate::store::Store, KubeError> {
     use kube::api::ListParams;
     let client = client(kubeconfig, "check").await?;
@@ -402,6 +441,15 @@ pub async fn list_once(
         &mut store,
     )
     .await?;
+    if let Some(key) = config_map {
+        list::<ConfigMap>(
+            Api::namespaced(client.clone(), &key.namespace),
+            &ListParams::default().fields(&config_map_selector(&key.name)),
+            |o| Object::ConfigMap(Arc::new(o)),
+            &mut store,
+        )
+        .await?;
+    }
     Ok(store)
 }
 
@@ -456,6 +504,11 @@ mod tests {
             !t.mark(Kind::EndpointSlice),
             "a relist later does not sync again"
         );
+        let t = SyncTracker::new(true);
+        for kind in ALL_KINDS {
+            assert!(!t.mark(kind), "{kind}: the ConfigMap is still to come");
+        }
+        assert!(t.mark(Kind::ConfigMap));
     }
 
     #[test]

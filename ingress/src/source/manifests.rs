@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::Deserialize;
@@ -165,6 +165,9 @@ fn parse_value(path: &Path, place: &str, value: Value, parsed: &mut ParsedFile) 
         }
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             typed::<EndpointSlice>(value).map(|(o, w)| (Object::EndpointSlice(Arc::new(o)), w))
+        }
+        ("v1", "ConfigMap") => {
+            typed::<ConfigMap>(value).map(|(o, w)| (Object::ConfigMap(Arc::new(o)), w))
         }
         ("v1", "Secret") => {
             typed::<Secret>(value).map(|(o, w)| (Object::Secret(Arc::new(merge_string_data(o))), w))

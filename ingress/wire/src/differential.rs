@@ -104,8 +104,10 @@ pub fn ours(input: &[u8]) -> Ours {
                 authority: host,
                 client: ClientFacts {
                     ip: b"192.0.2.1",
+                    forwarded_for: b"192.0.2.1",
                     port: b"80",
                     https: false,
+                    host: None,
                 },
                 underscores: false,
                 body: match req.body {

@@ -342,12 +342,16 @@ impl From<BodyFraming> for UpstreamBody {
 /// What the upstream is told about the client side of the connection.
 #[derive(Clone, Copy, Debug)]
 pub struct ClientFacts<'a> {
-    /// `X-Forwarded-For` and `X-Real-IP`.
+    /// `X-Real-IP`.
     pub ip: &'a [u8],
+    /// `X-Forwarded-For`: the client's address, or a list ending in the peer's.
+    pub forwarded_for: &'a [u8],
     /// `X-Forwarded-Port`: the port the client connected to.
     pub port: &'a [u8],
     /// `X-Forwarded-Proto`, `X-Forwarded-Scheme` and `X-Scheme`.
     pub https: bool,
+    /// `X-Forwarded-Host` named by a trusted proxy, instead of the request's authority.
+    pub host: Option<&'a [u8]>,
 }
 
 /// Everything the upstream head is written from.
@@ -441,7 +445,7 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
         out,
         &[
             b"x-forwarded-for: ",
-            ip,
+            up.client.forwarded_for,
             b"\r\nx-real-ip: ",
             ip,
             b"\r\nx-forwarded-proto: ",
@@ -453,7 +457,7 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
             b"\r\nx-forwarded-port: ",
             up.client.port,
             b"\r\nx-forwarded-host: ",
-            up.authority.as_bytes(),
+            up.client.host.unwrap_or(up.authority.as_bytes()),
             b"\r\nx-original-uri: ",
             req.target.as_bytes(),
             b"\r\n",

@@ -49,12 +49,14 @@ use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
 
 use super::access_log::{Logged, Meter};
+use super::phase::response as phase_response;
 use super::phase::route::Refusal;
-use super::phase::{RequestHeaders, RequestView};
+use super::phase::{Phased, RequestHeaders, RequestView};
 use super::settings::HttpSettings;
 use super::upstream::UpstreamError;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
+use crate::snapshot::global::GlobalSettings;
 use crate::snapshot::policy::Wire;
 use ingress_wire::header::usable_request_id;
 
@@ -99,7 +101,7 @@ where
         response: Vec::with_capacity(1024),
         client_due: Deadline::new(),
         upstream_due: Deadline::new(),
-        send_timeout: proxy.settings.upstream_send_timeout,
+        send_timeout: proxy.published.load().global.timeouts.send,
         meter: Meter::default(),
     };
     let mut stopped = pin!(stop.cancelled());
@@ -172,6 +174,10 @@ struct Prepared {
     method: http::Method,
     /// The host named, when metrics are kept per host.
     host: Option<Box<str>>,
+    /// The request's own client, when trusted forwarded headers name one.
+    client: Option<Box<ConnInfo>>,
+    /// The global settings of the snapshot it was decided on.
+    global: Arc<GlobalSettings>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
@@ -281,10 +287,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 },
             },
         );
-        let (action, route) = (phased.decision, phased.route);
+        let Phased {
+            target: phased_target,
+            route,
+            decision,
+            conn: client,
+            global,
+        } = phased;
+        let facts = client.as_deref().unwrap_or(self.conn).client.facts();
         // This path speaks HTTP/1.1 to upstreams; an HTTP/2 upstream is reached from HTTP/2
         // clients (h2/).
-        let action = match action {
+        let action = match decision {
             Decision::Forward(forward) if forward.wire == Wire::Http2 => {
                 Decision::Fail(UpstreamError::Protocol(
                     "the upstream speaks HTTP/2 only (backend-protocol GRPC/GRPCS or appProtocol h2c); this request came over HTTP/1.x".into(),
@@ -293,7 +306,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             other => other,
         };
         let mut upgrade = None;
-        if let (Decision::Forward(forward), Some(target)) = (&action, &phased.target) {
+        if let (Decision::Forward(forward), Some(target)) = (&action, &phased_target) {
             upgrade = req
                 .upgrade
                 .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
@@ -318,8 +331,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     target,
                     authority,
                     host: forward.vhost.as_deref(),
-                    client: self.conn.client.facts(),
-                    underscores: proxy.settings.headers.underscores,
+                    client: facts,
+                    underscores: forward.underscores,
                     body: req.body.into(),
                     upgrade: upgrade.is_some(),
                     new_request_id: fresh_id,
@@ -349,6 +362,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .filter(|c| c.per_host())
                 .and(host)
                 .map(Box::from),
+            client,
+            global,
         };
         let head_len = req.head_len;
         self.meter = Meter {
@@ -383,15 +398,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             // Not a method anyone sent: counted as `OTHER`.
             method: http::Method::from_bytes(b"-").unwrap_or_default(),
             host: None,
+            client: None,
+            global: self.proxy.published.load().global.clone(),
         }
     }
 
     /// Answers one request. Returns when it finished, or `None` if the connection must close.
     async fn serve_one(&mut self, mut prepared: Prepared) -> Option<Instant> {
-        let hsts = self
-            .proxy
-            .hsts(self.conn.https)
-            .map(http::HeaderValue::as_bytes);
+        let global = prepared.global.clone();
+        let hsts = phase_response::hsts(&global, self.conn.https).map(http::HeaderValue::as_bytes);
+        let server = phase_response::server(&global).as_bytes();
         let action = std::mem::replace(
             &mut prepared.action,
             Decision::Respond(StatusCode::NOT_FOUND),
@@ -411,6 +427,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             head_request: prepared.head_request,
             close: prepared.close || self.stop.is_cancelled(),
             hsts,
+            server,
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
@@ -449,7 +466,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         };
         let finished = Instant::now();
         self.proxy.record(&Record {
-            conn: self.conn,
+            conn: prepared.client.as_deref().unwrap_or(self.conn),
             route: prepared.route.as_ref(),
             status,
             elapsed: finished.saturating_duration_since(prepared.started),

@@ -22,7 +22,6 @@ use ingress_wire::chunked::{ChunkError, Chunked};
 use ingress_wire::header::{self, Kind, tokens};
 use ingress_wire::request::{MAX_HEADERS, push};
 
-use crate::proxy::phase::response::SERVER;
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 
@@ -63,6 +62,8 @@ pub struct ResponseContext<'a> {
     pub close: bool,
     /// `Strict-Transport-Security`, when the connection is HTTPS and HSTS is on.
     pub hsts: Option<&'a [u8]>,
+    /// The `Server` value (`server-tokens`).
+    pub server: &'a [u8],
     /// The client spoke HTTP/1.0: no chunked framing, no 1xx.
     pub http10: bool,
     /// The protocol the request asked to switch to; only then is a 101 acceptable.
@@ -259,7 +260,7 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
     } else if !informational {
         if !ctx.edits.is_some_and(|e| e.replaces("server")) {
             out.extend_from_slice(b"server: ");
-            out.extend_from_slice(SERVER.as_bytes());
+            out.extend_from_slice(ctx.server);
             out.extend_from_slice(b"\r\n");
         }
         for (name, value) in ctx.edits.into_iter().flat_map(|e| e.emitted(status)) {
@@ -394,7 +395,7 @@ pub fn write_local(
             b"\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: ",
             itoa::Buffer::new().format(body.len()).as_bytes(),
             b"\r\nserver: ",
-            SERVER.as_bytes(),
+            ctx.server,
             b"\r\ndate: ",
             &http_date(),
             b"\r\n",

@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use futures_util::FutureExt;
 
 use crate::proxy::connect::{Connectors, Transport, UpstreamStream};
-use crate::proxy::pool::{PoolKey, PoolSettings};
+use crate::proxy::pool::{PoolKey, PoolLimits};
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::policy::Wire;
 
@@ -34,12 +34,12 @@ struct Idle {
 
 pub struct StreamPool {
     idle: Mutex<HashMap<PoolKey, IdleLists, foldhash::fast::RandomState>>,
-    settings: PoolSettings,
+    settings: Arc<PoolLimits>,
     connectors: Arc<Connectors>,
 }
 
 impl StreamPool {
-    pub fn new(settings: PoolSettings, connectors: Arc<Connectors>) -> Self {
+    pub fn new(settings: Arc<PoolLimits>, connectors: Arc<Connectors>) -> Self {
         Self {
             idle: Mutex::new(HashMap::default()),
             settings,
@@ -56,7 +56,7 @@ impl StreamPool {
         now: Instant,
     ) -> Result<Upstream, UpstreamError> {
         while let Some(mut idle) = self.pop(key, transport) {
-            if now.saturating_duration_since(idle.since) < self.settings.idle_timeout
+            if now.saturating_duration_since(idle.since) < self.settings.idle_timeout()
                 && still_open(&mut idle.stream)
             {
                 return Ok(Upstream {
@@ -104,7 +104,7 @@ impl StreamPool {
         let Some((_, list)) = lists.get_mut(at) else {
             return;
         };
-        if list.len() < self.settings.max_idle_per_endpoint {
+        if list.len() < self.settings.max_idle_per_endpoint() {
             list.push(Idle {
                 stream: upstream.stream,
                 buf: upstream.buf,

@@ -25,7 +25,7 @@ use ingress_wire::header::usable_request_id;
 use crate::proxy::access_log::{Logged, Meter, UpstreamMeter};
 use crate::proxy::connect::Transport;
 use crate::proxy::phase::identity::ConnInfo;
-use crate::proxy::phase::response::{self, SERVER};
+use crate::proxy::phase::response;
 use crate::proxy::phase::route::Refusal;
 use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
@@ -34,6 +34,7 @@ use crate::proxy::pool::SendError;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
+use crate::snapshot::global::GlobalSettings;
 use crate::snapshot::policy::Wire;
 
 impl Proxy {
@@ -50,11 +51,14 @@ impl Proxy {
             request_bytes: request_bytes(&req),
             ..Meter::default()
         };
-        let (mut response, route, host, outcome) = self.serve_h2(req, &conn, &mut meter).await;
+        let (mut response, route, host, outcome, client, global) =
+            self.serve_h2(req, &conn, &mut meter).await;
+        // The client as this request named it (trusted forwarded headers), else the connection's.
+        let conn = client.map_or(conn, |client| Arc::new(*client));
         response
             .headers_mut()
-            .insert(header::SERVER, SERVER.clone());
-        if let Some(hsts) = self.hsts(conn.https) {
+            .insert(header::SERVER, response::server(&global).clone());
+        if let Some(hsts) = response::hsts(&global, conn.https) {
             response
                 .headers_mut()
                 .entry(header::STRICT_TRANSPORT_SECURITY)
@@ -142,6 +146,8 @@ impl Proxy {
         Option<Arc<Route>>,
         Option<String>,
         Outcome,
+        Option<Box<ConnInfo>>,
+        Arc<GlobalSettings>,
     ) {
         let refuse = |refusal: Refusal, host: Option<String>| {
             (
@@ -149,6 +155,8 @@ impl Proxy {
                 None,
                 host,
                 Outcome::refused(refusal),
+                None,
+                self.published.load().global.clone(),
             )
         };
         match *req.method() {
@@ -193,6 +201,8 @@ impl Proxy {
             target,
             route,
             decision,
+            conn: client,
+            global,
         } = self.request_phases(
             conn,
             RequestView {
@@ -243,7 +253,7 @@ impl Proxy {
                         forward,
                         &forwarded_target,
                         &request,
-                        conn,
+                        client.as_deref().unwrap_or(conn),
                         route.as_ref(),
                     )
                     .await;
@@ -257,7 +267,7 @@ impl Proxy {
                 (response, outcome)
             }
         };
-        (response, route, Some(host), outcome)
+        (response, route, Some(host), outcome, client, global)
     }
 
     async fn forward(
@@ -298,6 +308,7 @@ impl Proxy {
             connect_timeout,
             next_upstream,
             request_headers,
+            underscores,
             ..
         } = forward;
         // proxy-next-upstream, for attempts that could not connect: the request comes back
@@ -327,7 +338,7 @@ impl Proxy {
             &mut parts.headers,
             &conn.client,
             request,
-            &self.settings.headers,
+            &forward::HeaderOptions { underscores },
         );
         for (name, value) in request_headers.iter().flat_map(|edits| edits.set.iter()) {
             parts.headers.remove(name);

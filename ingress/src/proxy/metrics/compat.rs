@@ -27,10 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, LabelSetEncoder, MetricEncoder};
-use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use crate::proxy::access_log::{Meter, upstream_name};

@@ -53,11 +53,12 @@ use super::access_log::{Logged, Meter};
 use super::connect::Transport;
 use super::pool::PoolKey;
 use super::upstream::UpstreamError;
-use crate::snapshot::Route;
 use crate::snapshot::annotations::snippet::{RequestEdits, ResponseEdits};
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 use crate::snapshot::backend::InFlight;
+use crate::snapshot::global::GlobalSettings;
 use crate::snapshot::policy::{NextUpstream, Wire};
+use crate::snapshot::{Route, Snapshot};
 use identity::ConnInfo;
 use route::Refusal;
 
@@ -68,11 +69,20 @@ pub(crate) trait RequestHeaders {
     fn header(&self, name: &str) -> Option<&[u8]>;
     /// The value of the cookie `name` in the `Cookie` headers.
     fn cookie(&self, name: &str) -> Option<&[u8]>;
+    /// Every value of the header `name` (lower-case), in the order they came.
+    fn all(&self, name: &str) -> Vec<&[u8]>;
 }
 
 impl RequestHeaders for http::HeaderMap {
     fn header(&self, name: &str) -> Option<&[u8]> {
         self.get(name).map(http::HeaderValue::as_bytes)
+    }
+
+    fn all(&self, name: &str) -> Vec<&[u8]> {
+        self.get_all(name)
+            .iter()
+            .map(http::HeaderValue::as_bytes)
+            .collect()
     }
 
     fn cookie(&self, name: &str) -> Option<&[u8]> {
@@ -90,6 +100,13 @@ impl RequestHeaders for &[httparse::Header<'_>] {
         self.iter()
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .map(|h| h.value)
+    }
+
+    fn all(&self, name: &str) -> Vec<&[u8]> {
+        self.iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+            .collect()
     }
 
     fn cookie(&self, name: &str) -> Option<&[u8]> {
@@ -174,6 +191,8 @@ pub(crate) struct Forward {
     pub(crate) response_rewrite: Option<Arc<UpstreamRewrite>>,
     /// The canary phase chose the route's canary (the access log's alternative upstream).
     pub(crate) canary: bool,
+    /// Pass on request header names with `_` (`enable-underscores-in-headers`).
+    pub(crate) underscores: bool,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -182,6 +201,12 @@ pub(crate) struct Phased<'t> {
     pub(crate) target: Option<Target<'t>>,
     pub(crate) route: Option<Arc<Route>>,
     pub(crate) decision: Decision,
+    /// The client of this request when trusted forwarded headers make it differ from the
+    /// connection's: what forwarding headers, the access log and every phase after identity
+    /// read.
+    pub(crate) conn: Option<Box<ConnInfo>>,
+    /// The global settings of the snapshot the request was decided on.
+    pub(crate) global: Arc<GlobalSettings>,
 }
 
 /// How a request ended, for the access log.
@@ -225,12 +250,33 @@ pub(crate) struct Record<'a> {
 }
 
 impl Proxy {
-    /// Runs the request phases for one request (see [`RequestView`]).
+    /// Runs the request phases for one request (see [`RequestView`]): first the client
+    /// identity (per request only when forwarded headers are trusted), then the rest on the
+    /// snapshot current when the request arrived.
     pub(crate) fn request_phases<'t>(
         &self,
         conn: &ConnInfo,
         request: RequestView<'_, 't>,
     ) -> Phased<'t> {
+        let snapshot = self.published.load();
+        let own = conn.for_request(&snapshot.global.forwarded, request.headers);
+        let (target, route, decision) =
+            self.decide(&snapshot, own.as_deref().unwrap_or(conn), request);
+        Phased {
+            target,
+            route,
+            decision,
+            conn: own,
+            global: snapshot.global.clone(),
+        }
+    }
+
+    fn decide<'t>(
+        &self,
+        snapshot: &Snapshot,
+        conn: &ConnInfo,
+        request: RequestView<'_, 't>,
+    ) -> (Option<Target<'t>>, Option<Arc<Route>>, Decision) {
         let RequestView {
             method,
             host,
@@ -239,10 +285,8 @@ impl Proxy {
             headers,
             body_len,
         } = request;
-        let refused = |refusal: Refusal, target: Option<Target<'t>>| Phased {
-            target,
-            route: None,
-            decision: Decision::Refuse(refusal),
+        let refused = |refusal: Refusal, target: Option<Target<'t>>| {
+            (target, None, Decision::Refuse(refusal))
         };
         let mut target = match target::parse(raw_target, &self.settings.paths) {
             Ok(target) => target,
@@ -251,7 +295,6 @@ impl Proxy {
                 return refused(Refusal::bad_request("invalid request target"), None);
             }
         };
-        let snapshot = self.published.load();
         if let Err(refusal) = tls::check(&snapshot.tls, conn, host, self.settings.no_sni_requests) {
             return refused(refusal, Some(target));
         }
@@ -259,20 +302,12 @@ impl Proxy {
             .host(host)
             .and_then(|vhost| redirect::host(&vhost.policy, conn, authority, raw_target, &target))
         {
-            return Phased {
-                target: Some(target),
-                route: None,
-                decision,
-            };
+            return (Some(target), None, decision);
         }
-        let route = match route::find(&snapshot, host, &target) {
+        let route = match route::find(snapshot, host, &target) {
             Ok(Some(route)) => route.clone(),
             Ok(None) => {
-                return Phased {
-                    target: Some(target),
-                    route: None,
-                    decision: Decision::Respond(StatusCode::NOT_FOUND),
-                };
+                return (Some(target), None, Decision::Respond(StatusCode::NOT_FOUND));
             }
             Err(refusal) => return refused(refusal, Some(target)),
         };
@@ -303,10 +338,11 @@ impl Proxy {
                 });
                 let prefix = rewrite::apply(&route.policy.rewrite, &mut target);
                 let backend = canary::backend(&route, headers);
+                let timeouts = &snapshot.global.timeouts;
                 let defaults = upstream::Defaults {
-                    response: self.settings.response_timeout,
-                    connect: self.settings.connect_timeout,
-                    send: self.settings.upstream_send_timeout,
+                    response: timeouts.read,
+                    connect: timeouts.connect,
+                    send: timeouts.send,
                 };
                 let mut decision = upstream::forward(
                     &route,
@@ -327,13 +363,10 @@ impl Proxy {
                     forward.canary = canary;
                     forward.response_headers = response::edits(&route.policy.response);
                     forward.response_rewrite = response::rewrites(&route.policy.response);
+                    forward.underscores = snapshot.global.underscores;
                 }
                 decision
             });
-        Phased {
-            target: Some(target),
-            route: Some(route),
-            decision,
-        }
+        (Some(target), Some(route), decision)
     }
 }

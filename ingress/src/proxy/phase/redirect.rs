@@ -61,7 +61,9 @@ pub(crate) fn check(
         let code = StatusCode::from_u16(redirect.code).unwrap_or(StatusCode::MOVED_PERMANENTLY);
         return Some(Decision::Redirect(code, redirect.url.to_string()));
     }
-    if conn.https || !policy.to_https {
+    // The scheme the client used: the connection's, or the one a trusted proxy names in
+    // X-Forwarded-Proto (so TLS ended at a balancer in front does not redirect forever).
+    if conn.client.https || !policy.to_https {
         return None;
     }
     let host = host?;

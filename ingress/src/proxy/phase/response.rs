@@ -12,10 +12,28 @@ use crate::proxy::metrics::compat::Observed;
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
+use crate::snapshot::global::GlobalSettings;
 use crate::snapshot::policy::ResponsePolicy;
 
 /// The `Server` header of every response.
 pub(crate) static SERVER: HeaderValue = HeaderValue::from_static("ingress");
+/// The same with `server-tokens` on.
+pub(crate) static SERVER_VERSION: HeaderValue =
+    HeaderValue::from_static(concat!("ingress/", env!("CARGO_PKG_VERSION")));
+
+/// The `Server` value the global settings ask for.
+pub(crate) fn server(global: &GlobalSettings) -> &'static HeaderValue {
+    if global.server_tokens {
+        &SERVER_VERSION
+    } else {
+        &SERVER
+    }
+}
+
+/// The `Strict-Transport-Security` value for a response on a connection that is HTTPS or not.
+pub(crate) fn hsts(global: &GlobalSettings, https: bool) -> Option<&HeaderValue> {
+    global.hsts_header.as_ref().filter(|_| https)
+}
 
 /// The edits of the upstream's response headers on a route with `policy` (a snippet's
 /// `add_header`, `more_set_headers`, `more_clear_headers`): HTTP/1.x applies them as it writes
@@ -44,11 +62,6 @@ pub(crate) fn rewrite_headers(rewrite: &UpstreamRewrite, headers: &mut http::Hea
 }
 
 impl Proxy {
-    /// The `Strict-Transport-Security` value for a response on this connection, if any.
-    pub(crate) fn hsts(&self, https: bool) -> Option<&HeaderValue> {
-        self.settings.hsts.as_ref().filter(|_| https)
-    }
-
     /// Metrics and the access log line, the same for both HTTP paths.
     pub(crate) fn record(&self, r: &Record<'_>) {
         self.observe(r);

@@ -92,6 +92,7 @@ pub(crate) fn forward(
         response_headers: None,
         response_rewrite: None,
         canary: false,
+        underscores: false,
     })
 }
 

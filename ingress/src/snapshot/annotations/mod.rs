@@ -659,6 +659,18 @@ pub fn source_ranges(
     })
 }
 
+/// Whether an Ingress sets its own allow-list and deny-list (so the global ones do not apply).
+pub fn sets_source_ranges(annotations: Option<&BTreeMap<String, String>>) -> (bool, bool) {
+    let Some(annotations) = annotations else {
+        return (false, false);
+    };
+    let set = |names: &[&str]| names.iter().any(|n| lookup(annotations, n).is_some());
+    (
+        set(&["allowlist-source-range", "whitelist-source-range"]),
+        set(&["denylist-source-range"]),
+    )
+}
+
 fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
     [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
         annotations

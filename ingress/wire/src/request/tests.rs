@@ -224,8 +224,10 @@ fn request_heads() {
 fn upstream_framing_and_upgrades() {
     let client = ClientFacts {
         ip: b"192.0.2.7",
+        forwarded_for: b"192.0.2.7",
         port: b"80",
         https: false,
+        host: None,
     };
     let paths = PathSettings::default();
     let cases: &[(&[u8], UpstreamBody, bool, &[&str], &[&str])] = &[
@@ -306,8 +308,10 @@ fn upstream_framing_and_upgrades() {
 fn route_set_headers_replace_the_clients() {
     let client = ClientFacts {
         ip: b"192.0.2.1",
+        forwarded_for: b"192.0.2.1",
         port: b"80",
         https: false,
+        host: None,
     };
     let paths = PathSettings::default();
     let input = b"GET / HTTP/1.1\r\nHost: a\r\nX-Tenant: spoofed\r\nx-tenant: again\r\nAuthorization: secret\r\nX-Keep: k\r\n\r\n";

@@ -16,6 +16,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     head_request: false,
     close: false,
     hsts: None,
+    server: b"ingress",
     http10: false,
     upgrade: None,
     set_cookie: None,

@@ -1,0 +1,228 @@
+//! ingress-nginx's global ConfigMap (`--configmap`) in manifests mode, through the real binary
+//! with curl: its keys override the flags and apply live when the file changes (no restart),
+//! annotations still override it, a key that is not applied is reported by `ingress check`
+//! with why, and removing it brings the flags' values back.
+
+// A plain #[test] with no runtime: blocking sleeps between polls are what it should do.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ingress_tests::manifests::{annotated_ingress, service};
+use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::process::{Ingress, binary};
+use ingress_tests::scratch::Scratch;
+use ingress_tests::upstream::Backend;
+
+const FLAG: &str = "t/ingress-config";
+
+fn config_map(data: &[(&str, &str)]) -> String {
+    let mut out = String::from(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ingress-config, namespace: t}\ndata:\n",
+    );
+    for (k, v) in data {
+        out.push_str(&format!("  {k}: {v:?}\n"));
+    }
+    out
+}
+
+/// Polls `probe` until it returns `want` (a live change takes a debounce and a build).
+fn eventually<T: PartialEq + std::fmt::Debug>(what: &str, want: T, mut probe: impl FnMut() -> T) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = probe();
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {got:?}, wanted {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn configmap_keys_apply_live_and_annotations_override_them() {
+    let web = Backend::start("web");
+    let ca = Ca::new("test CA");
+    let leaf = ca.leaf(
+        "site",
+        &["secure.test"],
+        KeyKind::EcdsaP256,
+        KeyFormat::Pkcs8,
+        false,
+    );
+    let dir = Scratch::new("configmap-live");
+    let secure = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: secure, namespace: t}\nspec:\n  ingressClassName: ingress\n  tls: [{hosts: [secure.test], secretName: site}]\n  rules:\n  - host: secure.test\n    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}\n";
+    dir.write(
+        "site.yaml",
+        &[
+            service("t", "web", &[&web]),
+            secret_yaml("t", "site", &leaf.chain, &leaf.key),
+            secure.to_string(),
+            annotated_ingress(
+                "t",
+                "plain",
+                1,
+                &[],
+                &[("plain.test", "/", "Prefix", "web")],
+            ),
+            annotated_ingress(
+                "t",
+                "own",
+                2,
+                &[("proxy-body-size", "4k")],
+                &[("own.test", "/", "Prefix", "web")],
+            ),
+        ]
+        .concat(),
+    );
+    dir.write(
+        "config.yaml",
+        &config_map(&[
+            ("proxy-body-size", "8k"),
+            ("hsts", "false"),
+            ("custom-http-errors", "404,503"),
+        ]),
+    );
+    let ca_file = dir.write("ca.pem", &ca.pem);
+    let body = dir.write("body", &"x".repeat(9 * 1024));
+    let small = dir.write("small", &"x".repeat(5 * 1024));
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--configmap", FLAG])
+        .start();
+    let post = |host: &str, file: &std::path::Path| -> u16 {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "10",
+            ])
+            .args(["-H", &format!("Host: {host}")])
+            .args(["--data-binary", &format!("@{}", file.display())])
+            .arg(ingress.url("/upload"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+    };
+    let port = ingress.https.port();
+    let hsts = || -> Option<String> {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+                "--max-time",
+                "10",
+                "--cacert",
+            ])
+            .arg(&ca_file)
+            .args([
+                "--resolve",
+                &format!("secure.test:{port}:127.0.0.1"),
+                &format!("https://secure.test:{port}/"),
+            ])
+            .output()
+            .unwrap();
+        let head = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(head.starts_with("HTTP/"), "no HTTPS answer: {head}");
+        head.lines().find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("strict-transport-security: ")
+                .map(|v| v.trim().to_string())
+        })
+    };
+    // The ConfigMap's 8k, not the flag's 1m; the annotation's 4k beats the ConfigMap.
+    assert_eq!(post("plain.test", &body), 413);
+    assert_eq!(post("plain.test", &small), 200);
+    assert_eq!(post("own.test", &small), 413);
+    assert_eq!(hsts(), None, "hsts: false in the ConfigMap");
+
+    // `ingress check` reports the key that is not applied, and why.
+    let check = Command::new(binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .args(["--configmap", FLAG])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        report.contains("ConfigMap t/ingress-config")
+            && report.contains("custom-http-errors: ignored, not supported"),
+        "{report}"
+    );
+
+    // A change to the file applies live.
+    dir.replace(
+        "config.yaml",
+        &config_map(&[
+            ("proxy-body-size", "16k"),
+            ("hsts", "true"),
+            ("hsts-max-age", "600"),
+            ("hsts-preload", "true"),
+        ]),
+    );
+    eventually("the new body limit", 200, || post("plain.test", &body));
+    assert_eq!(
+        hsts().as_deref(),
+        Some("max-age=600; preload"),
+        "the ConfigMap's HSTS"
+    );
+    assert_eq!(post("own.test", &small), 413, "the annotation still wins");
+
+    // An invalid value keeps the default (the flag's), and says so.
+    dir.replace(
+        "config.yaml",
+        &config_map(&[("proxy-body-size", "lots"), ("hsts", "on")]),
+    );
+    eventually(
+        "the flags' HSTS",
+        Some("max-age=31536000".to_string()),
+        hsts,
+    );
+    assert_eq!(post("plain.test", &body), 200, "the flag's 1m");
+    assert!(
+        ingress.wait_for_log("InvalidConfigValue", Duration::from_secs(5)),
+        "{}",
+        ingress.logs()
+    );
+
+    // upstream-keepalive-connections: kept idle connections are reused (one connection for
+    // three requests); with 0 none is kept (one connection each).
+    let fresh = |n: usize| {
+        let before = web.connections();
+        for _ in 0..n {
+            assert_eq!(post("plain.test", &small), 200);
+        }
+        web.connections() - before
+    };
+    fresh(1);
+    assert_eq!(fresh(3), 0, "pooled connections are reused");
+    dir.replace(
+        "config.yaml",
+        &config_map(&[("upstream-keepalive-connections", "0")]),
+    );
+    eventually("no idle upstream connection kept", 3, || fresh(3));
+
+    // Without the ConfigMap the flags apply again.
+    dir.replace("config.yaml", &config_map(&[("proxy-body-size", "8k")]));
+    eventually("the ConfigMap's limit again", 413, || {
+        post("plain.test", &body)
+    });
+    std::fs::remove_file(dir.path().join("config.yaml")).unwrap();
+    eventually("the flag's limit", 200, || post("plain.test", &body));
+    assert!(
+        ingress.wait_for_log("ConfigMapNotFound", Duration::from_secs(5)),
+        "{}",
+        ingress.logs()
+    );
+}
