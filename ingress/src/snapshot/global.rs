@@ -284,7 +284,7 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
     use KeyStatus::*;
     const NGINX_TUNING: &str = "tunes nginx itself; there is no nginx here";
     const TLS: &str = "TLS versions and cipher suites are rustls's safe defaults (TLS 1.2 and 1.3, AEAD suites with forward secrecy only) and are not configurable";
-    const LOGGING: &str = "the access log has a fixed set of fields (see docs/proxy.md), as text or JSON (--log-format)";
+    const LOGGING: &str = "the access log's fields are fixed: this project's, as text or JSON, or with --access-log-format upstream ingress-nginx's default log-format-upstream line (see docs/metrics.md)";
     const POOL: &str = "an idle upstream connection is reused however many requests it served and however old it is, until upstream-keepalive-timeout of idleness";
     Some(match key {
         "proxy-body-size"

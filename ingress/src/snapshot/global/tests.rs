@@ -183,7 +183,7 @@ fn keys_not_applied_are_each_reported_with_why() {
     );
     for (name, says) in [
         ("custom-http-errors", "not supported"),
-        ("log-format-upstream", "fixed set of fields"),
+        ("log-format-upstream", "log-format-upstream line"),
         ("ssl-protocols", "rustls"),
         ("upstream-keepalive-requests", "however many requests"),
         ("worker-processes", "accepted, no effect"),
