@@ -660,6 +660,42 @@ pub struct LogArgs {
     /// host per route: set it only where the hosts are few).
     #[arg(long, env = "INGRESS_METRICS_PER_HOST", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub metrics_per_host: bool,
+    /// Trace requests with OpenTelemetry, sending spans over OTLP/HTTP (protobuf) to this URL
+    /// (e.g. `http://otel-collector:4318/v1/traces`). Off when unset: nothing is traced, and
+    /// `traceparent` passes through untouched.
+    #[arg(long, env = "INGRESS_OTLP_ENDPOINT", value_name = "URL", value_parser = otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the spans.
+    #[arg(
+        long,
+        env = "INGRESS_OTEL_SERVICE_NAME",
+        default_value = "ingress",
+        value_name = "NAME"
+    )]
+    pub otel_service_name: String,
+    /// The share of new traces sampled, 0 to 1 (ingress-nginx's `otel-sampler-ratio`).
+    #[arg(long, env = "INGRESS_OTEL_SAMPLER_RATIO", default_value_t = 0.01, value_name = "RATIO", value_parser = sampler_ratio)]
+    pub otel_sampler_ratio: f64,
+    /// Follow the caller's sampling decision when a request carries `traceparent`.
+    #[arg(long, env = "INGRESS_OTEL_SAMPLER_PARENT_BASED", default_value_t = true, action = ArgAction::Set, value_name = "BOOL")]
+    pub otel_sampler_parent_based: bool,
+}
+
+/// `--otlp-endpoint`: an `http://` or `https://` URL.
+fn otlp_endpoint(s: &str) -> Result<String, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(s.to_string()),
+        _ => Err("expected an http:// or https:// URL with a host".into()),
+    }
+}
+
+/// `--otel-sampler-ratio`: 0 to 1.
+fn sampler_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err("expected a number from 0 to 1".into()),
+    }
 }
 
 /// `--metrics-compat`.
@@ -734,6 +770,18 @@ impl LogArgs {
                 Into::into,
             ),
         }
+    }
+
+    /// The OpenTelemetry pipeline, when `--otlp-endpoint` is set.
+    pub fn otel(&self) -> Option<crate::telemetry::otel::OtelSettings> {
+        self.otlp_endpoint
+            .as_ref()
+            .map(|endpoint| crate::telemetry::otel::OtelSettings {
+                endpoint: endpoint.clone(),
+                service_name: self.otel_service_name.clone(),
+                ratio: self.otel_sampler_ratio,
+                parent_based: self.otel_sampler_parent_based,
+            })
     }
 
     /// What the proxy makes of each request for the access log.

@@ -61,6 +61,8 @@ pub enum RunError {
     },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    Otel(#[from] crate::telemetry::otel::OtelError),
     #[error("cannot install signal handler: {0}")]
     Signal(std::io::Error),
     #[error("--default-certificate {0:?}: expected NAMESPACE/NAME")]
@@ -173,22 +175,34 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         }
     };
 
-    let proxy = Arc::new(Proxy::new(
-        published.clone(),
-        proxy_metrics.clone(),
-        ProxySettings {
-            client_body_timeout: args.limits.client_body_timeout,
-            client_send_timeout: args.limits.client_send_timeout,
-            access_log: args.log.access_log,
-            access_format: args.log.access_format(),
-            https_port: args.listen.https_port,
-            paths: PathSettings {
-                escaped_slashes: args.requests.escaped_slashes.into(),
-                merge_slashes: args.requests.merge_slashes,
+    // Kept for the life of the process: dropping it flushes the spans still batched.
+    let otel = args
+        .log
+        .otel()
+        .map(|settings| crate::telemetry::otel::start(&settings))
+        .transpose()?;
+    let tracing = otel
+        .as_ref()
+        .map(|(_, tracer)| Arc::new(crate::proxy::trace::Tracing::new(tracer.clone())));
+    let proxy = Arc::new(
+        Proxy::new(
+            published.clone(),
+            proxy_metrics.clone(),
+            ProxySettings {
+                client_body_timeout: args.limits.client_body_timeout,
+                client_send_timeout: args.limits.client_send_timeout,
+                access_log: args.log.access_log,
+                access_format: args.log.access_format(),
+                https_port: args.listen.https_port,
+                paths: PathSettings {
+                    escaped_slashes: args.requests.escaped_slashes.into(),
+                    merge_slashes: args.requests.merge_slashes,
+                },
+                no_sni_requests: args.tls.no_sni_requests.into(),
             },
-            no_sni_requests: args.tls.no_sni_requests.into(),
-        },
-    ));
+        )
+        .with_tracing(tracing),
+    );
     let serving = Arc::new(Serving::new(
         proxy.clone(),
         HttpSettings {

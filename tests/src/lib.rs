@@ -28,6 +28,7 @@ pub mod https_upstream;
 pub mod manifests;
 pub mod modes;
 pub mod netns;
+pub mod otlp;
 pub mod passthrough;
 pub mod pins;
 pub mod pki;

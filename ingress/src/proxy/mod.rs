@@ -34,6 +34,7 @@ pub mod respond;
 pub mod rewind;
 pub mod settings;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub struct Proxy {
     streams: h1::streams::StreamPool,
     metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
+    /// `--otlp-endpoint`: request spans; `None` (the default) costs nothing.
+    tracing: Option<Arc<trace::Tracing>>,
 }
 
 impl Proxy {
@@ -84,7 +87,14 @@ impl Proxy {
             streams: h1::streams::StreamPool::new(limits, connectors),
             metrics,
             settings,
+            tracing: None,
         }
+    }
+
+    /// Traces requests with `tracing` (W3C trace context and OpenTelemetry spans).
+    pub fn with_tracing(mut self, tracing: Option<Arc<trace::Tracing>>) -> Self {
+        self.tracing = tracing;
+        self
     }
 
     pub fn settings(&self) -> &ProxySettings {

@@ -412,7 +412,9 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
             || key.starts_with("enable-opentracing")
             || key.starts_with("opentracing") =>
         {
-            Unsupported("tracing export is not implemented")
+            Unsupported(
+                "tracing is set up at startup by flags: --otlp-endpoint (OTLP over HTTP), --otel-service-name, --otel-sampler-ratio, --otel-sampler-parent-based",
+            )
         }
         _ => {
             return KNOWN_OTHER

@@ -15,5 +15,6 @@
 pub mod compat;
 pub mod logging;
 pub mod metrics;
+pub mod otel;
 
 pub use metrics::Telemetry;

@@ -53,6 +53,7 @@ use super::phase::response as phase_response;
 use super::phase::route::Refusal;
 use super::phase::{Phased, RequestHeaders, RequestView};
 use super::settings::HttpSettings;
+use super::trace::{self, RequestTrace};
 use super::upstream::UpstreamError;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
@@ -178,6 +179,8 @@ struct Prepared {
     client: Option<Box<ConnInfo>>,
     /// The global settings of the snapshot it was decided on.
     global: Arc<GlobalSettings>,
+    /// Its spans, with `--otlp-endpoint`.
+    trace: Option<RequestTrace>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
@@ -272,6 +275,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             )
         });
         let authority = req.authority.as_ref().map(|a| a.raw);
+        let mut trace = proxy.tracing.as_ref().map(|tracing| {
+            let started = trace::Started {
+                method: req.method,
+                target: &req.target,
+                host,
+                protocol: if req.version == Version::Http10 {
+                    "1.0"
+                } else {
+                    "1.1"
+                },
+                client: self.conn.peer.ip(),
+                at: started,
+            };
+            tracing.start(&started, &req.headers)
+        });
+        let phases_at = Instant::now();
         let phased = proxy.request_phases(
             self.conn,
             RequestView {
@@ -295,6 +314,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             global,
         } = phased;
         let facts = client.as_deref().unwrap_or(self.conn).client.facts();
+        if let (Some(tracing), Some(trace)) = (&proxy.tracing, &trace) {
+            tracing.phases(trace, phases_at, route.as_deref(), decision.name());
+        }
         // This path speaks HTTP/1.1 to upstreams; an HTTP/2 upstream is reached from HTTP/2
         // clients (h2/).
         let action = match decision {
@@ -312,7 +334,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
                 .map(<[u8]>::to_vec);
             let key = forward.key.to_string();
-            let set_headers: Vec<(&str, Option<&[u8]>)> = forward
+            // The upstream span's context replaces the client's traceparent.
+            let traced = match (&proxy.tracing, &mut trace) {
+                (Some(tracing), Some(trace)) => tracing.upstream(trace, &forward.key),
+                _ => Vec::new(),
+            };
+            let mut set_headers: Vec<(&str, Option<&[u8]>)> = forward
                 .request_headers
                 .as_deref()
                 .map(|edits| {
@@ -323,6 +350,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         .collect()
                 })
                 .unwrap_or_default();
+            set_headers.extend(traced.iter().map(|(n, v)| (*n, Some(v.as_bytes()))));
             let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
             request::write_upstream(
                 &mut self.request,
@@ -364,6 +392,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .map(Box::from),
             client,
             global,
+            trace,
         };
         let head_len = req.head_len;
         self.meter = Meter {
@@ -400,6 +429,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             host: None,
             client: None,
             global: self.proxy.published.load().global.clone(),
+            trace: None,
         }
     }
 
@@ -465,6 +495,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             }
         };
         let finished = Instant::now();
+        if let Some(trace) = prepared.trace.take() {
+            trace.finish(status, &self.meter);
+        }
         self.proxy.record(&Record {
             conn: prepared.client.as_deref().unwrap_or(self.conn),
             route: prepared.route.as_ref(),

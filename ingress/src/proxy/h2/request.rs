@@ -31,6 +31,7 @@ use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
 use crate::proxy::pool::PoolKey;
 use crate::proxy::pool::SendError;
+use crate::proxy::trace::{self, RequestTrace};
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
@@ -51,8 +52,10 @@ impl Proxy {
             request_bytes: request_bytes(&req),
             ..Meter::default()
         };
-        let (mut response, route, host, outcome, client, global) =
-            self.serve_h2(req, &conn, &mut meter).await;
+        let mut trace = None;
+        let (mut response, route, host, outcome, client, global) = self
+            .serve_h2(req, &conn, &mut meter, &mut trace, started)
+            .await;
         // The client as this request named it (trusted forwarded headers), else the connection's.
         let conn = client.map_or(conn, |client| Arc::new(*client));
         response
@@ -95,10 +98,13 @@ impl Proxy {
         // sent and how long it took. The proxy's own answers are whole already.
         let streamed = !matches!(response.body(), Either::Right(Either::Right(_)));
         let at_end = logged.is_some() || self.metrics.compat.is_some();
-        if !(streamed && at_end) {
+        if !(streamed && (at_end || trace.is_some())) {
             meter.body_bytes_sent = hyper::body::Body::size_hint(response.body())
                 .exact()
                 .unwrap_or(0);
+            if let Some(trace) = trace {
+                trace.finish(status, &meter);
+            }
             self.record(&record(&meter));
             return Ok(response);
         }
@@ -110,6 +116,9 @@ impl Proxy {
             meter.body_bytes_sent = sent;
             if let Some(up) = &mut meter.upstream {
                 up.finish(sent);
+            }
+            if let Some(trace) = trace {
+                trace.finish(status, &meter);
             }
             proxy.finished(&Record {
                 conn: &conn,
@@ -141,6 +150,8 @@ impl Proxy {
         mut req: Request<Incoming>,
         conn: &ConnInfo,
         meter: &mut Meter,
+        trace: &mut Option<RequestTrace>,
+        started: Instant,
     ) -> (
         Response<ProxyBody>,
         Option<Arc<Route>>,
@@ -197,6 +208,18 @@ impl Proxy {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_string();
+        if let Some(tracing) = &self.tracing {
+            let started = trace::Started {
+                method: req.method().as_str(),
+                target: &original,
+                host: Some(&host),
+                protocol: "2",
+                client: conn.peer.ip(),
+                at: started,
+            };
+            *trace = Some(tracing.start(&started, req.headers()));
+        }
+        let phases_at = Instant::now();
         let Phased {
             target,
             route,
@@ -214,6 +237,9 @@ impl Proxy {
                 body_len: hyper::body::Body::size_hint(req.body()).exact(),
             },
         );
+        if let (Some(tracing), Some(trace)) = (&self.tracing, &*trace) {
+            tracing.phases(trace, phases_at, route.as_deref(), decision.name());
+        }
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
         if !matches!(decision, Decision::Forward(_)) {
             drain(req.body_mut()).await;
@@ -246,6 +272,12 @@ impl Proxy {
                     original_uri: &original,
                 };
                 meter.canary = forward.canary;
+                // The upstream span's context replaces the client's traceparent.
+                if let (Some(tracing), Some(trace)) = (&self.tracing, trace.as_mut()) {
+                    for (name, value) in tracing.upstream(trace, &forward.key) {
+                        req.headers_mut().insert(name, value);
+                    }
+                }
                 let upstream_started = Instant::now();
                 let (response, outcome) = self
                     .forward(

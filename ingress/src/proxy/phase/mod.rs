@@ -153,6 +153,20 @@ pub(crate) enum Decision {
     Forward(Forward),
 }
 
+impl Decision {
+    /// What was decided, in a word (for traces).
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Decision::Respond(_) => "respond",
+            Decision::Redirect(..) => "redirect",
+            Decision::Preflight(_) => "preflight",
+            Decision::Refuse(_) => "refuse",
+            Decision::Fail(_) => "fail",
+            Decision::Forward(_) => "forward",
+        }
+    }
+}
+
 /// Where and how a request goes upstream.
 pub(crate) struct Forward {
     pub(crate) key: PoolKey,
