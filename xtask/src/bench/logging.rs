@@ -1,15 +1,21 @@
-//! What the access log costs: the same HTTP/1.1 keep-alive load through ingress with access
-//! lines off, as JSON events, and in ingress-nginx's `upstream` format, written to a file as a
-//! container runtime would take them from stdout. The configurations are interleaved round by
-//! round (a fresh rig each time), and each is reported as a ratio to "off" (the goal is at most
-//! 5% fewer requests/s with the log on). nginx is not involved; its rig process idles.
+//! What the access log and tracing cost: the same HTTP/1.1 keep-alive load through ingress with
+//! access lines off, as JSON events, and in ingress-nginx's `upstream` format (written to a file
+//! as a container runtime would take them from stdout), and with OpenTelemetry tracing at a 1%
+//! and a 100% sample ratio (spans exported over OTLP/HTTP to the rig's upstream nginx, which
+//! answers 200 to anything). The configurations are interleaved round by round (a fresh rig
+//! each time), and each is reported as a ratio to "off" (goals: at most 5% fewer requests/s
+//! with the log on; tracing off costs nothing, as "off" is also the untraced path). nginx is
+//! not involved; its rig process idles.
 
 use anyhow::Result;
 
 use super::rig::{self, Rig};
 use super::{Bench, median, wrk};
 
-const CONFIGS: [(&str, &[&str]); 3] = [
+/// The rig's upstream, which answers `200` to an OTLP export as to anything else.
+const SINK: &str = "http://127.0.0.1:19000/v1/traces";
+
+const CONFIGS: [(&str, &[&str]); 5] = [
     ("off", &[]),
     (
         "json",
@@ -32,6 +38,14 @@ const CONFIGS: [(&str, &[&str]); 3] = [
             "--log-level",
             "warn,access=info",
         ],
+    ),
+    (
+        "traced 1%",
+        &["--otlp-endpoint", SINK, "--otel-sampler-ratio", "0.01"],
+    ),
+    (
+        "traced 100%",
+        &["--otlp-endpoint", SINK, "--otel-sampler-ratio", "1"],
     ),
 ];
 
@@ -60,13 +74,13 @@ pub fn run(bench: &Bench) -> Result<()> {
     }
     writeln!(
         bench.report,
-        "\n## Access log cost: HTTP/1.1 keep-alive through ingress ({} connections, median of {} rounds)",
+        "\n## Access log and tracing cost: HTTP/1.1 keep-alive through ingress ({} connections, median of {} rounds)",
         bench.connections, bench.rounds
     );
     writeln!(
         bench.report,
         "{:<16} {:>12} {:>10} {:>10} {:>10}",
-        "access log", "requests/s", "p50 ms", "p99 ms", "vs off"
+        "observability", "requests/s", "p50 ms", "p99 ms", "vs off"
     );
     let off = median(runs[0].iter().map(|l| l.requests_per_sec).collect());
     for ((name, _), loads) in CONFIGS.iter().zip(&runs) {
