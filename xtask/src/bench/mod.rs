@@ -16,6 +16,7 @@ mod http;
 mod kube;
 mod logging;
 mod passthrough;
+mod policy;
 mod procs;
 mod report;
 mod rig;
@@ -38,8 +39,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, logging, memory, scale, kube, gate, accuracy,
-    /// passthrough, slow); default all. `gate` includes `accuracy`.
+    /// Only these sections (http, https, policy, logging, memory, scale, kube, gate,
+    /// accuracy, passthrough, slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -98,6 +99,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("https") {
         tls::run(&bench)?;
         bench.report.finish("https")?;
+    }
+    if wanted("policy") {
+        policy::run(&bench)?;
+        bench.report.finish("policy")?;
     }
     if wanted("logging") {
         logging::run(&bench)?;

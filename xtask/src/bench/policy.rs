@@ -1,0 +1,244 @@
+//! What a realistic route policy costs, in each proxy: the same HTTP/1.1 keep-alive load on a
+//! plain route and on one with ingress-nginx's regex path, `rewrite-target`, CORS and cookie
+//! affinity, through ingress and through nginx configured the way ingress-nginx's template
+//! configures it, side by side.
+//!
+//! ```text
+//!   core 1: wrk (Origin: http://app.bench.local), the upstream (nginx, two ports, 200)
+//!   core 0: ingress or nginx, one worker
+//!   plain.bench.local  /                 → upstream
+//!   policy.bench.local /api(/|$)(.*)     use-regex, rewrite-target /$2, enable-cors (an
+//!                                        allow-listed origin), affinity: cookie → upstream
+//! ```
+//!
+//! wrk sends no cookie back, so every request is a new session: each response carries a new
+//! `Set-Cookie`, the affinity's most expensive case. nginx has no cookie affinity of its own
+//! (ingress-nginx's is Lua); it stands in with `hash $cookie_INGRESSCOOKIE consistent` and a
+//! `Set-Cookie` added when the request had none. Goal: the policy costs ingress at most 10%
+//! of the plain route's requests/s.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+
+use super::procs::{self, Running};
+use super::{Bench, median, write, wrk};
+
+const UPSTREAM_A: u16 = 19300;
+const UPSTREAM_B: u16 = 19301;
+const NGINX: u16 = 19380;
+const INGRESS: u16 = 19381;
+const INGRESS_HTTPS: u16 = 19446;
+const INGRESS_ADMIN: u16 = 19256;
+const PLAIN: &str = "plain.bench.local";
+const POLICY: &str = "policy.bench.local";
+const ORIGIN: &str = "Origin: http://app.bench.local";
+
+pub fn run(bench: &Bench) -> Result<()> {
+    procs::ensure_free(&[
+        UPSTREAM_A,
+        UPSTREAM_B,
+        NGINX,
+        INGRESS,
+        INGRESS_HTTPS,
+        INGRESS_ADMIN,
+    ])?;
+    let dir = bench.scratch("policy")?;
+    let _upstream = start_upstream(&dir)?;
+    let mut nginx = start_nginx(&dir)?;
+    let mut ingress = start_ingress(bench, &dir)?;
+    let timeout = Duration::from_secs(20);
+    for port in [NGINX, INGRESS] {
+        procs::wait_http(&format!("http://127.0.0.1:{port}/"), PLAIN, timeout)?;
+        procs::wait_http(
+            &format!("http://127.0.0.1:{port}/api/items"),
+            POLICY,
+            timeout,
+        )?;
+    }
+    nginx.ensure_running("nginx")?;
+    ingress.ensure_running("ingress")?;
+
+    let targets = [
+        ("nginx", NGINX, PLAIN, "/"),
+        ("nginx", NGINX, POLICY, "/api/items"),
+        ("ingress", INGRESS, PLAIN, "/"),
+        ("ingress", INGRESS, POLICY, "/api/items"),
+    ];
+    let mut runs: Vec<Vec<wrk::Load>> = vec![Vec::new(); targets.len()];
+    let warm = Duration::from_secs(1);
+    for (_, port, host, path) in targets {
+        let url = format!("http://127.0.0.1:{port}{path}");
+        wrk::run(&url, host, warm, bench.connections, Some(ORIGIN))?;
+    }
+    for _ in 0..bench.rounds {
+        for (i, (name, port, host, path)) in targets.into_iter().enumerate() {
+            let url = format!("http://127.0.0.1:{port}{path}");
+            let load = wrk::run(&url, host, bench.duration, bench.connections, Some(ORIGIN))?;
+            ensure!(
+                load.non_2xx == 0 && load.socket_errors == 0,
+                "{name} {host}{path}: {} of {} answers were not 2xx ({} socket errors)",
+                load.non_2xx,
+                load.requests,
+                load.socket_errors
+            );
+            runs[i].push(load);
+        }
+    }
+    let rate = |i: usize| median(runs[i].iter().map(|l| l.requests_per_sec).collect());
+    let p99 = |i: usize| median(runs[i].iter().map(|l| l.p99_ms).collect());
+    writeln!(
+        bench.report,
+        "\n## Route policy: regex + rewrite-target + CORS + cookie affinity vs a plain route ({} connections, median of {} rounds)",
+        bench.connections, bench.rounds
+    );
+    writeln!(
+        bench.report,
+        "{:<10} {:<8} {:>12} {:>10}",
+        "proxy", "route", "requests/s", "p99 ms"
+    );
+    for (i, (name, _, host, _)) in targets.into_iter().enumerate() {
+        let route = if host == PLAIN { "plain" } else { "policy" };
+        writeln!(
+            bench.report,
+            "{:<10} {:<8} {:>12.0} {:>10.3}",
+            name,
+            route,
+            rate(i),
+            p99(i)
+        );
+    }
+    writeln!(
+        bench.report,
+        "policy/plain requests/s: nginx {:.2}x, ingress {:.2}x (goal for ingress: at least 0.90x)",
+        rate(1) / rate(0),
+        rate(3) / rate(2)
+    );
+    writeln!(
+        bench.report,
+        "ratio ingress/nginx on the policy route: requests/s {:.2}x, p99 {:.2}x (lower is better)",
+        rate(3) / rate(1),
+        p99(3) / p99(1)
+    );
+    Ok(())
+}
+
+/// The upstream: one nginx worker on CPU 1, on two ports (two endpoints to be sticky to).
+fn start_upstream(dir: &Path) -> Result<Running> {
+    write(
+        &dir.join("upstream.conf"),
+        &format!(
+            "worker_processes 1; daemon off; pid {d}/upstream.pid; error_log {d}/upstream-error.log;\n\
+             events {{ worker_connections 8192; }}\n\
+             http {{ access_log off;\n\
+             server {{ listen 127.0.0.1:{UPSTREAM_A} backlog=4096; listen 127.0.0.1:{UPSTREAM_B} backlog=4096;\n\
+             keepalive_requests 100000000; location / {{ return 200 \"hello from the upstream\\n\"; }} }} }}\n",
+            d = dir.display()
+        ),
+    )?;
+    let mut cmd = procs::pinned(1, "nginx");
+    cmd.args(["-p", &dir.to_string_lossy(), "-c"])
+        .arg(dir.join("upstream.conf"));
+    let upstream = Running::start("policy upstream", cmd, &dir.join("upstream.log"))?;
+    procs::wait_http(
+        &format!("http://127.0.0.1:{UPSTREAM_A}/"),
+        PLAIN,
+        Duration::from_secs(20),
+    )?;
+    Ok(upstream)
+}
+
+/// nginx as ingress-nginx's template writes these: a case-insensitive regex location, the
+/// rewrite, the CORS headers for an allowed origin, and the forwarding headers.
+fn start_nginx(dir: &Path) -> Result<Running> {
+    let forward = "proxy_http_version 1.1; proxy_set_header Connection \"\"; \
+                   proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr; \
+                   proxy_set_header X-Real-IP $remote_addr; proxy_set_header X-Forwarded-Proto $scheme; \
+                   proxy_set_header X-Forwarded-Host $host; proxy_set_header X-Request-ID $request_id;";
+    // The CORS values are empty for an origin that is not allowed, and nginx adds no header
+    // whose value is empty: the template's `if ($cors = true)`, without `if`.
+    let cors_headers = "add_header Access-Control-Allow-Origin $cors_origin always; \
+                        add_header Access-Control-Allow-Credentials $cors_credentials always; \
+                        add_header Access-Control-Allow-Methods $cors_methods always; \
+                        add_header Access-Control-Allow-Headers $cors_headers always; \
+                        add_header Access-Control-Max-Age $cors_max_age always;";
+    write(
+        &dir.join("nginx.conf"),
+        &format!(
+            "worker_processes 1; daemon off; pid {d}/nginx.pid; error_log {d}/nginx-error.log;\n\
+             events {{ worker_connections 8192; }}\n\
+             http {{ access_log off;\n\
+             map $http_origin $cors_origin {{ ~*^http://app\\.bench\\.local$ $http_origin; default \"\"; }}\n\
+             map $cors_origin $cors_credentials {{ \"\" \"\"; default true; }}\n\
+             map $cors_origin $cors_methods {{ \"\" \"\"; default \"GET, PUT, POST, DELETE, PATCH, OPTIONS\"; }}\n\
+             map $cors_origin $cors_headers {{ \"\" \"\"; default \"DNT,Keep-Alive,User-Agent,X-Requested-With,If-Modified-Since,Cache-Control,Content-Type,Range,Authorization\"; }}\n\
+             map $cors_origin $cors_max_age {{ \"\" \"\"; default 1728000; }}\n\
+             map $cookie_INGRESSCOOKIE $new_session {{ \"\" \"INGRESSCOOKIE=$request_id; Path=/api; HttpOnly\"; default \"\"; }}\n\
+             upstream plain {{ server 127.0.0.1:{UPSTREAM_A}; server 127.0.0.1:{UPSTREAM_B}; keepalive 128; }}\n\
+             upstream sticky {{ hash $cookie_INGRESSCOOKIE consistent; server 127.0.0.1:{UPSTREAM_A}; server 127.0.0.1:{UPSTREAM_B}; keepalive 128; }}\n\
+             server {{ listen 127.0.0.1:{NGINX} backlog=4096; server_name {PLAIN}; keepalive_requests 100000000;\n\
+             location / {{ proxy_pass http://plain; {forward} }} }}\n\
+             server {{ listen 127.0.0.1:{NGINX}; server_name {POLICY}; keepalive_requests 100000000;\n\
+             location ~* \"^/api(/|$)(.*)\" {{ {cors_headers} add_header Set-Cookie $new_session;\n\
+             rewrite \"(?i)/api(/|$)(.*)\" /$2 break; proxy_pass http://sticky; {forward} }} }} }}\n",
+            d = dir.display()
+        ),
+    )?;
+    let mut cmd = procs::pinned(0, "nginx");
+    cmd.args(["-p", &dir.to_string_lossy(), "-c"])
+        .arg(dir.join("nginx.conf"));
+    Running::start("nginx", cmd, &dir.join("nginx.log"))
+}
+
+fn start_ingress(bench: &Bench, dir: &Path) -> Result<Running> {
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    let slice = |name: &str, port: u16| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: bench, labels: {{kubernetes.io/service-name: upstream}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n"
+        )
+    };
+    write(
+        &manifests.join("policy.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n\
+             {a}{b}---\n\
+             apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: plain, namespace: bench}}\n\
+             spec:\n  ingressClassName: ingress\n  rules:\n  - host: {PLAIN}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n---\n\
+             apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: policy\n  namespace: bench\n  annotations:\n\
+             \x20   nginx.ingress.kubernetes.io/use-regex: \"true\"\n\
+             \x20   nginx.ingress.kubernetes.io/rewrite-target: /$2\n\
+             \x20   nginx.ingress.kubernetes.io/enable-cors: \"true\"\n\
+             \x20   nginx.ingress.kubernetes.io/cors-allow-origin: \"http://app.bench.local\"\n\
+             \x20   nginx.ingress.kubernetes.io/affinity: cookie\n\
+             \x20   nginx.ingress.kubernetes.io/session-cookie-path: /api\n\
+             spec:\n  ingressClassName: ingress\n  rules:\n  - host: {POLICY}\n    http: {{paths: [{{path: \"/api(/|$)(.*)\", pathType: ImplementationSpecific, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
+            a = slice("upstream-a", UPSTREAM_A),
+            b = slice("upstream-b", UPSTREAM_B),
+        ),
+    )?;
+    let mut cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
+    cmd.arg("--manifests")
+        .arg(&manifests)
+        .args([
+            "--bind",
+            "127.0.0.1",
+            "--worker-threads",
+            "1",
+            "--access-log",
+            "false",
+            "--log-level",
+            "warn",
+        ])
+        .args([
+            "--http-port",
+            &INGRESS.to_string(),
+            "--https-port",
+            &INGRESS_HTTPS.to_string(),
+            "--admin-port",
+            &INGRESS_ADMIN.to_string(),
+        ]);
+    Running::start("ingress", cmd, &dir.join("ingress.log"))
+}
