@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use super::RequestHeaders;
 use super::identity::ConnInfo;
+use super::samesite;
 use crate::snapshot::annotations::affinity::{Affinity, Mode, stable_hash};
 use crate::snapshot::annotations::hash::{HashKey, Piece};
 use crate::snapshot::backend::{Backend, Endpoint};
@@ -56,9 +57,19 @@ pub(crate) fn pick(
         }
     };
     let backend_key = backend_key(backend);
+    let samesite_none_ok = !(affinity.conditional_samesite_none
+        && headers
+            .header("user-agent")
+            .is_some_and(samesite::incompatible));
     Some((
         endpoint,
-        Some(set_cookie(affinity, &key, &backend_key, https)),
+        Some(set_cookie(
+            affinity,
+            &key,
+            &backend_key,
+            https,
+            samesite_none_ok,
+        )),
     ))
 }
 
@@ -143,7 +154,13 @@ fn rendezvous<'e>(endpoints: &'e [Arc<Endpoint>], key: &[u8]) -> Option<&'e Arc<
 
 /// The cookie, with ingress-nginx's attributes: `HttpOnly` always, `Secure` on HTTPS unless
 /// the annotation says, `Path` the route's unless set.
-fn set_cookie(affinity: &Affinity, key: &str, backend_key: &str, https: bool) -> String {
+fn set_cookie(
+    affinity: &Affinity,
+    key: &str,
+    backend_key: &str,
+    https: bool,
+    samesite_none_ok: bool,
+) -> String {
     let mut out = format!("{}={key}|{backend_key}", affinity.name);
     if let Some(seconds) = affinity.expires {
         let at = SystemTime::now() + Duration::from_secs(seconds.min(10 * 365 * 86_400));
@@ -160,7 +177,10 @@ fn set_cookie(affinity: &Affinity, key: &str, backend_key: &str, https: bool) ->
         out.push_str("; Secure");
     }
     out.push_str("; HttpOnly");
-    if let Some(samesite) = affinity.samesite {
+    if let Some(samesite) = affinity
+        .samesite
+        .filter(|s| *s != "None" || samesite_none_ok)
+    {
         let _ = write!(out, "; SameSite={samesite}");
     }
     out
@@ -206,31 +226,43 @@ mod tests {
             max_age: None,
             expires: None,
             samesite: None,
+            conditional_samesite_none: false,
             secure: None,
         };
         assert_eq!(
-            set_cookie(&base, "k", "b", false),
+            set_cookie(&base, "k", "b", false, true),
             "INGRESSCOOKIE=k|b; Path=/app; HttpOnly"
         );
         assert_eq!(
-            set_cookie(&base, "k", "b", true),
+            set_cookie(&base, "k", "b", true, true),
             "INGRESSCOOKIE=k|b; Path=/app; Secure; HttpOnly"
         );
         let full = Affinity {
             domain: Some("example.com".into()),
             max_age: Some(60),
             samesite: Some("None"),
+            conditional_samesite_none: false,
             secure: Some(false),
             ..base.clone()
         };
         assert_eq!(
-            set_cookie(&full, "k", "b", true),
+            set_cookie(&full, "k", "b", true, true),
             "INGRESSCOOKIE=k|b; Max-Age=60; Domain=example.com; Path=/app; HttpOnly; SameSite=None"
         );
+        // A browser that mishandles SameSite=None is not sent it; Lax and Strict are always sent.
+        assert_eq!(
+            set_cookie(&full, "k", "b", true, false),
+            "INGRESSCOOKIE=k|b; Max-Age=60; Domain=example.com; Path=/app; HttpOnly"
+        );
+        let lax = Affinity {
+            samesite: Some("Lax"),
+            ..full.clone()
+        };
+        assert!(set_cookie(&lax, "k", "b", true, false).ends_with("; SameSite=Lax"));
         let expiring = Affinity {
             expires: Some(3600),
             ..base
         };
-        assert!(set_cookie(&expiring, "k", "b", false).contains("; Expires="));
+        assert!(set_cookie(&expiring, "k", "b", false, true).contains("; Expires="));
     }
 }

@@ -39,6 +39,7 @@ pub mod redirect;
 pub mod response;
 pub mod rewrite;
 pub mod route;
+pub mod samesite;
 pub mod tls;
 pub mod upstream;
 

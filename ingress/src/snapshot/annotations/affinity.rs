@@ -29,6 +29,9 @@ pub struct Affinity {
     /// `session-cookie-expires`, seconds from now.
     pub expires: Option<u64>,
     pub samesite: Option<&'static str>,
+    /// `session-cookie-conditional-samesite-none`: leave `SameSite=None` out for the browsers
+    /// that mishandle it.
+    pub conditional_samesite_none: bool,
     /// `session-cookie-secure`; `None` is "when the request came over HTTPS".
     pub secure: Option<bool>,
 }
@@ -53,6 +56,7 @@ pub(super) fn parse(
         "session-cookie-max-age",
         "session-cookie-expires",
         "session-cookie-samesite",
+        "session-cookie-conditional-samesite-none",
         "session-cookie-secure",
     ];
     let Some((key, value)) = lookup(annotations, "affinity") else {
@@ -77,6 +81,7 @@ pub(super) fn parse(
         max_age: None,
         expires: None,
         samesite: None,
+        conditional_samesite_none: false,
         secure: None,
     };
     let mut check = |name: &str, ok: &dyn Fn(&str) -> bool, what: &str| -> Option<String> {
@@ -139,6 +144,12 @@ pub(super) fn parse(
         "\"true\" or \"false\"",
     )
     .map(|s| s == "true");
+    affinity.conditional_samesite_none = check(
+        "session-cookie-conditional-samesite-none",
+        &|s| s == "true" || s == "false",
+        "\"true\" or \"false\"",
+    )
+    .is_some_and(|s| s == "true");
     Some(affinity)
 }
 
@@ -180,12 +191,34 @@ mod tests {
             max_age: None,
             expires: None,
             samesite: None,
+            conditional_samesite_none: false,
             secure: None,
         };
         let cases: Vec<(Vec<(&str, &str)>, Option<Affinity>, usize)> = vec![
             (vec![], None, 0),
             (vec![("affinity", "cookie")], Some(default.clone()), 0),
             (vec![("affinity", "ip")], None, 1),
+            (
+                vec![
+                    ("affinity", "cookie"),
+                    ("session-cookie-samesite", "None"),
+                    ("session-cookie-conditional-samesite-none", "true"),
+                ],
+                Some(Affinity {
+                    samesite: Some("None"),
+                    conditional_samesite_none: true,
+                    ..default.clone()
+                }),
+                0,
+            ),
+            (
+                vec![
+                    ("affinity", "cookie"),
+                    ("session-cookie-conditional-samesite-none", "yes"),
+                ],
+                Some(default.clone()),
+                1,
+            ),
             (vec![("session-cookie-name", "x")], None, 1),
             (
                 vec![
@@ -207,6 +240,7 @@ mod tests {
                     max_age: Some(3600),
                     expires: Some(7200),
                     samesite: Some("Lax"),
+                    conditional_samesite_none: false,
                     secure: Some(true),
                 }),
                 0,

@@ -258,7 +258,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("server-snippet", Snippet),
     yes("service-upstream", Upstream),
     no("session-cookie-change-on-failure", Upstream),
-    no("session-cookie-conditional-samesite-none", Upstream),
+    yes("session-cookie-conditional-samesite-none", Upstream),
     yes("session-cookie-domain", Upstream),
     yes("session-cookie-expires", Upstream),
     yes("session-cookie-max-age", Upstream),
