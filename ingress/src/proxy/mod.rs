@@ -62,6 +62,8 @@ pub struct Proxy {
     streams: h1::streams::StreamPool,
     metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
+    /// Basic auth's recent successes and its limit on concurrent bcrypt checks.
+    auth: phase::auth::AuthState,
 }
 
 impl Proxy {
@@ -82,6 +84,7 @@ impl Proxy {
             streams: h1::streams::StreamPool::new(pool_settings, connectors),
             metrics,
             settings,
+            auth: phase::auth::AuthState::default(),
         }
     }
 

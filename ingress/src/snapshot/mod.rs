@@ -38,7 +38,7 @@ use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
-use policy::{CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
+use policy::{AuthPolicy, CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -548,6 +548,7 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
+        let auth = self.auth(&subject, key, ingress, &mut refused);
         let fallback = options
             .default_backend
             .as_ref()
@@ -557,6 +558,7 @@ impl Builder<'_> {
             Arc::new(
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
                     .with_sources(&sources)
+                    .with_auth(&auth)
                     .with_fallback(fallback.as_ref()),
             )
         });
@@ -935,6 +937,37 @@ impl Builder<'_> {
             ));
         }
         Some(backend)
+    }
+
+    /// The authentication an Ingress asks for. One that cannot be honoured as written (a
+    /// missing Secret, an unreadable hash, a bad value) is an error and refuses the Ingress
+    /// (503): never served open.
+    fn auth(
+        &mut self,
+        subject: &Subject,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        refused: &mut Option<Arc<str>>,
+    ) -> AuthPolicy {
+        let annotations = ingress.metadata.annotations.as_ref();
+        let policy = annotations::auth::satisfy(annotations).and_then(|satisfy| {
+            Ok(AuthPolicy {
+                basic: annotations::auth::basic(annotations, self.store, key)?.map(Arc::new),
+                satisfy,
+            })
+        });
+        match policy {
+            Ok(policy) => policy,
+            Err((kind, message)) => {
+                self.diagnostics.push(Diagnostic::error(
+                    kind,
+                    subject.clone(),
+                    format!("{message}; this Ingress is not served (503) rather than served without its authentication"),
+                ));
+                refused.get_or_insert_with(|| Arc::from(format!("authentication: {message}")));
+                AuthPolicy::default()
+            }
+        }
     }
 
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not

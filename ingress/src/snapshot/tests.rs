@@ -917,7 +917,7 @@ fn unsupported_annotations_table() {
             vec![invalid],
         ),
         (
-            vec![(n("auth-type"), "basic"), (n("auth-secret"), "s")],
+            vec![(n("auth-url"), "http://auth/"), (n("auth-snippet"), "x")],
             Refuse,
             false,
             vec![error, error],
@@ -947,7 +947,7 @@ fn unsupported_annotations_table() {
             false,
             vec![error],
         ),
-        (vec![(n("satisfy"), "any")], Refuse, false, vec![error]),
+        (vec![(n("auth-snippet"), "x")], Refuse, false, vec![error]),
         (
             vec![(n("auth-from-the-future"), "x")],
             Refuse,

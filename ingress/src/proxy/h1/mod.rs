@@ -189,7 +189,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     self.client_due
                         .set(Instant::now() + self.settings.header_read_timeout);
                 }
-                match self.prepare() {
+                match self.prepare().await {
                     Parsed::Ready(prepared) => return Next::Request(prepared),
                     Parsed::H2c => return Next::H2c,
                     Parsed::Partial if self.inbuf.len() < self.settings.max_header_size => {}
@@ -218,9 +218,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         }
     }
 
-    /// Parses the buffered head and runs the phases up to the decision, writing the upstream
-    /// head. On success the head's bytes are consumed from `inbuf`.
-    fn prepare(&mut self) -> Parsed {
+    /// Parses the buffered head and runs the phases up to the decision (awaiting
+    /// authentication, when the route has it), writing the upstream head. On success the head's
+    /// bytes are consumed from `inbuf`.
+    async fn prepare(&mut self) -> Parsed {
         let mut storage = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
         let req = match request::parse(&self.inbuf, &mut storage) {
             RequestParse::Complete(req) => req,
@@ -261,6 +262,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             },
         );
         let (action, route) = (phased.decision, phased.route);
+        let action = proxy.authorize(route.as_ref(), phased.auth, action).await;
         // This path speaks HTTP/1.1 to upstreams; an HTTP/2 upstream is reached from HTTP/2
         // clients (h2/).
         let action = match action {
@@ -278,6 +280,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
                 .map(<[u8]>::to_vec);
             let key = forward.key.to_string();
+            // Authentication's edits win over a snippet's for the same name: what the auth
+            // service vouched for is what the upstream sees.
+            let auth_set = forward
+                .auth
+                .as_ref()
+                .map_or(&[][..], |g| g.upstream.as_slice());
             let set_headers: Vec<(&str, Option<&[u8]>)> = forward
                 .request_headers
                 .as_deref()
@@ -285,10 +293,18 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     edits
                         .set
                         .iter()
+                        .filter(|(n, _)| !auth_set.iter().any(|(a, _)| a == n))
                         .map(|(n, v)| (n.as_str(), v.as_ref().map(http::HeaderValue::as_bytes)))
-                        .collect()
+                        .collect::<Vec<_>>()
                 })
-                .unwrap_or_default();
+                .unwrap_or_default()
+                .into_iter()
+                .chain(
+                    auth_set
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), v.as_ref().map(http::HeaderValue::as_bytes))),
+                )
+                .collect();
             let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
             request::write_upstream(
                 &mut self.request,
@@ -367,7 +383,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 forward.response_rewrite.clone(),
             ),
             Decision::Preflight(set) => (None, set.clone(), None, None),
+            Decision::Deny(denial) => (None, denial.headers.clone(), None, None),
             _ => (None, Vec::new(), None, None),
+        };
+        let add_cookies = match &action {
+            Decision::Forward(forward) => forward
+                .auth
+                .as_ref()
+                .map(|g| g.cookies.clone())
+                .unwrap_or_default(),
+            _ => Vec::new(),
         };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
@@ -376,6 +401,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
+            add_cookies: &add_cookies,
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),
@@ -394,6 +420,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     Decision::Preflight(_) => (StatusCode::NO_CONTENT, None, Outcome::LOCAL),
                     Decision::Redirect(code, location) => (code, Some(location), Outcome::LOCAL),
                     Decision::Refuse(refusal) => (refusal.status, None, Outcome::refused(refusal)),
+                    Decision::Deny(denial) => (denial.status, denial.location, Outcome::LOCAL),
                     Decision::Fail(error) => (
                         error.status(),
                         None,

@@ -6,6 +6,7 @@
 //!   CONNECT / TRACE → refused
 //!   :authority and Host (ingress_wire::authority::of_h2): missing, two, or disagreeing → 400
 //!   request_phases (tls, route, access, redirect, upstream) → Decision
+//!   authorize (auth): basic auth, awaited → the forward with its edits, or a denial
 //!   Forward: headers rewritten (forward.rs) → pool.send, bounded by the route's timeout
 //!   response: Server, HSTS, record
 //! ```
@@ -142,6 +143,7 @@ impl Proxy {
             target,
             route,
             decision,
+            auth,
         } = self.request_phases(
             conn,
             RequestView {
@@ -154,6 +156,7 @@ impl Proxy {
             },
         );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
+        let decision = self.authorize(route.as_ref(), auth, decision).await;
         if !matches!(decision, Decision::Forward(_)) {
             drain(req.body_mut()).await;
         }
@@ -177,6 +180,7 @@ impl Proxy {
                     ..Outcome::LOCAL
                 },
             ),
+            Decision::Deny(denial) => (respond::denial(denial), Outcome::LOCAL),
             Decision::Forward(forward) => {
                 let vhost = forward.vhost.clone();
                 let request = forward::RequestSide {
@@ -236,8 +240,11 @@ impl Proxy {
             connect_timeout,
             next_upstream,
             request_headers,
+            auth,
             ..
         } = forward;
+        let (auth_headers, auth_cookies) =
+            auth.map_or_else(Default::default, |g| (g.upstream, g.cookies));
         // proxy-next-upstream, for attempts that could not connect: the request comes back
         // unsent and goes to another endpoint.
         let mut tried = vec![key.clone()];
@@ -271,6 +278,14 @@ impl Proxy {
             parts.headers.remove(name);
             if let Some(value) = value {
                 parts.headers.insert(name.clone(), value.clone());
+            }
+        }
+        // Authentication's edits last: what the auth service vouched for replaces anything
+        // the client or a snippet put under the same name.
+        for (name, value) in auth_headers {
+            parts.headers.remove(&name);
+            if let Some(value) = value {
+                parts.headers.insert(name, value);
             }
         }
         if let Some(prefix) = forwarded_prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
@@ -344,6 +359,9 @@ impl Proxy {
             for (name, value) in set_headers {
                 response.headers_mut().insert(name, value);
             }
+            for cookie in auth_cookies {
+                response.headers_mut().append(header::SET_COOKIE, cookie);
+            }
             let response = response
                 .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
             let outcome = Outcome {
@@ -392,6 +410,9 @@ impl Proxy {
         }
         for (name, value) in set_headers {
             response.headers_mut().insert(name, value);
+        }
+        for cookie in auth_cookies {
+            response.headers_mut().append(header::SET_COOKIE, cookie);
         }
         let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (

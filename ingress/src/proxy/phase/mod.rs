@@ -10,7 +10,8 @@
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
-//!                            outside its source ranges → 403
+//!                            outside its source ranges → 403 (with `satisfy`); whether it
+//!                            must authenticate
 //!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
 //!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
 //!                            the route's: permanent-/temporal-redirect → their code; plain
@@ -22,6 +23,8 @@
 //!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
 //!                            upgrades allowed, a snippet's proxy_set_header; no endpoint →
 //!                            the default-backend annotation's Service → Forward
+//!   auth      (auth.rs)      awaited by the protocol path for a request that would be
+//!                            forwarded: basic auth → 401, or the forward with its edits
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; a snippet's header actions on the
 //!                            upstream's response; metrics and the access log
@@ -32,6 +35,7 @@
 
 pub mod access;
 pub mod affinity;
+pub mod auth;
 pub mod canary;
 pub mod cors;
 pub mod identity;
@@ -132,6 +136,8 @@ pub(crate) enum Decision {
     Refuse(Refusal),
     /// Not forwarded, with the error that says why (503 for a refused route or no endpoint).
     Fail(UpstreamError),
+    /// Turned away by authentication (401 with a challenge, 403, a redirect to sign in).
+    Deny(auth::Denial),
     Forward(Forward),
 }
 
@@ -171,6 +177,8 @@ pub(crate) struct Forward {
     pub(crate) response_headers: Option<Arc<ResponseEdits>>,
     /// The response phase's rewrites of the upstream's `Location` and `Set-Cookie`.
     pub(crate) response_rewrite: Option<Arc<UpstreamRewrite>>,
+    /// What authentication changes: request headers sent upstream, cookies for the client.
+    pub(crate) auth: Option<auth::Granted>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -179,6 +187,8 @@ pub(crate) struct Phased<'t> {
     pub(crate) target: Option<Target<'t>>,
     pub(crate) route: Option<Arc<Route>>,
     pub(crate) decision: Decision,
+    /// The request must authenticate before its forward goes anywhere ([`Proxy::authorize`]).
+    pub(crate) auth: Option<auth::Pending>,
 }
 
 /// How a request ended, for the access log.
@@ -236,6 +246,7 @@ impl Proxy {
             target,
             route: None,
             decision: Decision::Refuse(refusal),
+            auth: None,
         };
         let mut target = match target::parse(raw_target, &self.settings.paths) {
             Ok(target) => target,
@@ -256,6 +267,7 @@ impl Proxy {
                 target: Some(target),
                 route: None,
                 decision,
+                auth: None,
             };
         }
         let route = match route::find(&snapshot, host, &target) {
@@ -265,12 +277,18 @@ impl Proxy {
                     target: Some(target),
                     route: None,
                     decision: Decision::Respond(StatusCode::NOT_FOUND),
+                    auth: None,
                 };
             }
             Err(refusal) => return refused(refusal, Some(target)),
         };
         let cors = cors::check(route.policy.response.cors.as_deref(), method, headers);
-        let decision = access::check(&route.policy.access, conn)
+        let (access, authenticate) = match access::check(&route.policy.access, conn) {
+            access::Verdict::Pass => (None, false),
+            access::Verdict::Stop(decision) => (Some(decision), false),
+            access::Verdict::Authenticate => (None, true),
+        };
+        let decision = access
             .or_else(|| match &cors {
                 cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
                 _ => None,
@@ -321,10 +339,16 @@ impl Proxy {
                 }
                 decision
             });
+        // Only a request headed for the backend authenticates (a forward, or its 503 for want
+        // of endpoints): redirects, preflights and 413s are answered first, as nginx answers
+        // them before its access phase.
+        let auth = (authenticate && matches!(decision, Decision::Forward(_) | Decision::Fail(_)))
+            .then(|| auth::Pending::of(headers));
         Phased {
             target: Some(target),
             route: Some(route),
             decision,
+            auth,
         }
     }
 }

@@ -6,9 +6,11 @@
 //! [`unsupported`].
 
 pub mod affinity;
+pub mod auth;
 pub mod canary;
 pub mod cors;
 pub mod hash;
+pub mod htpasswd;
 pub mod registry;
 pub mod rewrite;
 pub mod snippet;

@@ -153,11 +153,11 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("auth-keepalive-timeout", AccessControl),
     no("auth-method", AccessControl),
     no("auth-proxy-set-headers", AccessControl),
-    no("auth-realm", AccessControl),
+    yes("auth-realm", AccessControl),
     no("auth-request-redirect", AccessControl),
     no("auth-response-headers", AccessControl),
-    no("auth-secret", AccessControl),
-    no("auth-secret-type", AccessControl),
+    yes("auth-secret", AccessControl),
+    yes("auth-secret-type", AccessControl),
     no("auth-signin", AccessControl),
     no("auth-signin-redirect-param", AccessControl),
     no("auth-snippet", AccessControl),
@@ -167,7 +167,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("auth-tls-secret", AccessControl),
     no("auth-tls-verify-client", AccessControl),
     no("auth-tls-verify-depth", AccessControl),
-    no("auth-type", AccessControl),
+    yes("auth-type", AccessControl),
     no("auth-url", AccessControl),
     yes("backend-protocol", Upstream),
     yes("canary", Routing),
@@ -253,7 +253,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("proxy-ssl-verify-depth", Tls),
     no("relative-redirects", Routing),
     yes("rewrite-target", Routing),
-    no("satisfy", AccessControl),
+    yes("satisfy", AccessControl),
     yes("server-alias", Routing),
     yes("server-snippet", Snippet),
     yes("service-upstream", Upstream),
@@ -383,7 +383,15 @@ mod tests {
         for name in access {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
-            let supported = name.ends_with("-source-range");
+            let supported = name.ends_with("-source-range")
+                || [
+                    "auth-type",
+                    "auth-secret",
+                    "auth-secret-type",
+                    "auth-realm",
+                    "satisfy",
+                ]
+                .contains(&name);
             assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
@@ -425,6 +433,10 @@ mod tests {
                 "affinity-mode",
                 "allowlist-source-range",
                 "app-root",
+                "auth-realm",
+                "auth-secret",
+                "auth-secret-type",
+                "auth-type",
                 "backend-protocol",
                 "canary",
                 "canary-by-cookie",
@@ -467,6 +479,7 @@ mod tests {
                 "proxy-ssl-verify",
                 "proxy-ssl-verify-depth",
                 "rewrite-target",
+                "satisfy",
                 "server-alias",
                 "server-snippet",
                 "service-upstream",
