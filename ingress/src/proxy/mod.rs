@@ -10,12 +10,14 @@
 //!   h2/          HTTP/2 served by hyper; upstream requests through hyper's client (pool.rs)
 //!   forward.rs   the header rules between client and upstream, for both paths
 //!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
+//!   auth_client.rs  connections to auth services (auth-url), on connect.rs
 //!   multiplex.rs HTTP/2 upstreams (GRPC, GRPCS, h2c): multiplexed connections per endpoint
 //! ```
 //!
 //! A request takes the snapshot current when it arrives and keeps its route until it is done, so
 //! a configuration change never disturbs a request in flight.
 
+pub mod auth_client;
 pub mod caps;
 pub mod connect;
 pub mod forward;
@@ -62,7 +64,8 @@ pub struct Proxy {
     streams: h1::streams::StreamPool,
     metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
-    /// Basic auth's recent successes and its limit on concurrent bcrypt checks.
+    /// Basic auth's recent successes and its limit on concurrent bcrypt checks; auth services'
+    /// connections and cached answers.
     auth: phase::auth::AuthState,
 }
 
@@ -81,10 +84,10 @@ impl Proxy {
             published,
             pool: Pool::new(pool_settings.clone(), connectors.clone()),
             h2_pool: multiplex::H2Pool::new(connectors.clone()),
-            streams: h1::streams::StreamPool::new(pool_settings, connectors),
+            streams: h1::streams::StreamPool::new(pool_settings, connectors.clone()),
             metrics,
             settings,
-            auth: phase::auth::AuthState::default(),
+            auth: phase::auth::AuthState::new(connectors),
         }
     }
 

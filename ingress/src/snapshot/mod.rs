@@ -204,6 +204,10 @@ impl Snapshot {
             max_body: settings.max_body,
             allow_snippets: settings.allow_snippets,
             default_sources: settings.sources.clone(),
+            auth_addresses: address::AddressPolicy {
+                host_addresses: Arc::default(),
+                ..settings.backends.addresses.clone()
+            },
             rank: 0,
             store,
             diagnostics: store.source_diagnostics.clone(),
@@ -465,6 +469,10 @@ struct Builder<'s> {
     allow_snippets: bool,
     /// The global source ranges.
     default_sources: sources::SourcePolicy,
+    /// The addresses an auth service (`auth-url`) may have: the backends' policy, but this
+    /// node's own addresses allowed, since `https://$host/oauth2/auth` comes back through the
+    /// proxy itself.
+    auth_addresses: address::AddressPolicy,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     store: &'s Store,
@@ -953,6 +961,8 @@ impl Builder<'_> {
         let policy = annotations::auth::satisfy(annotations).and_then(|satisfy| {
             Ok(AuthPolicy {
                 basic: annotations::auth::basic(annotations, self.store, key)?.map(Arc::new),
+                external: annotations::auth::external(annotations, &self.auth_addresses)?
+                    .map(Arc::new),
                 satisfy,
             })
         });

@@ -5,8 +5,8 @@
 //! ```text
 //!   phase (proxy::phase)   reads
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured),
-//!                                           source ranges (allow- and deny-lists), basic auth,
-//!                                           satisfy
+//!                                           source ranges (allow- and deny-lists), basic and
+//!                                           external auth, satisfy
 //!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
 //!                                           route is chosen)
 //!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
@@ -30,7 +30,7 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::annotations::affinity::Affinity;
-use super::annotations::auth::{BasicAuth, Satisfy};
+use super::annotations::auth::{BasicAuth, ExternalAuth, Satisfy};
 use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
@@ -184,6 +184,8 @@ pub struct AccessPolicy {
 pub struct AuthPolicy {
     /// `auth-type: basic` with its Secret's users.
     pub basic: Option<Arc<BasicAuth>>,
+    /// `auth-url` and its companions.
+    pub external: Option<Arc<ExternalAuth>>,
     /// `satisfy`.
     pub satisfy: Satisfy,
 }
@@ -191,7 +193,7 @@ pub struct AuthPolicy {
 impl AuthPolicy {
     /// Whether a request must authenticate at all.
     pub fn is_on(&self) -> bool {
-        self.basic.is_some()
+        self.basic.is_some() || self.external.is_some()
     }
 }
 

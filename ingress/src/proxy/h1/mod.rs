@@ -152,6 +152,9 @@ enum Next {
 /// body (if any) is still to be read from `Client::inbuf` and the connection.
 struct Prepared {
     started: Instant,
+    /// When the phases (authentication included) let it go upstream: the upstream's
+    /// deadlines count from here, so an auth service's time is not taken from them.
+    forwarded: Instant,
     action: Decision,
     route: Option<Arc<Route>>,
     head_request: bool,
@@ -326,6 +329,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let refused = matches!(action, Decision::Refuse(_));
         let prepared = Prepared {
             started,
+            forwarded: Instant::now(),
             action,
             route,
             head_request: req.is_head(),
@@ -347,6 +351,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         tracing::debug!(peer = %self.conn.peer, status = refusal.status.as_u16(), reason = refusal.reason, "request refused");
         Prepared {
             started: Instant::now(),
+            forwarded: Instant::now(),
             action: Decision::Refuse(refusal),
             route: None,
             head_request: false,
@@ -370,7 +375,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             .proxy
             .hsts(self.conn.https)
             .map(http::HeaderValue::as_bytes);
-        let action = std::mem::replace(
+        let mut action = std::mem::replace(
             &mut prepared.action,
             Decision::Respond(StatusCode::NOT_FOUND),
         );
@@ -386,13 +391,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Deny(denial) => (None, denial.headers.clone(), None, None),
             _ => (None, Vec::new(), None, None),
         };
-        let add_cookies = match &action {
-            Decision::Forward(forward) => forward
-                .auth
-                .as_ref()
-                .map(|g| g.cookies.clone())
-                .unwrap_or_default(),
-            _ => Vec::new(),
+        // Authentication's edits of the request went into its head (`prepare`); its cookies
+        // are for the response.
+        let granted = match &mut action {
+            Decision::Forward(forward) => forward.auth.take(),
+            _ => None,
         };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
@@ -401,7 +404,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
-            add_cookies: &add_cookies,
+            auth: granted.as_ref(),
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),

@@ -243,8 +243,8 @@ impl Proxy {
             auth,
             ..
         } = forward;
-        let (auth_headers, auth_cookies) =
-            auth.map_or_else(Default::default, |g| (g.upstream, g.cookies));
+        let mut auth = auth.unwrap_or_default();
+        let auth_headers = std::mem::take(&mut auth.upstream);
         // proxy-next-upstream, for attempts that could not connect: the request comes back
         // unsent and goes to another endpoint.
         let mut tried = vec![key.clone()];
@@ -359,8 +359,10 @@ impl Proxy {
             for (name, value) in set_headers {
                 response.headers_mut().insert(name, value);
             }
-            for cookie in auth_cookies {
-                response.headers_mut().append(header::SET_COOKIE, cookie);
+            for cookie in auth.cookies_for(response.status().as_u16()) {
+                response
+                    .headers_mut()
+                    .append(header::SET_COOKIE, cookie.clone());
             }
             let response = response
                 .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
@@ -411,8 +413,10 @@ impl Proxy {
         for (name, value) in set_headers {
             response.headers_mut().insert(name, value);
         }
-        for cookie in auth_cookies {
-            response.headers_mut().append(header::SET_COOKIE, cookie);
+        for cookie in auth.cookies_for(response.status().as_u16()) {
+            response
+                .headers_mut()
+                .append(header::SET_COOKIE, cookie.clone());
         }
         let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (

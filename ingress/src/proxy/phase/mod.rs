@@ -24,7 +24,8 @@
 //!                            upgrades allowed, a snippet's proxy_set_header; no endpoint →
 //!                            the default-backend annotation's Service → Forward
 //!   auth      (auth.rs)      awaited by the protocol path for a request that would be
-//!                            forwarded: basic auth → 401, or the forward with its edits
+//!                            forwarded: basic auth → 401; the auth service (auth-url) →
+//!                            401/302/403/500; or the forward with its edits
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; a snippet's header actions on the
 //!                            upstream's response; metrics and the access log
@@ -71,6 +72,8 @@ pub(crate) trait RequestHeaders {
     fn header(&self, name: &str) -> Option<&[u8]>;
     /// The value of the cookie `name` in the `Cookie` headers.
     fn cookie(&self, name: &str) -> Option<&[u8]>;
+    /// Every header, in order (an auth subrequest passes the client's on).
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8]));
 }
 
 impl RequestHeaders for http::HeaderMap {
@@ -85,6 +88,12 @@ impl RequestHeaders for http::HeaderMap {
                 .map(http::HeaderValue::as_bytes),
             name,
         )
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (name, value) in self {
+            f(name.as_str(), value.as_bytes());
+        }
     }
 }
 
@@ -102,6 +111,12 @@ impl RequestHeaders for &[httparse::Header<'_>] {
                 .map(|h| h.value),
             name,
         )
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for h in *self {
+            f(h.name, h.value);
+        }
     }
 }
 
@@ -343,7 +358,14 @@ impl Proxy {
         // of endpoints): redirects, preflights and 413s are answered first, as nginx answers
         // them before its access phase.
         let auth = (authenticate && matches!(decision, Decision::Forward(_) | Decision::Fail(_)))
-            .then(|| auth::Pending::of(headers));
+            .then(|| {
+                let external = route.policy.access.auth.external.is_some().then(|| {
+                    auth::RequestFacts::of(
+                        conn, method, host, authority, raw_target, &target, headers,
+                    )
+                });
+                auth::Pending::of(headers, external)
+            });
         Phased {
             target: Some(target),
             route: Some(route),

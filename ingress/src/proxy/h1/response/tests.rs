@@ -19,7 +19,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     http10: false,
     upgrade: None,
     set_cookie: None,
-    add_cookies: &[],
+    auth: None,
     set_headers: &[],
     edits: None,
     rewrite: None,
