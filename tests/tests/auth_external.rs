@@ -549,3 +549,51 @@ fn path_tricks_do_not_skip_the_auth_service() {
     );
     assert!(site.auth.requests() > denied, "the auth service was asked");
 }
+
+#[test]
+fn an_https_auth_service_is_reached_over_tls() {
+    use ingress_tests::https_upstream::{HttpsBackend, HttpsOptions};
+    use ingress_tests::pki::{Ca, KeyFormat, KeyKind};
+    let ca = Ca::new("auth CA");
+    let leaf = ca.leaf(
+        "auth.example",
+        &["auth.example"],
+        KeyKind::EcdsaP256,
+        KeyFormat::Pkcs8,
+        false,
+    );
+    // The echo answers 200 to anything: every check passes, over TLS.
+    let service = HttpsBackend::start("auth", &leaf, HttpsOptions::default());
+    let app = Backend::start("app");
+    let dir = Scratch::new("auth-external-https");
+    let url = format!("https://{}/check", service.addr);
+    dir.write(
+        "all.yaml",
+        &[
+            service_manifest(&app),
+            annotated_ingress(
+                "t",
+                "tls",
+                1,
+                &[("auth-url", &url)],
+                &[("tls.test", "/", "Prefix", "app")],
+            ),
+        ]
+        .concat(),
+    );
+    let ingress = Ingress::start(dir.path());
+    for version in VERSIONS {
+        let reply = curl::get(&ingress, "tls.test", "/", version, &[]);
+        assert_eq!(reply.backend(), "app", "{version}: {reply:?}");
+    }
+    assert_eq!(
+        service.served(),
+        2,
+        "each check went to the HTTPS auth service"
+    );
+    assert!(!service.handshakes().is_empty());
+}
+
+fn service_manifest(app: &Backend) -> String {
+    service("t", "app", &[app])
+}
