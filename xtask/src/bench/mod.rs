@@ -11,6 +11,7 @@
 //! with the date, commit and machine (see `report`), so nobody copies them by hand.
 
 mod accuracy;
+mod auth;
 mod gate;
 mod http;
 mod kube;
@@ -37,8 +38,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, memory, scale, kube, gate, accuracy, passthrough,
-    /// slow); default all. `gate` includes `accuracy`.
+    /// Only these sections (http, https, auth, memory, scale, kube, gate, accuracy,
+    /// passthrough, slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -97,6 +98,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("https") {
         tls::run(&bench)?;
         bench.report.finish("https")?;
+    }
+    if wanted("auth") {
+        auth::run(&bench)?;
+        bench.report.finish("auth")?;
     }
     if wanted("memory") || wanted("scale") {
         scale::run(&bench)?;

@@ -7,8 +7,9 @@
 //! ```text
 //!   basic     Authorization: Basic b64(user:password)
 //!               missing, malformed, unknown user, wrong password ─> 401 WWW-Authenticate: Basic realm="…"
-//!               bcrypt: a recent success for the same (hash, user, password)? ─> allowed
-//!                       else on the blocking pool, at most one check per core at a time
+//!               bcrypt, MD5-crypt: a recent success for the same (hash, user, password)?
+//!                       ─> allowed; else bcrypt on the blocking pool, at most one check per
+//!                       core at a time, MD5-crypt inline
 //!               allowed ─> Authorization is not sent upstream (ingress-nginx clears it)
 //!   external  auth-url expanded ─> cached answer (auth-cache-key)? ─> else a subrequest:
 //!               the client's headers, no body, X-Original-URL, X-Original-Method, X-Sent-From,
@@ -324,7 +325,7 @@ impl Proxy {
             tracing::debug!(%user, secret = %basic.secret, "basic auth: unknown user");
             return BasicResult::Denied(challenge(basic));
         };
-        if !hash.is_costly() {
+        if !hash.is_slow() {
             return if hash.verify(&password) {
                 BasicResult::Allowed
             } else {
@@ -334,6 +335,15 @@ impl Proxy {
         let key = success_key(hash, &user, &password);
         if self.auth.successes.hit(&key) {
             return BasicResult::Cached;
+        }
+        if !hash.is_costly() {
+            // MD5-crypt: slow enough to remember, quick enough to check here.
+            return if hash.verify(&password) {
+                self.auth.successes.insert(key);
+                BasicResult::Allowed
+            } else {
+                BasicResult::Denied(challenge(basic))
+            };
         }
         // The semaphore is never closed, so acquiring only waits.
         let Ok(_slot) = self.auth.costly.acquire().await else {
