@@ -358,6 +358,22 @@ fn denials_and_failures_never_reach_the_backend() {
             assert_eq!(reply.status, 503, "{version} {host}: {reply:?}");
         }
     }
+    // A gRPC client gets the denial as gRPC reads it.
+    for (host, code) in [
+        ("deny.test", "16"),
+        ("forbid.test", "7"),
+        ("broken.test", "2"),
+    ] {
+        let reply = curl::get(
+            &site.ingress,
+            host,
+            "/pkg.Service/Method",
+            "--http2-prior-knowledge",
+            &["-H", "Content-Type: application/grpc", "-X", "POST"],
+        );
+        assert_eq!(reply.status, 200, "{host}: {reply:?}");
+        assert_eq!(reply.header("grpc-status"), Some(code), "{host}: {reply:?}");
+    }
     assert_eq!(
         site.app.served(),
         0,

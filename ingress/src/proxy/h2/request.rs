@@ -180,6 +180,16 @@ impl Proxy {
                     ..Outcome::LOCAL
                 },
             ),
+            // A gRPC client reads grpc-status (401 → UNAUTHENTICATED, 403 → PERMISSION_DENIED,
+            // 500 → UNKNOWN), with the denial's headers beside it.
+            Decision::Deny(denial) if grpc && denial.location.is_none() => {
+                let reason = denial.status.canonical_reason().unwrap_or("denied");
+                let mut response = respond::grpc_error(denial.status, reason);
+                for (name, value) in denial.headers {
+                    response.headers_mut().append(name, value);
+                }
+                (response, Outcome::LOCAL)
+            }
             Decision::Deny(denial) => (respond::denial(denial), Outcome::LOCAL),
             Decision::Forward(forward) => {
                 let vhost = forward.vhost.clone();
