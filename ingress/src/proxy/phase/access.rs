@@ -56,3 +56,120 @@ pub(crate) fn check(policy: &AccessPolicy, conn: &ConnInfo) -> Verdict {
         _ => Verdict::Pass,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::snapshot::annotations::auth::BasicAuth;
+    use crate::snapshot::annotations::htpasswd::Credentials;
+    use crate::snapshot::policy::AuthPolicy;
+    use crate::snapshot::sources::{SourcePolicy, parse_ranges};
+    use crate::store::ObjectKey;
+
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Pass,
+        Forbidden,
+        Refused,
+        Authenticate,
+    }
+
+    #[test]
+    fn satisfy_combines_the_ranges_and_authentication_as_nginx() {
+        let ranges = |s: &str| parse_ranges(s).expect("ranges");
+        let allow = SourcePolicy {
+            allow: ranges("10.0.0.0/8"),
+            deny: Arc::from([]),
+        };
+        let deny = SourcePolicy {
+            allow: None,
+            deny: ranges("10.0.0.1").unwrap_or_else(|| Arc::from([])),
+        };
+        let basic = Some(Arc::new(BasicAuth {
+            realm: Arc::from(""),
+            credentials: Credentials::default(),
+            secret: ObjectKey::new("ns", "s"),
+        }));
+        let inside = "10.1.2.3:5000";
+        let listed = "10.0.0.1:5000";
+        let outside = "192.0.2.1:5000";
+        // (sources, auth on, satisfy, client) -> verdict
+        let cases = [
+            (
+                SourcePolicy::default(),
+                false,
+                Satisfy::All,
+                outside,
+                Want::Pass,
+            ),
+            (allow.clone(), false, Satisfy::All, outside, Want::Forbidden),
+            (allow.clone(), false, Satisfy::Any, outside, Want::Forbidden),
+            (allow.clone(), false, Satisfy::All, inside, Want::Pass),
+            (
+                SourcePolicy::default(),
+                true,
+                Satisfy::All,
+                outside,
+                Want::Authenticate,
+            ),
+            (
+                allow.clone(),
+                true,
+                Satisfy::All,
+                inside,
+                Want::Authenticate,
+            ),
+            (allow.clone(), true, Satisfy::All, outside, Want::Forbidden),
+            (allow.clone(), true, Satisfy::Any, inside, Want::Pass),
+            (
+                allow.clone(),
+                true,
+                Satisfy::Any,
+                outside,
+                Want::Authenticate,
+            ),
+            // No allow-list: nobody is allowed by a rule, so everyone authenticates.
+            (
+                SourcePolicy::default(),
+                true,
+                Satisfy::Any,
+                inside,
+                Want::Authenticate,
+            ),
+            (deny.clone(), true, Satisfy::Any, inside, Want::Authenticate),
+            (deny.clone(), true, Satisfy::Any, listed, Want::Authenticate),
+            (deny.clone(), true, Satisfy::All, listed, Want::Forbidden),
+        ];
+        for (sources, auth, satisfy, client, want) in cases {
+            let policy = AccessPolicy {
+                refused: None,
+                sources: sources.clone(),
+                auth: AuthPolicy {
+                    basic: if auth { basic.clone() } else { None },
+                    external: None,
+                    satisfy,
+                },
+            };
+            let conn = ConnInfo::new(client.parse().expect("addr"), 80, false);
+            let got = match check(&policy, &conn) {
+                Verdict::Pass => Want::Pass,
+                Verdict::Authenticate => Want::Authenticate,
+                Verdict::Stop(Decision::Respond(StatusCode::FORBIDDEN)) => Want::Forbidden,
+                Verdict::Stop(Decision::Fail(_)) => Want::Refused,
+                Verdict::Stop(_) => panic!("unexpected stop"),
+            };
+            assert_eq!(got, want, "{sources:?} auth={auth} {satisfy:?} {client}");
+        }
+        let refused = AccessPolicy {
+            refused: Some(Arc::from("no")),
+            ..AccessPolicy::default()
+        };
+        let conn = ConnInfo::new(inside.parse().expect("addr"), 80, false);
+        assert!(matches!(
+            check(&refused, &conn),
+            Verdict::Stop(Decision::Fail(_))
+        ));
+    }
+}
