@@ -551,6 +551,14 @@ pub fn external(
     if host.contains('$') {
         keepalive.connections = 0;
     }
+    // Accepted as a no-op (registry::no_op_reason), its value still checked.
+    if let Some((key, v)) = lookup(annotations, "auth-keepalive-share-vars")
+        && !matches!(v.trim(), "true" | "false")
+    {
+        return Err(invalid(format!(
+            "{key}: {v:?} is not \"true\" or \"false\""
+        )));
+    }
     let always_set_cookie = match lookup(annotations, "auth-always-set-cookie") {
         None => false,
         Some((_, v)) if v.trim() == "true" => true,
@@ -1005,6 +1013,10 @@ mod tests {
             ],
             &[("auth-url", "http://a/"), ("auth-keepalive", "many")],
             &[("auth-url", "http://a/"), ("auth-always-set-cookie", "yes")],
+            &[
+                ("auth-url", "http://a/"),
+                ("auth-keepalive-share-vars", "on"),
+            ],
             &[("auth-url", "http://a/"), ("auth-signin", "login")],
             &[
                 ("auth-url", "http://a/"),

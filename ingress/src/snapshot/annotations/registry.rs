@@ -99,6 +99,9 @@ pub fn no_op_reason(name: &str) -> Option<&'static str> {
         "client-body-buffer-size" => {
             "request bodies are streamed, never buffered in memory or spooled to disk, so there is no buffer size to tune"
         }
+        "auth-keepalive-share-vars" => {
+            "the auth service's answer is read by the proxy itself, not through nginx variables, so there is nothing to share: auth-response-headers reach the upstream either way"
+        }
         _ => return None,
     })
 }
@@ -149,7 +152,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("auth-cache-key", AccessControl),
     yes("auth-keepalive", AccessControl),
     yes("auth-keepalive-requests", AccessControl),
-    no("auth-keepalive-share-vars", AccessControl),
+    noop("auth-keepalive-share-vars", AccessControl),
     yes("auth-keepalive-timeout", AccessControl),
     yes("auth-method", AccessControl),
     no("auth-proxy-set-headers", AccessControl),
