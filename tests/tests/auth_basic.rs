@@ -391,6 +391,12 @@ fn unusable_auth_refuses_the_ingress_and_satisfy_combines_with_the_allow_list() 
                 reply.status, want,
                 "{version} {host} credentials={credentials}: {reply:?}"
             );
+            if let Some(echo) = reply.echo() {
+                assert!(
+                    !echo.headers.contains_key("authorization"),
+                    "{version} {host}: Authorization reached the backend"
+                );
+            }
         }
     }
     let logs = ingress.logs();

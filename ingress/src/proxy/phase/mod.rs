@@ -366,6 +366,18 @@ impl Proxy {
                 });
                 auth::Pending::of(headers, external)
             });
+        // ingress-nginx clears Authorization on every request of a basic-auth location, also
+        // one that `satisfy any` let in by its address without a check.
+        let mut decision = decision;
+        if auth.is_none()
+            && route.policy.access.auth.basic.is_some()
+            && let Decision::Forward(forward) = &mut decision
+        {
+            forward.auth = Some(auth::Granted {
+                upstream: vec![(http::header::AUTHORIZATION, None)],
+                ..auth::Granted::default()
+            });
+        }
         Phased {
             target: Some(target),
             route: Some(route),
