@@ -193,6 +193,7 @@ fn start() -> Site {
             "any.test",
             &[
                 ("auth-url", &deny),
+                ("auth-response-headers", "X-Auth-Request-User"),
                 ("satisfy", "any"),
                 ("allowlist-source-range", "127.0.0.1/32"),
             ],
@@ -394,9 +395,18 @@ fn denials_and_failures_never_reach_the_backend() {
     // satisfy any: the allow-listed client is not sent to the auth service at all.
     let before = site.auth.requests();
     for version in VERSIONS {
+        let reply = curl::get(
+            &site.ingress,
+            "any.test",
+            "/",
+            version,
+            &["-H", "X-Auth-Request-User: admin"],
+        );
+        assert_eq!(reply.backend(), "app", "{version}");
         assert_eq!(
-            curl::get(&site.ingress, "any.test", "/", version, &[]).backend(),
-            "app"
+            reply.echo().unwrap().headers.get("x-auth-request-user"),
+            None,
+            "{version}: a client's own X-Auth-Request-User reached the backend"
         );
     }
     assert_eq!(site.auth.requests(), before);

@@ -53,6 +53,7 @@ use crate::snapshot::Route;
 use crate::snapshot::annotations::auth::{BasicAuth, ExternalAuth, Var};
 use crate::snapshot::annotations::htpasswd::PasswordHash;
 use crate::snapshot::backend::ExternalName;
+use crate::snapshot::policy::AuthPolicy;
 
 /// How long a successful bcrypt check is remembered.
 const SUCCESS_TTL: Duration = Duration::from_secs(300);
@@ -205,6 +206,26 @@ pub(crate) struct Granted {
 }
 
 impl Granted {
+    /// What a route's authentication changes on a request it did not check (`satisfy any`
+    /// and an allow-listed client): the headers it would have set, cleared. `None` when the
+    /// route has no authentication.
+    pub(crate) fn unchecked(policy: &AuthPolicy) -> Option<Granted> {
+        let mut upstream = Vec::new();
+        if policy.basic.is_some() {
+            upstream.push((header::AUTHORIZATION, None));
+        }
+        if let Some(external) = &policy.external {
+            upstream.extend(copied_headers(
+                &external.response_headers,
+                &HeaderMap::new(),
+            ));
+        }
+        (!upstream.is_empty()).then(|| Granted {
+            upstream,
+            ..Granted::default()
+        })
+    }
+
     /// The cookies for a response with `status`.
     pub(crate) fn cookies_for(&self, status: u16) -> &[HeaderValue] {
         let listed = matches!(

@@ -366,17 +366,15 @@ impl Proxy {
                 });
                 auth::Pending::of(headers, external)
             });
-        // ingress-nginx clears Authorization on every request of a basic-auth location, also
-        // one that `satisfy any` let in by its address without a check.
+        // A request `satisfy any` let in by its address is not checked, but its location's
+        // header settings still apply in ingress-nginx: Authorization cleared on a basic-auth
+        // route, and each auth-response-headers name set from an answer there was none of
+        // (so removed), so a client never supplies them itself.
         let mut decision = decision;
         if auth.is_none()
-            && route.policy.access.auth.basic.is_some()
             && let Decision::Forward(forward) = &mut decision
         {
-            forward.auth = Some(auth::Granted {
-                upstream: vec![(http::header::AUTHORIZATION, None)],
-                ..auth::Granted::default()
-            });
+            forward.auth = auth::Granted::unchecked(&route.policy.access.auth);
         }
         Phased {
             target: Some(target),
