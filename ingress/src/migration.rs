@@ -298,7 +298,7 @@ mod tests {
                     ("example.com/owner", "team-a"),
                 ],
             )
-            + &ingress("guarded", &[(&n("auth-url"), "http://auth/")])
+            + &ingress("guarded", &[(&n("auth-snippet"), "http://auth/")])
             + &ingress("ranged", &[(&n("allowlist-source-range"), "10.0.0.0/8")])
             + &ingress("bare", &[])
             + &ingress(
@@ -329,7 +329,10 @@ mod tests {
             ],
             "other tools' annotations are left out"
         );
-        assert_eq!(outcomes("guarded"), vec![(n("auth-url"), Outcome::Refused)]);
+        assert_eq!(
+            outcomes("guarded"),
+            vec![(n("auth-snippet"), Outcome::Refused)]
+        );
         assert_eq!(
             outcomes("buffered"),
             vec![

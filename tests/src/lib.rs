@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!   process      the real binary: one builder for every way a test starts it
+//!   auth_service an auth service for `auth-url` whose answer each path scripts
 //!   preflight    root / BTF / embedded eBPF object, or skip (fail under CI=true)
 //!   modes        Mode and both_modes!: one scenario, an _ebpf and a _userspace test
 //!   netns, pins  network namespaces (NetPair, NetChain) and a bpffs directory per test
@@ -18,6 +19,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 pub mod apiserver;
+pub mod auth_service;
 pub mod bpftool;
 pub mod client;
 pub mod corpus;

@@ -75,3 +75,18 @@ pub fn annotated_ingress(
         1,
     )
 }
+
+/// An `Opaque` Secret with `data` as its `stringData` (each value a literal block, so htpasswd
+/// lines keep their `$`s and colons).
+pub fn opaque_secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> String {
+    let mut out = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {namespace}}}\ntype: Opaque\nstringData:\n"
+    );
+    for (key, value) in data {
+        let _ = writeln!(out, "  {key}: |");
+        for line in value.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
+    }
+    out
+}

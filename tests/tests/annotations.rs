@@ -12,7 +12,7 @@ use ingress_tests::process::{Ingress, binary};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::{Backend, Echo};
 
-/// `guarded` (older) asks for external authentication on /admin of shop.example.com; `public` (newer)
+/// `guarded` (older) asks for an auth snippet (never supported) on /admin of shop.example.com; `public` (newer)
 /// serves / there; `styled` carries only an unsupported cosmetic annotation.
 const INGRESSES: &str = r#"
 ---
@@ -23,7 +23,7 @@ metadata:
   namespace: t
   creationTimestamp: "2024-01-01T00:00:00Z"
   annotations:
-    nginx.ingress.kubernetes.io/auth-url: "https://auth.example.com/check"
+    nginx.ingress.kubernetes.io/auth-snippet: "https://auth.example.com/check"
 spec:
   ingressClassName: ingress
   rules:
@@ -136,7 +136,7 @@ async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress(
         .unwrap_or_else(|| panic!("no error line in\n{text}"));
     for part in [
         "Ingress t/guarded",
-        "nginx.ingress.kubernetes.io/auth-url",
+        "nginx.ingress.kubernetes.io/auth-snippet",
         "access-control",
         "503",
     ] {
@@ -155,7 +155,7 @@ async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress(
 
     // The migration report says the same per annotation, for people and for scripts.
     assert!(
-        text.contains("refused  nginx.ingress.kubernetes.io/auth-url [access-control]"),
+        text.contains("refused  nginx.ingress.kubernetes.io/auth-snippet [access-control]"),
         "{text}"
     );
     let out = Command::new(binary())

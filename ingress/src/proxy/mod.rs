@@ -10,6 +10,7 @@
 //!   h2/          HTTP/2 served by hyper; upstream requests through hyper's client (pool.rs)
 //!   forward.rs   the header rules between client and upstream, for both paths
 //!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
+//!   auth_client.rs  connections to auth services (auth-url), on connect.rs
 //!   multiplex.rs HTTP/2 upstreams (GRPC, GRPCS, h2c): multiplexed connections per endpoint
 //! ```
 //!
@@ -17,6 +18,7 @@
 //! a configuration change never disturbs a request in flight.
 
 pub mod access_log;
+pub mod auth_client;
 pub mod caps;
 pub mod connect;
 pub mod forward;
@@ -65,6 +67,9 @@ pub struct Proxy {
     settings: ProxySettings,
     /// `--otlp-endpoint`: request spans; `None` (the default) costs nothing.
     tracing: Option<Arc<trace::Tracing>>,
+    /// Basic auth's recent successes and its limit on concurrent bcrypt checks; auth services'
+    /// connections and cached answers.
+    auth: phase::auth::AuthState,
 }
 
 impl Proxy {
@@ -84,10 +89,11 @@ impl Proxy {
             published,
             pool: Pool::new(limits.clone(), connectors.clone()),
             h2_pool: multiplex::H2Pool::new(connectors.clone()),
-            streams: h1::streams::StreamPool::new(limits, connectors),
+            streams: h1::streams::StreamPool::new(limits, connectors.clone()),
             metrics,
             settings,
             tracing: None,
+            auth: phase::auth::AuthState::new(connectors),
         }
     }
 

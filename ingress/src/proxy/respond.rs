@@ -38,6 +38,19 @@ pub fn preflight(headers: Vec<(http::HeaderName, HeaderValue)>) -> Response<Prox
     response
 }
 
+/// A request turned away by authentication: its status (or redirect) with its headers
+/// (`WWW-Authenticate`, `Set-Cookie`), appended so that several cookies all arrive.
+pub(crate) fn denial(denial: crate::proxy::phase::auth::Denial) -> Response<ProxyBody> {
+    let mut response = match &denial.location {
+        Some(location) => redirect(denial.status, location),
+        None => status(denial.status),
+    };
+    for (name, value) in denial.headers {
+        response.headers_mut().append(name, value);
+    }
+    response
+}
+
 /// A redirect with `code`: 308 for `ssl-redirect` (keeps the method and body, as ingress-nginx
 /// sends), 302 for `app-root`, the annotation's code for the redirect annotations.
 pub fn redirect(code: StatusCode, location: &str) -> Response<ProxyBody> {

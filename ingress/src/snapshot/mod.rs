@@ -39,7 +39,7 @@ use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
 use host::{HostPattern, HostTable};
 use path::{PathMatcher, PathRule};
-use policy::{CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
+use policy::{AuthPolicy, CanaryPolicy, HostPolicy, Rewrite, RewritePolicy, RoutePolicy};
 
 /// What the builder needs beyond the store. Everything here comes from flags.
 #[derive(Clone, Debug)]
@@ -223,6 +223,10 @@ impl Snapshot {
             sources_invalid: global.sources_invalid.clone(),
             access_refused: global.access_refused.clone(),
             ssl_redirect: global.ssl_redirect,
+            auth_addresses: address::AddressPolicy {
+                host_addresses: Arc::default(),
+                ..settings.backends.addresses.clone()
+            },
             rank: 0,
             store,
             diagnostics,
@@ -495,6 +499,10 @@ struct Builder<'s> {
     access_refused: Option<Arc<str>>,
     /// The ConfigMap's `ssl-redirect`: for Ingresses without the annotation.
     ssl_redirect: bool,
+    /// The addresses an auth service (`auth-url`) may have: the backends' policy, but this
+    /// node's own addresses allowed, since `https://$host/oauth2/auth` comes back through the
+    /// proxy itself.
+    auth_addresses: address::AddressPolicy,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     store: &'s Store,
@@ -591,6 +599,7 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
+        let auth = self.auth(&subject, key, ingress, &mut refused);
         let fallback = options
             .default_backend
             .as_ref()
@@ -600,6 +609,7 @@ impl Builder<'_> {
             Arc::new(
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
                     .with_sources(&sources)
+                    .with_auth(&auth)
                     .with_fallback(fallback.as_ref()),
             )
         });
@@ -991,6 +1001,39 @@ impl Builder<'_> {
             ));
         }
         Some(backend)
+    }
+
+    /// The authentication an Ingress asks for. One that cannot be honoured as written (a
+    /// missing Secret, an unreadable hash, a bad value) is an error and refuses the Ingress
+    /// (503): never served open.
+    fn auth(
+        &mut self,
+        subject: &Subject,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        refused: &mut Option<Arc<str>>,
+    ) -> AuthPolicy {
+        let annotations = ingress.metadata.annotations.as_ref();
+        let policy = annotations::auth::satisfy(annotations).and_then(|satisfy| {
+            Ok(AuthPolicy {
+                basic: annotations::auth::basic(annotations, self.store, key)?.map(Arc::new),
+                external: annotations::auth::external(annotations, &self.auth_addresses)?
+                    .map(Arc::new),
+                satisfy,
+            })
+        });
+        match policy {
+            Ok(policy) => policy,
+            Err((kind, message)) => {
+                self.diagnostics.push(Diagnostic::error(
+                    kind,
+                    subject.clone(),
+                    format!("{message}; this Ingress is not served (503) rather than served without its authentication"),
+                ));
+                refused.get_or_insert_with(|| Arc::from(format!("authentication: {message}")));
+                AuthPolicy::default()
+            }
+        }
     }
 
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not

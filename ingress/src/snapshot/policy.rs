@@ -5,7 +5,8 @@
 //! ```text
 //!   phase (proxy::phase)   reads
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured),
-//!                                           source ranges (allow- and deny-lists)
+//!                                           source ranges (allow- and deny-lists), basic and
+//!                                           external auth, satisfy
 //!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
 //!                                           route is chosen)
 //!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
@@ -29,6 +30,7 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::annotations::affinity::Affinity;
+use super::annotations::auth::{BasicAuth, ExternalAuth, Satisfy};
 use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
@@ -173,6 +175,26 @@ pub struct AccessPolicy {
     pub refused: Option<Arc<str>>,
     /// `allowlist-source-range` / `denylist-source-range`: who may, by source address (403).
     pub sources: SourcePolicy,
+    /// Who must authenticate, and how.
+    pub auth: AuthPolicy,
+}
+
+/// Authentication on a route, and how it combines with the source ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuthPolicy {
+    /// `auth-type: basic` with its Secret's users.
+    pub basic: Option<Arc<BasicAuth>>,
+    /// `auth-url` and its companions.
+    pub external: Option<Arc<ExternalAuth>>,
+    /// `satisfy`.
+    pub satisfy: Satisfy,
+}
+
+impl AuthPolicy {
+    /// Whether a request must authenticate at all.
+    pub fn is_on(&self) -> bool {
+        self.basic.is_some() || self.external.is_some()
+    }
 }
 
 /// Redirects made before the upstream is asked.
@@ -303,6 +325,7 @@ impl RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
                 sources: SourcePolicy::default(),
+                auth: AuthPolicy::default(),
             },
             redirect: RedirectPolicy {
                 to_url: options.redirect.clone(),
@@ -394,6 +417,12 @@ impl RoutePolicy {
     /// The same policy with the Ingress's source ranges.
     pub fn with_sources(mut self, sources: &SourcePolicy) -> RoutePolicy {
         self.access.sources = sources.clone();
+        self
+    }
+
+    /// The same policy with the Ingress's authentication.
+    pub fn with_auth(mut self, auth: &AuthPolicy) -> RoutePolicy {
+        self.access.auth = auth.clone();
         self
     }
 }

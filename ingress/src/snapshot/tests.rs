@@ -917,13 +917,16 @@ fn unsupported_annotations_table() {
             vec![invalid],
         ),
         (
-            vec![(n("auth-type"), "basic"), (n("auth-secret"), "s")],
+            vec![
+                (n("auth-snippet"), "x"),
+                (n("auth-proxy-set-headers"), "cm"),
+            ],
             Refuse,
             false,
             vec![error, error],
         ),
         (
-            vec![(n("auth-url"), "http://auth/")],
+            vec![(n("auth-snippet"), "http://auth/")],
             Refuse,
             false,
             vec![error],
@@ -947,7 +950,7 @@ fn unsupported_annotations_table() {
             false,
             vec![error],
         ),
-        (vec![(n("satisfy"), "any")], Refuse, false, vec![error]),
+        (vec![(n("auth-snippet"), "x")], Refuse, false, vec![error]),
         (
             vec![(n("auth-from-the-future"), "x")],
             Refuse,
@@ -955,13 +958,13 @@ fn unsupported_annotations_table() {
             vec![error],
         ),
         (
-            vec![("ingress.rs/auth-url".into(), "http://auth/")],
+            vec![("ingress.rs/auth-snippet".into(), "http://auth/")],
             Refuse,
             false,
             vec![error],
         ),
         (
-            vec![(n("auth-url"), "http://auth/")],
+            vec![(n("auth-snippet"), "http://auth/")],
             Ignore,
             true,
             vec![warn],
@@ -1018,7 +1021,7 @@ fn a_refused_ingress_keeps_its_paths_claimed_and_spares_its_neighbours() {
     let guarded = annotated(
         "guarded",
         "shop.example.com",
-        &[("nginx.ingress.kubernetes.io/auth-url", "http://auth/")],
+        &[("nginx.ingress.kubernetes.io/auth-snippet", "http://auth/")],
         true,
     );
     let public = r#"
@@ -1074,7 +1077,7 @@ spec:
         Subject::object(Kind::Ingress, &ObjectKey::new("shop", "guarded"))
     );
     assert!(
-        errors[0].message.contains("auth-url") && errors[0].message.contains("503"),
+        errors[0].message.contains("auth-snippet") && errors[0].message.contains("503"),
         "{}",
         errors[0].message
     );
@@ -1087,7 +1090,7 @@ fn a_refused_passthrough_ingress_is_refused_too() {
         "tunnel.example.com",
         &[
             ("nginx.ingress.kubernetes.io/ssl-passthrough", "true"),
-            ("nginx.ingress.kubernetes.io/auth-url", "http://auth/"),
+            ("nginx.ingress.kubernetes.io/auth-snippet", "http://auth/"),
         ],
         true,
     );

@@ -11,6 +11,7 @@
 //! with the date, commit and machine (see `report`), so nobody copies them by hand.
 
 mod accuracy;
+mod auth;
 mod gate;
 mod http;
 mod kube;
@@ -39,7 +40,7 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, policy, logging, memory, scale, kube, gate,
+    /// Only these sections (http, https, auth, policy, logging, memory, scale, kube, gate,
     /// accuracy, passthrough, slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -99,6 +100,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("https") {
         tls::run(&bench)?;
         bench.report.finish("https")?;
+    }
+    if wanted("auth") {
+        auth::run(&bench)?;
+        bench.report.finish("auth")?;
     }
     if wanted("policy") {
         policy::run(&bench)?;

@@ -24,9 +24,10 @@ use crate::workspace::Workspace;
 pub const RESULTS: &str = "docs/benchmark-results.md";
 
 /// Sections in the order the bench runs them, which is the order of the file.
-const ORDER: [&str; 8] = [
+const ORDER: [&str; 9] = [
     "http",
     "https",
+    "auth",
     "memory",
     "kube",
     "passthrough",

@@ -87,13 +87,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             .ok()
             .copied()
             .unwrap_or(Upload::Stream(p.body));
-        let response_due = p.started + timeout;
+        let response_due = p.forwarded + timeout;
         self.upstream_due.set(response_due);
         let streams = &self.proxy.streams;
         let mut result = match upload {
             Ok(upload) => {
                 let first = tokio::select! {
-                    up = streams.checkout(&key, &transport, connect_timeout, p.started) => up,
+                    up = streams.checkout(&key, &transport, connect_timeout, p.forwarded) => up,
                     () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
                 };
                 match first {
@@ -125,7 +125,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             if !replayable && !upstream::nothing_sent(error) {
                 break;
             }
-            let next = upstream::retry(p.route.as_ref(), &next_upstream, &tried, p.started, error);
+            let next =
+                upstream::retry(p.route.as_ref(), &next_upstream, &tried, p.forwarded, error);
             let Some((next_key, next_in_flight)) = next else {
                 break;
             };
@@ -293,7 +294,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         }
         // The upstream's time to answer counts from the request, or from the end of an upload.
         self.upstream_due.set(match upload {
-            Upload::WithHead => p.started + timeout,
+            Upload::WithHead => p.forwarded + timeout,
             Upload::Stream(_) => Instant::now() + timeout,
         });
         let retry_allowed = p.idempotent && matches!(upload, Upload::WithHead);

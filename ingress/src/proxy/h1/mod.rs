@@ -160,6 +160,9 @@ enum Next {
 /// body (if any) is still to be read from `Client::inbuf` and the connection.
 struct Prepared {
     started: Instant,
+    /// When the phases (authentication included) let it go upstream: the upstream's
+    /// deadlines count from here, so an auth service's time is not taken from them.
+    forwarded: Instant,
     action: Decision,
     route: Option<Arc<Route>>,
     head_request: bool,
@@ -206,7 +209,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     self.client_due
                         .set(Instant::now() + self.settings.header_read_timeout);
                 }
-                match self.prepare() {
+                match self.prepare().await {
                     Parsed::Ready(prepared) => return Next::Request(prepared),
                     Parsed::H2c => return Next::H2c,
                     Parsed::Partial if self.inbuf.len() < self.settings.max_header_size => {}
@@ -235,9 +238,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         }
     }
 
-    /// Parses the buffered head and runs the phases up to the decision, writing the upstream
-    /// head. On success the head's bytes are consumed from `inbuf`.
-    fn prepare(&mut self) -> Parsed {
+    /// Parses the buffered head and runs the phases up to the decision (awaiting
+    /// authentication, when the route has it), writing the upstream head. On success the head's
+    /// bytes are consumed from `inbuf`.
+    async fn prepare(&mut self) -> Parsed {
         let mut storage = [httparse::EMPTY_HEADER; request::MAX_HEADERS];
         let req = match request::parse(&self.inbuf, &mut storage) {
             RequestParse::Complete(req) => req,
@@ -312,8 +316,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             decision,
             conn: client,
             global,
+            auth,
         } = phased;
         let facts = client.as_deref().unwrap_or(self.conn).client.facts();
+        let decision = proxy.authorize(route.as_ref(), auth, decision).await;
         if let (Some(tracing), Some(trace)) = (&proxy.tracing, &trace) {
             tracing.phases(trace, phases_at, route.as_deref(), decision.name());
         }
@@ -339,18 +345,32 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 (Some(tracing), Some(trace)) => tracing.upstream(trace, &forward.key),
                 _ => Vec::new(),
             };
-            let mut set_headers: Vec<(&str, Option<&[u8]>)> = forward
+            // Authentication's edits win over a snippet's for the same name: what the auth
+            // service vouched for is what the upstream sees.
+            let auth_set = forward
+                .auth
+                .as_ref()
+                .map_or(&[][..], |g| g.upstream.as_slice());
+            let set_headers: Vec<(&str, Option<&[u8]>)> = forward
                 .request_headers
                 .as_deref()
                 .map(|edits| {
                     edits
                         .set
                         .iter()
+                        .filter(|(n, _)| !auth_set.iter().any(|(a, _)| a == n))
                         .map(|(n, v)| (n.as_str(), v.as_ref().map(http::HeaderValue::as_bytes)))
-                        .collect()
+                        .collect::<Vec<_>>()
                 })
-                .unwrap_or_default();
-            set_headers.extend(traced.iter().map(|(n, v)| (*n, Some(v.as_bytes()))));
+                .unwrap_or_default()
+                .into_iter()
+                .chain(
+                    auth_set
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), v.as_ref().map(http::HeaderValue::as_bytes))),
+                )
+                .chain(traced.iter().map(|(n, v)| (*n, Some(v.as_bytes()))))
+                .collect();
             let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
             request::write_upstream(
                 &mut self.request,
@@ -372,6 +392,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let refused = matches!(action, Decision::Refuse(_));
         let prepared = Prepared {
             started,
+            forwarded: Instant::now(),
             action,
             route,
             head_request: req.is_head(),
@@ -408,6 +429,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         tracing::debug!(peer = %self.conn.peer, status = refusal.status.as_u16(), reason = refusal.reason, "request refused");
         Prepared {
             started: Instant::now(),
+            forwarded: Instant::now(),
             action: Decision::Refuse(refusal),
             route: None,
             head_request: false,
@@ -438,7 +460,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let global = prepared.global.clone();
         let hsts = phase_response::hsts(&global, self.conn.https).map(http::HeaderValue::as_bytes);
         let server = phase_response::server(&global).as_bytes();
-        let action = std::mem::replace(
+        let mut action = std::mem::replace(
             &mut prepared.action,
             Decision::Respond(StatusCode::NOT_FOUND),
         );
@@ -451,7 +473,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 forward.response_rewrite.clone(),
             ),
             Decision::Preflight(set) => (None, set.clone(), None, None),
+            Decision::Deny(denial) => (None, denial.headers.clone(), None, None),
             _ => (None, Vec::new(), None, None),
+        };
+        // Authentication's edits of the request went into its head (`prepare`); its cookies
+        // are for the response.
+        let granted = match &mut action {
+            Decision::Forward(forward) => forward.auth.take(),
+            _ => None,
         };
         let mut ctx = ResponseContext {
             head_request: prepared.head_request,
@@ -461,6 +490,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             http10: prepared.http10,
             upgrade: upgrade.as_deref(),
             set_cookie: set_cookie.as_deref().map(str::as_bytes),
+            auth: granted.as_ref(),
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),
@@ -479,6 +509,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     Decision::Preflight(_) => (StatusCode::NO_CONTENT, None, Outcome::LOCAL),
                     Decision::Redirect(code, location) => (code, Some(location), Outcome::LOCAL),
                     Decision::Refuse(refusal) => (refusal.status, None, Outcome::refused(refusal)),
+                    Decision::Deny(denial) => (denial.status, denial.location, Outcome::LOCAL),
                     Decision::Fail(error) => (
                         error.status(),
                         None,

@@ -70,6 +70,8 @@ pub struct ResponseContext<'a> {
     pub upgrade: Option<&'a [u8]>,
     /// A `Set-Cookie` the proxy adds to the upstream's response (a new affinity session).
     pub set_cookie: Option<&'a [u8]>,
+    /// What authentication granted: its `Set-Cookie`s for the client (an auth service's).
+    pub(crate) auth: Option<&'a crate::proxy::phase::auth::Granted>,
     /// Headers the proxy sets on the response (CORS), replacing the upstream's of these names.
     pub set_headers: &'a [(http::HeaderName, http::HeaderValue)],
     /// A snippet's edits of the upstream's headers (the response phase's).
@@ -277,6 +279,9 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
         }
         if let Some(cookie) = ctx.set_cookie {
             push(out, &[b"set-cookie: ", cookie, b"\r\n"]);
+        }
+        for cookie in ctx.auth.map_or(&[][..], |g| g.cookies_for(status)) {
+            push(out, &[b"set-cookie: ", cookie.as_bytes(), b"\r\n"]);
         }
         if coded && !dechunk {
             write_codings(out, headers);

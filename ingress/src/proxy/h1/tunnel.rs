@@ -50,7 +50,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             response::write_local(&mut this.response, code, None, ctx);
             (code, error)
         };
-        self.upstream_due.set(p.started + timeout);
+        self.upstream_due.set(p.forwarded + timeout);
         let connected = tokio::select! {
             up = self.proxy.streams.connect(&key, &transport, connect_timeout) => up,
             () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
@@ -141,7 +141,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         timeout: Duration,
         ctx: &mut ResponseContext<'_>,
     ) -> Result<(response::Response, super::streams::Upstream), UpstreamError> {
-        self.upstream_due.set(p.started + timeout);
+        self.upstream_due.set(p.forwarded + timeout);
         loop {
             if !up.buf.is_empty() {
                 match response::rewrite(&up.buf, ctx, &mut self.response) {

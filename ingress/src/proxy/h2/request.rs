@@ -6,6 +6,7 @@
 //!   CONNECT / TRACE → refused
 //!   :authority and Host (ingress_wire::authority::of_h2): missing, two, or disagreeing → 400
 //!   request_phases (tls, route, access, redirect, upstream) → Decision
+//!   authorize (auth): basic auth, awaited → the forward with its edits, or a denial
 //!   Forward: headers rewritten (forward.rs) → pool.send, bounded by the route's timeout
 //!   response: Server, HSTS, record
 //! ```
@@ -226,6 +227,7 @@ impl Proxy {
             decision,
             conn: client,
             global,
+            auth,
         } = self.request_phases(
             conn,
             RequestView {
@@ -237,10 +239,11 @@ impl Proxy {
                 body_len: hyper::body::Body::size_hint(req.body()).exact(),
             },
         );
+        let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
+        let decision = self.authorize(route.as_ref(), auth, decision).await;
         if let (Some(tracing), Some(trace)) = (&self.tracing, &*trace) {
             tracing.phases(trace, phases_at, route.as_deref(), decision.name());
         }
-        let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
         if !matches!(decision, Decision::Forward(_)) {
             drain(req.body_mut()).await;
         }
@@ -264,6 +267,17 @@ impl Proxy {
                     ..Outcome::LOCAL
                 },
             ),
+            // A gRPC client reads grpc-status (401 → UNAUTHENTICATED, 403 → PERMISSION_DENIED,
+            // 500 → UNKNOWN), with the denial's headers beside it.
+            Decision::Deny(denial) if grpc && denial.location.is_none() => {
+                let reason = denial.status.canonical_reason().unwrap_or("denied");
+                let mut response = respond::grpc_error(denial.status, reason);
+                for (name, value) in denial.headers {
+                    response.headers_mut().append(name, value);
+                }
+                (response, Outcome::LOCAL)
+            }
+            Decision::Deny(denial) => (respond::denial(denial), Outcome::LOCAL),
             Decision::Forward(forward) => {
                 let vhost = forward.vhost.clone();
                 let request = forward::RequestSide {
@@ -341,8 +355,11 @@ impl Proxy {
             next_upstream,
             request_headers,
             underscores,
+            auth,
             ..
         } = forward;
+        let mut auth = auth.unwrap_or_default();
+        let auth_headers = std::mem::take(&mut auth.upstream);
         // proxy-next-upstream, for attempts that could not connect: the request comes back
         // unsent and goes to another endpoint.
         let mut tried = vec![key.clone()];
@@ -376,6 +393,14 @@ impl Proxy {
             parts.headers.remove(name);
             if let Some(value) = value {
                 parts.headers.insert(name.clone(), value.clone());
+            }
+        }
+        // Authentication's edits last: what the auth service vouched for replaces anything
+        // the client or a snippet put under the same name.
+        for (name, value) in auth_headers {
+            parts.headers.remove(&name);
+            if let Some(value) = value {
+                parts.headers.insert(name, value);
             }
         }
         if let Some(prefix) = forwarded_prefix.and_then(|p| HeaderValue::from_str(&p).ok()) {
@@ -449,6 +474,11 @@ impl Proxy {
             for (name, value) in set_headers {
                 response.headers_mut().insert(name, value);
             }
+            for cookie in auth.cookies_for(response.status().as_u16()) {
+                response
+                    .headers_mut()
+                    .append(header::SET_COOKIE, cookie.clone());
+            }
             let response = response
                 .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
             let outcome = Outcome {
@@ -497,6 +527,11 @@ impl Proxy {
         }
         for (name, value) in set_headers {
             response.headers_mut().insert(name, value);
+        }
+        for cookie in auth.cookies_for(response.status().as_u16()) {
+            response
+                .headers_mut()
+                .append(header::SET_COOKIE, cookie.clone());
         }
         let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
         (

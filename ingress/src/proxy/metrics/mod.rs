@@ -59,6 +59,12 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthLabels {
+    pub kind: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ListenerLabels {
     pub listener: &'static str,
 }
@@ -97,6 +103,7 @@ pub struct ProxyMetrics {
     pub sni_gate: Family<ReasonLabels, Counter>,
     upstream_address_refused: Family<ReasonLabels, Counter>,
     upstream_errors: Family<KindLabels, Counter>,
+    auth_requests: Family<AuthLabels, Counter>,
     pub passthrough: PassthroughMetrics,
     routes: RouteStatsTable,
     unrouted: OnceLock<RouteStats>,
@@ -173,6 +180,12 @@ impl ProxyMetrics {
             "Requests the proxy answered itself because the upstream failed, by kind (connect, connect_timeout, response_timeout, protocol, tls_certificate, tls_handshake, tls_config, no_endpoints, address_refused, refused)",
             upstream_errors.clone(),
         );
+        let auth_requests = Family::<AuthLabels, Counter>::default();
+        registry.register(
+            "auth_requests",
+            "Authentication decisions on routes with basic or external auth, by kind (basic, external) and result (allowed, cached, denied, forbidden, error)",
+            auth_requests.clone(),
+        );
         let sni_gate = Family::<ReasonLabels, Counter>::default();
         registry.register_collector(Box::new(SniGateTotals::new(sni_gate.clone(), gate)));
         let passthrough = PassthroughMetrics::register(registry);
@@ -187,6 +200,7 @@ impl ProxyMetrics {
             sni_gate,
             upstream_address_refused,
             upstream_errors,
+            auth_requests,
             passthrough,
             unrouted: OnceLock::new(),
             compat,
@@ -251,6 +265,13 @@ impl ProxyMetrics {
     pub fn count_upstream_error(&self, kind: &'static str) {
         self.upstream_errors
             .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// Counts one authentication decision (`ingress_auth_requests_total`).
+    pub fn count_auth(&self, kind: &'static str, result: &'static str) {
+        self.auth_requests
+            .get_or_create(&AuthLabels { kind, result })
             .inc();
     }
 

@@ -10,7 +10,8 @@
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
-//!                            outside its source ranges → 403
+//!                            outside its source ranges → 403 (with `satisfy`); whether it
+//!                            must authenticate
 //!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
 //!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
 //!                            the route's: permanent-/temporal-redirect → their code; plain
@@ -22,6 +23,9 @@
 //!   upstream  (upstream.rs)  endpoint (affinity.rs: by the session cookie), response timeout,
 //!                            upgrades allowed, a snippet's proxy_set_header; no endpoint →
 //!                            the default-backend annotation's Service → Forward
+//!   auth      (auth.rs)      awaited by the protocol path for a request that would be
+//!                            forwarded: basic auth → 401; the auth service (auth-url) →
+//!                            401/302/403/500; or the forward with its edits
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; a snippet's header actions on the
 //!                            upstream's response; metrics and the access log
@@ -32,6 +36,7 @@
 
 pub mod access;
 pub mod affinity;
+pub mod auth;
 pub mod canary;
 pub mod cors;
 pub mod identity;
@@ -72,6 +77,8 @@ pub(crate) trait RequestHeaders {
     fn cookie(&self, name: &str) -> Option<&[u8]>;
     /// Every value of the header `name` (lower-case), in the order they came.
     fn all(&self, name: &str) -> Vec<&[u8]>;
+    /// Every header, in order (an auth subrequest passes the client's on).
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8]));
 }
 
 impl RequestHeaders for http::HeaderMap {
@@ -93,6 +100,12 @@ impl RequestHeaders for http::HeaderMap {
                 .map(http::HeaderValue::as_bytes),
             name,
         )
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for (name, value) in self {
+            f(name.as_str(), value.as_bytes());
+        }
     }
 }
 
@@ -117,6 +130,12 @@ impl RequestHeaders for &[httparse::Header<'_>] {
                 .map(|h| h.value),
             name,
         )
+    }
+
+    fn each(&self, f: &mut dyn FnMut(&str, &[u8])) {
+        for h in *self {
+            f(h.name, h.value);
+        }
     }
 }
 
@@ -151,6 +170,8 @@ pub(crate) enum Decision {
     Refuse(Refusal),
     /// Not forwarded, with the error that says why (503 for a refused route or no endpoint).
     Fail(UpstreamError),
+    /// Turned away by authentication (401 with a challenge, 403, a redirect to sign in).
+    Deny(auth::Denial),
     Forward(Forward),
 }
 
@@ -163,6 +184,7 @@ impl Decision {
             Decision::Preflight(_) => "preflight",
             Decision::Refuse(_) => "refuse",
             Decision::Fail(_) => "fail",
+            Decision::Deny(_) => "deny",
             Decision::Forward(_) => "forward",
         }
     }
@@ -208,6 +230,8 @@ pub(crate) struct Forward {
     pub(crate) canary: bool,
     /// Pass on request header names with `_` (`enable-underscores-in-headers`).
     pub(crate) underscores: bool,
+    /// What authentication changes: request headers sent upstream, cookies for the client.
+    pub(crate) auth: Option<auth::Granted>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -222,6 +246,8 @@ pub(crate) struct Phased<'t> {
     pub(crate) conn: Option<Box<ConnInfo>>,
     /// The global settings of the snapshot the request was decided on.
     pub(crate) global: Arc<GlobalSettings>,
+    /// The request must authenticate before its forward goes anywhere ([`Proxy::authorize`]).
+    pub(crate) auth: Option<auth::Pending>,
 }
 
 /// How a request ended, for the access log.
@@ -264,6 +290,15 @@ pub(crate) struct Record<'a> {
     pub(crate) meter: &'a Meter,
 }
 
+/// What [`Proxy::decide`] found: the target, the route, the decision, and the authentication
+/// still to do.
+type Decided<'t> = (
+    Option<Target<'t>>,
+    Option<Arc<Route>>,
+    Decision,
+    Option<auth::Pending>,
+);
+
 impl Proxy {
     /// Runs the request phases for one request (see [`RequestView`]): first the client
     /// identity (per request only when forwarded headers are trusted), then the rest on the
@@ -275,7 +310,7 @@ impl Proxy {
     ) -> Phased<'t> {
         let snapshot = self.published.load();
         let own = conn.for_request(&snapshot.global.forwarded, request.headers);
-        let (target, route, decision) =
+        let (target, route, decision, auth) =
             self.decide(&snapshot, own.as_deref().unwrap_or(conn), request);
         Phased {
             target,
@@ -283,6 +318,7 @@ impl Proxy {
             decision,
             conn: own,
             global: snapshot.global.clone(),
+            auth,
         }
     }
 
@@ -291,7 +327,7 @@ impl Proxy {
         snapshot: &Snapshot,
         conn: &ConnInfo,
         request: RequestView<'_, 't>,
-    ) -> (Option<Target<'t>>, Option<Arc<Route>>, Decision) {
+    ) -> Decided<'t> {
         let RequestView {
             method,
             host,
@@ -301,7 +337,7 @@ impl Proxy {
             body_len,
         } = request;
         let refused = |refusal: Refusal, target: Option<Target<'t>>| {
-            (target, None, Decision::Refuse(refusal))
+            (target, None, Decision::Refuse(refusal), None)
         };
         let mut target = match target::parse(raw_target, &self.settings.paths) {
             Ok(target) => target,
@@ -317,17 +353,27 @@ impl Proxy {
             .host(host)
             .and_then(|vhost| redirect::host(&vhost.policy, conn, authority, raw_target, &target))
         {
-            return (Some(target), None, decision);
+            return (Some(target), None, decision, None);
         }
         let route = match route::find(snapshot, host, &target) {
             Ok(Some(route)) => route.clone(),
             Ok(None) => {
-                return (Some(target), None, Decision::Respond(StatusCode::NOT_FOUND));
+                return (
+                    Some(target),
+                    None,
+                    Decision::Respond(StatusCode::NOT_FOUND),
+                    None,
+                );
             }
             Err(refusal) => return refused(refusal, Some(target)),
         };
         let cors = cors::check(route.policy.response.cors.as_deref(), method, headers);
-        let decision = access::check(&route.policy.access, conn)
+        let (access, authenticate) = match access::check(&route.policy.access, conn) {
+            access::Verdict::Pass => (None, false),
+            access::Verdict::Stop(decision) => (Some(decision), false),
+            access::Verdict::Authenticate => (None, true),
+        };
+        let decision = access
             .or_else(|| match &cors {
                 cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
                 _ => None,
@@ -382,6 +428,28 @@ impl Proxy {
                 }
                 decision
             });
-        (Some(target), Some(route), decision)
+        // Only a request headed for the backend authenticates (a forward, or its 503 for want
+        // of endpoints): redirects, preflights and 413s are answered first, as nginx answers
+        // them before its access phase.
+        let auth = (authenticate && matches!(decision, Decision::Forward(_) | Decision::Fail(_)))
+            .then(|| {
+                let external = route.policy.access.auth.external.is_some().then(|| {
+                    auth::RequestFacts::of(
+                        conn, method, host, authority, raw_target, &target, headers,
+                    )
+                });
+                auth::Pending::of(headers, external)
+            });
+        // A request `satisfy any` let in by its address is not checked, but its location's
+        // header settings still apply in ingress-nginx: Authorization cleared on a basic-auth
+        // route, and each auth-response-headers name set from an answer there was none of
+        // (so removed), so a client never supplies them itself.
+        let mut decision = decision;
+        if auth.is_none()
+            && let Decision::Forward(forward) = &mut decision
+        {
+            forward.auth = auth::Granted::unchecked(&route.policy.access.auth);
+        }
+        (Some(target), Some(route), decision, auth)
     }
 }

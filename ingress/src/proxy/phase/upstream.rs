@@ -93,6 +93,7 @@ pub(crate) fn forward(
         response_rewrite: None,
         canary: false,
         underscores: false,
+        auth: None,
     })
 }
 

@@ -6,9 +6,11 @@
 //! [`unsupported`].
 
 pub mod affinity;
+pub mod auth;
 pub mod canary;
 pub mod cors;
 pub mod hash;
+pub mod htpasswd;
 pub mod registry;
 pub mod rewrite;
 pub mod snippet;
@@ -833,8 +835,8 @@ mod tests {
             (n("canary"), None),
             (n("mirror-target"), Some((Category::Upstream, true))),
             (n("whitelist-source-range"), None),
-            (n("auth-url"), Some((Category::AccessControl, true))),
-            (o("auth-url"), Some((Category::AccessControl, true))),
+            (n("auth-snippet"), Some((Category::AccessControl, true))),
+            (o("auth-snippet"), Some((Category::AccessControl, true))),
             (n("auth-tls-secret"), Some((Category::AccessControl, true))),
             (n("limit-rps"), Some((Category::AccessControl, true))),
             (n("auth-brand-new"), Some((Category::AccessControl, false))),

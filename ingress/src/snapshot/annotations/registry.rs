@@ -99,6 +99,9 @@ pub fn no_op_reason(name: &str) -> Option<&'static str> {
         "client-body-buffer-size" => {
             "request bodies are streamed, never buffered in memory or spooled to disk, so there is no buffer size to tune"
         }
+        "auth-keepalive-share-vars" => {
+            "the auth service's answer is read by the proxy itself, not through nginx variables, so there is nothing to share: auth-response-headers reach the upstream either way"
+        }
         _ => return None,
     })
 }
@@ -144,22 +147,22 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("affinity-mode", Upstream),
     yes("allowlist-source-range", AccessControl),
     yes("app-root", Routing),
-    no("auth-always-set-cookie", AccessControl),
-    no("auth-cache-duration", AccessControl),
-    no("auth-cache-key", AccessControl),
-    no("auth-keepalive", AccessControl),
-    no("auth-keepalive-requests", AccessControl),
-    no("auth-keepalive-share-vars", AccessControl),
-    no("auth-keepalive-timeout", AccessControl),
-    no("auth-method", AccessControl),
+    yes("auth-always-set-cookie", AccessControl),
+    yes("auth-cache-duration", AccessControl),
+    yes("auth-cache-key", AccessControl),
+    yes("auth-keepalive", AccessControl),
+    yes("auth-keepalive-requests", AccessControl),
+    noop("auth-keepalive-share-vars", AccessControl),
+    yes("auth-keepalive-timeout", AccessControl),
+    yes("auth-method", AccessControl),
     no("auth-proxy-set-headers", AccessControl),
-    no("auth-realm", AccessControl),
-    no("auth-request-redirect", AccessControl),
-    no("auth-response-headers", AccessControl),
-    no("auth-secret", AccessControl),
-    no("auth-secret-type", AccessControl),
-    no("auth-signin", AccessControl),
-    no("auth-signin-redirect-param", AccessControl),
+    yes("auth-realm", AccessControl),
+    yes("auth-request-redirect", AccessControl),
+    yes("auth-response-headers", AccessControl),
+    yes("auth-secret", AccessControl),
+    yes("auth-secret-type", AccessControl),
+    yes("auth-signin", AccessControl),
+    yes("auth-signin-redirect-param", AccessControl),
     no("auth-snippet", AccessControl),
     no("auth-tls-error-page", AccessControl),
     no("auth-tls-match-cn", AccessControl),
@@ -167,8 +170,8 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("auth-tls-secret", AccessControl),
     no("auth-tls-verify-client", AccessControl),
     no("auth-tls-verify-depth", AccessControl),
-    no("auth-type", AccessControl),
-    no("auth-url", AccessControl),
+    yes("auth-type", AccessControl),
+    yes("auth-url", AccessControl),
     yes("backend-protocol", Upstream),
     yes("canary", Routing),
     yes("canary-by-cookie", Routing),
@@ -253,7 +256,7 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("proxy-ssl-verify-depth", Tls),
     no("relative-redirects", Routing),
     yes("rewrite-target", Routing),
-    no("satisfy", AccessControl),
+    yes("satisfy", AccessControl),
     yes("server-alias", Routing),
     yes("server-snippet", Snippet),
     yes("service-upstream", Upstream),
@@ -383,7 +386,18 @@ mod tests {
         for name in access {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
-            let supported = name.ends_with("-source-range");
+            let supported = name.ends_with("-source-range")
+                || [
+                    "auth-type",
+                    "auth-secret",
+                    "auth-secret-type",
+                    "auth-realm",
+                    "auth-url",
+                    "auth-signin",
+                    "auth-response-headers",
+                    "satisfy",
+                ]
+                .contains(&name);
             assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
@@ -425,6 +439,22 @@ mod tests {
                 "affinity-mode",
                 "allowlist-source-range",
                 "app-root",
+                "auth-always-set-cookie",
+                "auth-cache-duration",
+                "auth-cache-key",
+                "auth-keepalive",
+                "auth-keepalive-requests",
+                "auth-keepalive-timeout",
+                "auth-method",
+                "auth-realm",
+                "auth-request-redirect",
+                "auth-response-headers",
+                "auth-secret",
+                "auth-secret-type",
+                "auth-signin",
+                "auth-signin-redirect-param",
+                "auth-type",
+                "auth-url",
                 "backend-protocol",
                 "canary",
                 "canary-by-cookie",
@@ -467,9 +497,11 @@ mod tests {
                 "proxy-ssl-verify",
                 "proxy-ssl-verify-depth",
                 "rewrite-target",
+                "satisfy",
                 "server-alias",
                 "server-snippet",
                 "service-upstream",
+                "session-cookie-conditional-samesite-none",
                 "session-cookie-domain",
                 "session-cookie-expires",
                 "session-cookie-max-age",

@@ -20,6 +20,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     http10: false,
     upgrade: None,
     set_cookie: None,
+    auth: None,
     set_headers: &[],
     edits: None,
     rewrite: None,

@@ -1,0 +1,406 @@
+//! Basic auth (`auth-type: basic`, `auth-secret`, `auth-secret-type`, `auth-realm`) and
+//! `satisfy`, through the real binary with curl (HTTP/1.1 and h2c) and exact bytes: every hash
+//! format htpasswd files hold, every way of getting the credentials wrong, the path tricks that
+//! must not reach a protected backend without them, and the Ingresses that must be refused
+//! (503) rather than served open.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use base64::Engine as _;
+use ingress_tests::curl::{self, VERSIONS};
+use ingress_tests::manifests::{annotated_ingress, opaque_secret, service};
+use ingress_tests::process::Ingress;
+use ingress_tests::raw::exchange;
+use ingress_tests::scratch::Scratch;
+use ingress_tests::upstream::Backend;
+
+/// One user per hash format, with the password each hash was made from.
+const USERS: &[(&str, &str, &str)] = &[
+    ("alice", "$apr1$lZL6V/ci$eIMz/iKDkbtys/uU7LEK00", "password"),
+    (
+        "bob",
+        "$2a$05$CCCCCCCCCCCCCCCCCCCCC.E5YPO9kmyuRGyh0XouQYb4YMJKvyOeW",
+        "U*U",
+    ),
+    ("carol", "{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=", "password"),
+    ("dave", "$1$saltsalt$9xy1btjgzLYfb7hivXtC//", "secret"),
+];
+
+fn basic(user: &str, password: &str) -> String {
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Authorization: Basic {token}")
+}
+
+struct Site {
+    ingress: Ingress,
+    open: Backend,
+    admin: Backend,
+    _dir: Scratch,
+}
+
+fn start() -> Site {
+    let (open, admin) = (Backend::start("open"), Backend::start("admin"));
+    let dir = Scratch::new("auth-basic");
+    let htpasswd: String = USERS
+        .iter()
+        .map(|(u, h, _)| format!("{u}:{h}\n"))
+        .collect::<String>()
+        + "# a comment, as htpasswd files may have\n";
+    let protected = |name: &str, day: u8, annotations: &[(&str, &str)], host: &str, path: &str| {
+        annotated_ingress(
+            "t",
+            name,
+            day,
+            annotations,
+            &[(host, path, "Prefix", "admin")],
+        )
+    };
+    let basic_on = [
+        ("auth-type", "basic"),
+        ("auth-secret", "users"),
+        ("auth-realm", "Staff only"),
+    ];
+    let manifests = [
+        service("t", "open", &[&open]),
+        service("t", "admin", &[&admin]),
+        opaque_secret("t", "users", &[("auth", &htpasswd)]),
+        opaque_secret("t", "map", &[("erin", "{PLAIN}letmein")]),
+        opaque_secret("t", "des", &[("auth", "alice:abJnggxhB/yWI\n")]),
+        opaque_secret("other", "users", &[("auth", &htpasswd)]),
+        // basic.test: `/` open, `/admin` behind basic auth.
+        annotated_ingress(
+            "t",
+            "open",
+            1,
+            &[],
+            &[("basic.test", "/", "Prefix", "open")],
+        ),
+        protected("admin", 2, &basic_on, "basic.test", "/admin"),
+        protected(
+            "mapped",
+            3,
+            &[
+                ("auth-type", "basic"),
+                ("auth-secret", "t/map"),
+                ("auth-secret-type", "auth-map"),
+            ],
+            "map.test",
+            "/",
+        ),
+        // Refused (503), never served open.
+        protected(
+            "missing",
+            4,
+            &[("auth-type", "basic"), ("auth-secret", "nope")],
+            "missing.test",
+            "/",
+        ),
+        protected(
+            "digest",
+            5,
+            &[("auth-type", "digest"), ("auth-secret", "users")],
+            "digest.test",
+            "/",
+        ),
+        protected(
+            "des",
+            6,
+            &[("auth-type", "basic"), ("auth-secret", "des")],
+            "des.test",
+            "/",
+        ),
+        protected(
+            "elsewhere",
+            7,
+            &[("auth-type", "basic"), ("auth-secret", "other/users")],
+            "elsewhere.test",
+            "/",
+        ),
+        // satisfy: the client (127.0.0.1) inside or outside the allow-list.
+        protected(
+            "any-inside",
+            8,
+            &[
+                ("auth-type", "basic"),
+                ("auth-secret", "users"),
+                ("satisfy", "any"),
+                ("allowlist-source-range", "127.0.0.0/8"),
+            ],
+            "any-inside.test",
+            "/",
+        ),
+        protected(
+            "any-outside",
+            9,
+            &[
+                ("auth-type", "basic"),
+                ("auth-secret", "users"),
+                ("satisfy", "any"),
+                ("allowlist-source-range", "10.0.0.0/8"),
+            ],
+            "any-outside.test",
+            "/",
+        ),
+        protected(
+            "all-outside",
+            10,
+            &[
+                ("auth-type", "basic"),
+                ("auth-secret", "users"),
+                ("allowlist-source-range", "10.0.0.0/8"),
+            ],
+            "all-outside.test",
+            "/",
+        ),
+        protected(
+            "all-inside",
+            11,
+            &[
+                ("auth-type", "basic"),
+                ("auth-secret", "users"),
+                ("satisfy", "all"),
+                ("allowlist-source-range", "127.0.0.0/8"),
+            ],
+            "all-inside.test",
+            "/",
+        ),
+    ]
+    .concat();
+    dir.write("all.yaml", &manifests);
+    Site {
+        ingress: Ingress::start(dir.path()),
+        open,
+        admin,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn every_hash_format_lets_its_user_in_and_nothing_else_does() {
+    let site = start();
+    let ingress = &site.ingress;
+    for version in VERSIONS {
+        for (user, _, password) in USERS {
+            // Twice: bcrypt's second check comes from the cache of recent successes.
+            for _ in 0..2 {
+                let reply = curl::get(
+                    ingress,
+                    "basic.test",
+                    "/admin/x",
+                    version,
+                    &["-H", &basic(user, password)],
+                );
+                assert_eq!(reply.backend(), "admin", "{version} {user}: {reply:?}");
+                let echo = reply.echo().expect("echo");
+                assert!(
+                    !echo.headers.contains_key("authorization"),
+                    "{version} {user}: the password went upstream: {:?}",
+                    echo.headers
+                );
+            }
+        }
+        let map = curl::get(
+            ingress,
+            "map.test",
+            "/",
+            version,
+            &["-H", &basic("erin", "letmein")],
+        );
+        assert_eq!(map.backend(), "admin", "{version} auth-map");
+
+        let denied: Vec<(&str, Vec<String>)> = vec![
+            ("no credentials", vec![]),
+            (
+                "wrong password",
+                vec!["-H".into(), basic("alice", "Password")],
+            ),
+            (
+                "bcrypt, wrong password",
+                vec!["-H".into(), basic("bob", "U*V")],
+            ),
+            ("empty password", vec!["-H".into(), basic("alice", "")]),
+            (
+                "unknown user",
+                vec!["-H".into(), basic("mallory", "password")],
+            ),
+            (
+                "another user's password",
+                vec!["-H".into(), basic("dave", "password")],
+            ),
+            (
+                "user name case",
+                vec!["-H".into(), basic("Alice", "password")],
+            ),
+            (
+                "malformed base64",
+                vec!["-H".into(), "Authorization: Basic !!!!".into()],
+            ),
+            (
+                "no colon",
+                vec!["-H".into(), "Authorization: Basic YWxpY2U=".into()],
+            ),
+            (
+                "bearer",
+                vec!["-H".into(), "Authorization: Bearer abc".into()],
+            ),
+            (
+                "a user of another map",
+                vec!["-H".into(), basic("erin", "letmein")],
+            ),
+        ];
+        for (what, args) in &denied {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let reply = curl::get(ingress, "basic.test", "/admin/x", version, &args);
+            assert_eq!(reply.status, 401, "{version} {what}: {reply:?}");
+            assert_eq!(
+                reply.header("www-authenticate"),
+                Some("Basic realm=\"Staff only\""),
+                "{version} {what}"
+            );
+        }
+        // The open part of the host is not affected.
+        assert_eq!(
+            curl::get(ingress, "basic.test", "/", version, &[]).backend(),
+            "open"
+        );
+    }
+    assert_eq!(
+        site.admin.served(),
+        2 * (2 * USERS.len() + 1),
+        "only the right credentials got through"
+    );
+    let metric = |result| {
+        ingress
+            .metric(
+                "ingress_auth_requests_total",
+                &[("kind", "basic"), ("result", result)],
+            )
+            .unwrap_or(0.0)
+    };
+    assert!(metric("denied") >= 22.0, "denied: {}", metric("denied"));
+    assert!(metric("cached") >= 1.0, "the bcrypt success was not cached");
+    assert!(metric("allowed") >= 8.0, "allowed: {}", metric("allowed"));
+}
+
+#[test]
+fn path_tricks_do_not_reach_the_protected_path_without_credentials() {
+    let site = start();
+    // Exact bytes over HTTP/1.1: each must be refused (400) or challenged (401); none may reach
+    // the admin backend.
+    for target in [
+        "/admin",
+        "/admin/",
+        "/admin/x",
+        "/open/../admin/x",
+        "/open/%2e%2e/admin/x",
+        "/open/%2E%2E/admin/x",
+        "//admin//x",
+        "/./admin/x",
+        "/adm%69n/x",
+        "/%61dmin/x",
+        "/admin%2fx",
+        "/x/..%2Fadmin/x",
+        "/open/..%2fadmin",
+        "/admin/x?../../open",
+        "/admin;/x",
+    ] {
+        let raw = format!("GET {target} HTTP/1.1\r\nHost: basic.test\r\n\r\n");
+        let reply = exchange(site.ingress.http, raw.as_bytes());
+        assert!(
+            matches!(reply.status, 400 | 401) || reply.echo().backend == "open",
+            "{target}: {} {}",
+            reply.status,
+            reply.text()
+        );
+        // And with the wrong password, the same.
+        let raw = format!(
+            "GET {target} HTTP/1.1\r\nHost: BASIC.test\r\n{}\r\n\r\n",
+            basic("alice", "wrong")
+        );
+        let reply = exchange(site.ingress.http, raw.as_bytes());
+        assert!(
+            matches!(reply.status, 400 | 401) || reply.echo().backend == "open",
+            "{target} (wrong password): {} {}",
+            reply.status,
+            reply.text()
+        );
+        for version in VERSIONS {
+            let reply = curl::get(&site.ingress, "basic.test", target, version, &[]);
+            assert!(
+                matches!(reply.status, 400 | 401) || reply.backend() == "open",
+                "{version} {target}: {reply:?}"
+            );
+        }
+    }
+    // A second Authorization header cannot smuggle the right credentials past a wrong first.
+    let raw = format!(
+        "GET /admin/x HTTP/1.1\r\nHost: basic.test\r\n{}\r\n{}\r\n\r\n",
+        basic("alice", "wrong"),
+        basic("alice", "password")
+    );
+    let reply = exchange(site.ingress.http, raw.as_bytes());
+    assert!(
+        matches!(reply.status, 400 | 401),
+        "{}: {}",
+        reply.status,
+        reply.text()
+    );
+    assert_eq!(
+        site.admin.served(),
+        0,
+        "a trick reached the protected backend"
+    );
+    assert!(site.open.served() > 0);
+}
+
+#[test]
+fn unusable_auth_refuses_the_ingress_and_satisfy_combines_with_the_allow_list() {
+    let site = start();
+    let ingress = &site.ingress;
+    let right = basic("alice", "password");
+    for version in VERSIONS {
+        for host in ["missing.test", "digest.test", "des.test", "elsewhere.test"] {
+            for args in [vec![], vec!["-H", right.as_str()]] {
+                let reply = curl::get(ingress, host, "/", version, &args);
+                assert_eq!(reply.status, 503, "{version} {host} {args:?}: {reply:?}");
+            }
+        }
+        // (host, with credentials?, want)
+        let cases = [
+            // satisfy any: inside the allow-list, no credentials needed.
+            ("any-inside.test", false, 200),
+            ("any-inside.test", true, 200),
+            // satisfy any, outside: the credentials decide.
+            ("any-outside.test", false, 401),
+            ("any-outside.test", true, 200),
+            // satisfy all (the default), outside: 403 whatever the credentials.
+            ("all-outside.test", false, 403),
+            ("all-outside.test", true, 403),
+            // satisfy all, inside: the credentials are still needed.
+            ("all-inside.test", false, 401),
+            ("all-inside.test", true, 200),
+        ];
+        for (host, credentials, want) in cases {
+            let args = if credentials {
+                vec!["-H", right.as_str()]
+            } else {
+                vec![]
+            };
+            let reply = curl::get(ingress, host, "/", version, &args);
+            assert_eq!(
+                reply.status, want,
+                "{version} {host} credentials={credentials}: {reply:?}"
+            );
+            if let Some(echo) = reply.echo() {
+                assert!(
+                    !echo.headers.contains_key("authorization"),
+                    "{version} {host}: Authorization reached the backend"
+                );
+            }
+        }
+    }
+    let logs = ingress.logs();
+    for needle in ["not found", "digest", "not supported", "namespace"] {
+        assert!(logs.contains(needle), "{needle:?} not in the logs:\n{logs}");
+    }
+}
