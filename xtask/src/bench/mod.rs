@@ -13,6 +13,8 @@
 mod accuracy;
 mod auth;
 mod gate;
+mod grpc;
+mod h2;
 mod http;
 mod kube;
 mod logging;
@@ -40,8 +42,8 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, auth, policy, logging, memory, scale, kube, gate,
-    /// accuracy, passthrough, slow); default all. `gate` includes `accuracy`.
+    /// Only these sections (http, https, h2, grpc, auth, policy, logging, memory, scale, kube,
+    /// gate, accuracy, passthrough, slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -100,6 +102,14 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("https") {
         tls::run(&bench)?;
         bench.report.finish("https")?;
+    }
+    if wanted("h2") {
+        h2::run(&bench)?;
+        bench.report.finish("h2")?;
+    }
+    if wanted("grpc") {
+        grpc::run(&bench, &ws.root)?;
+        bench.report.finish("grpc")?;
     }
     if wanted("auth") {
         auth::run(&bench)?;

@@ -129,7 +129,7 @@ fn new_connections(proxy: &Running, port: u16, rate: u32, seconds: u32) -> Resul
 /// wrk takes its SNI from the URL's host and has no `--connect-to`: with `https://127.0.0.1/`
 /// it would send the IP literal as the server name, which the SNI gate (rightly) resets. So the
 /// bench host must resolve to loopback; `/etc/hosts` gets the entry if it lacks one.
-fn resolve_to_loopback(host: &str) -> Result<()> {
+pub(super) fn resolve_to_loopback(host: &str) -> Result<()> {
     use std::net::ToSocketAddrs;
     let resolves = (host, 443)
         .to_socket_addrs()
