@@ -12,6 +12,7 @@
 
 mod accuracy;
 mod auth;
+mod bare;
 mod gate;
 mod grpc;
 mod h2;
@@ -42,7 +43,7 @@ pub struct Args {
     /// Shorter runs (for CI): fewer rounds, shorter load.
     #[arg(long)]
     pub quick: bool,
-    /// Only these sections (http, https, h2, grpc, auth, policy, logging, memory, scale, kube,
+    /// Only these sections (http, bare, https, h2, grpc, auth, policy, logging, memory, scale, kube,
     /// gate, accuracy, passthrough, slow); default all. `gate` includes `accuracy`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -98,6 +99,10 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("http") {
         http::run(&bench)?;
         bench.report.finish("http")?;
+    }
+    if wanted("bare") {
+        bare::run(&bench)?;
+        bench.report.finish("bare")?;
     }
     if wanted("https") {
         tls::run(&bench)?;
