@@ -220,7 +220,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         name: "https",
         listener: https_listener,
         handshake: Arc::new(TlsHandshake {
-            acceptor: tokio_rustls::TlsAcceptor::from(resolver::server_config(published.clone())?),
+            configs: Arc::new(resolver::ServerConfigs::new(published.clone())?),
             published: published.clone(),
             handshake_timeout: args.tls.tls_handshake_timeout,
             metrics: proxy_metrics.clone(),

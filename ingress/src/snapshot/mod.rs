@@ -17,6 +17,7 @@ pub mod annotations;
 pub mod backend;
 pub mod certs;
 pub mod class;
+pub mod client_auth;
 pub mod host;
 pub mod path;
 pub mod policy;
@@ -548,6 +549,7 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
+        let client_auth = self.client_auth(&subject, key, ingress, &options, &mut refused);
         let fallback = options
             .default_backend
             .as_ref()
@@ -630,6 +632,19 @@ impl Builder<'_> {
                             DiagnosticKind::ConflictingRule,
                             subject.clone(),
                             format!("host {pattern} already has app-root {existing} from an older Ingress; this one's {app_root} is ignored"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+            if let Some(auth) = &client_auth {
+                match &host.policy.client_auth {
+                    None => host.policy.client_auth = Some(auth.clone()),
+                    Some(existing) if existing != auth => {
+                        self.diagnostics.push(Diagnostic::warning(
+                            DiagnosticKind::ConflictingRule,
+                            subject.clone(),
+                            format!("host {pattern} already has auth-tls (secret {}) from an older Ingress; it applies to this Ingress's paths too (as nginx's server-wide ssl_verify_client), and this one's is ignored", existing.secret),
                         ));
                     }
                     Some(_) => {}
@@ -935,6 +950,96 @@ impl Builder<'_> {
             ));
         }
         Some(backend)
+    }
+
+    /// The `auth-tls-*` rules of an Ingress, with its CA Secret parsed. Anything that keeps
+    /// them from being applied as written refuses the Ingress (503), never serves it without
+    /// the client certificate it asks for.
+    fn client_auth(
+        &mut self,
+        subject: &Subject,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        options: &annotations::Options,
+        refused: &mut Option<Arc<str>>,
+    ) -> Option<Arc<client_auth::ClientAuth>> {
+        let parsed = annotations::auth_tls::parse(ingress.metadata.annotations.as_ref());
+        for message in parsed.warnings {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
+        let mut refuse = |this: &mut Self, kind: DiagnosticKind, message: String| {
+            this.diagnostics.push(Diagnostic::error(
+                kind,
+                subject.clone(),
+                format!("{message}; this Ingress is not served (503) rather than served without the client certificate it asks for"),
+            ));
+            refused.get_or_insert_with(|| Arc::from(format!("auth-tls: {message}")));
+            None
+        };
+        if !parsed.errors.is_empty() {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                parsed.errors.join("; "),
+            );
+        }
+        let auth = parsed.auth?;
+        if options.ssl_passthrough {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                "auth-tls-secret cannot apply to ssl-passthrough: TLS is not terminated here"
+                    .into(),
+            );
+        }
+        let has_rules = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.rules.as_ref())
+            .is_some_and(|r| !r.is_empty());
+        if !has_rules {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                "auth-tls-secret applies to the hosts of an Ingress's rules, and this one has none"
+                    .into(),
+            );
+        }
+        let namespace = auth
+            .secret
+            .0
+            .clone()
+            .unwrap_or_else(|| key.namespace.clone());
+        if namespace != key.namespace {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                format!(
+                    "auth-tls-secret: secret {namespace}/{} is in another namespace, which is not allowed (as ingress-nginx's default)",
+                    auth.secret.1
+                ),
+            );
+        }
+        let secret_key = ObjectKey::new(namespace, auth.secret.1.clone());
+        let Some(secret) = self.store.secrets.get(&secret_key) else {
+            return refuse(
+                self,
+                DiagnosticKind::SecretNotFound,
+                format!("auth-tls-secret: secret {secret_key} not found"),
+            );
+        };
+        match client_auth::ClientAuth::from_secret(&secret_key, secret, &auth) {
+            Ok(parsed) => Some(Arc::new(parsed)),
+            Err(err) => refuse(
+                self,
+                DiagnosticKind::SecretInvalid,
+                format!("auth-tls-secret: secret {secret_key}: {err}"),
+            ),
+        }
     }
 
     /// Diagnoses the annotations `ingress` carries that are not honoured. Returns why it must not

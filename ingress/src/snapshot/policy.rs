@@ -4,6 +4,8 @@
 //!
 //! ```text
 //!   phase (proxy::phase)   reads
+//!   tls                    HostPolicy       auth-tls-*: the client certificate the handshake
+//!                                           asks for, and what each request needs of it
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured),
 //!                                           source ranges (allow- and deny-lists)
 //!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
@@ -37,6 +39,7 @@ use super::annotations::snippet::{RequestEdits, ResponseEdits};
 use super::annotations::upstream_rewrite::UpstreamRewrite;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
+use super::client_auth::ClientAuth;
 use super::sources::SourcePolicy;
 pub use super::upstream::{
     BackendProtocol, Balance, ClientIdentity, NextUpstream, ProtocolSource, TlsVersions,
@@ -104,6 +107,9 @@ pub struct HostPolicy {
     /// `from-to-www-redirect`: this host exists only to redirect (308) to that one, as
     /// `<scheme>://<to>:<port><target, one trailing slash removed>`.
     pub www_redirect: Option<Arc<str>>,
+    /// `auth-tls-*`: the client certificate its TLS connections are asked for, and what a
+    /// request needs of it (nginx's `ssl_verify_client` is per `server` too).
+    pub client_auth: Option<Arc<ClientAuth>>,
 }
 
 /// How the target sent upstream differs from the one the client sent.

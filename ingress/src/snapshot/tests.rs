@@ -861,6 +861,7 @@ fn annotated(name: &str, host: &str, annotations: &[(&str, &str)], admin_only: b
 fn unsupported_annotations_table() {
     use annotations::UnsupportedAccess::{Ignore, Refuse};
     let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let invalid_warning = (Severity::Warning, DiagnosticKind::InvalidAnnotation);
     // (annotations, policy, served, diagnostics as (severity, kind))
     let warn = (Severity::Warning, DiagnosticKind::UnsupportedAnnotation);
     let error = (Severity::Error, DiagnosticKind::UnsupportedAnnotation);
@@ -928,11 +929,12 @@ fn unsupported_annotations_table() {
             false,
             vec![error],
         ),
+        // Honoured with auth-tls-secret; alone it does nothing, as in ingress-nginx.
         (
             vec![(n("auth-tls-verify-client"), "on")],
             Refuse,
-            false,
-            vec![error],
+            true,
+            vec![invalid_warning],
         ),
         (vec![(n("limit-rps"), "5")], Refuse, false, vec![error]),
         (
@@ -1790,5 +1792,74 @@ fn default_backend_is_the_services_first_port_or_an_error() {
             .iter()
             .any(|d| d.kind == DiagnosticKind::InvalidAnnotation && d.message.contains(&key));
         assert_eq!(has_invalid, invalid, "{name}: {:?}", snap.diagnostics);
+    }
+}
+
+#[test]
+fn auth_tls_protects_every_path_of_its_hosts() {
+    let ca = {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    };
+    let indent: String = ca.lines().map(|l| format!("    {l}\n")).collect();
+    let secret = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: ca, namespace: shop}}\ntype: Opaque\nstringData:\n  ca.crt: |\n{indent}"
+    );
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    // (annotations, protected, refused, diagnostics)
+    let cases: Vec<(Vec<(String, &str)>, bool, bool, Vec<DiagnosticKind>)> = vec![
+        (vec![(n("auth-tls-secret"), "shop/ca")], true, false, vec![]),
+        (vec![(n("auth-tls-secret"), "ca")], true, false, vec![]),
+        (
+            vec![(n("auth-tls-secret"), "shop/missing")],
+            false,
+            true,
+            vec![DiagnosticKind::SecretNotFound],
+        ),
+        (
+            vec![(n("auth-tls-secret"), "other/ca")],
+            false,
+            true,
+            vec![DiagnosticKind::InvalidAnnotation],
+        ),
+        (
+            vec![
+                (n("auth-tls-secret"), "ca"),
+                (n("auth-tls-match-cn"), "alice"),
+            ],
+            false,
+            true,
+            vec![DiagnosticKind::InvalidAnnotation],
+        ),
+        (
+            vec![(n("auth-tls-secret"), "ca"), (n("ssl-passthrough"), "true")],
+            false,
+            true,
+            vec![DiagnosticKind::InvalidAnnotation],
+        ),
+    ];
+    for (pairs, protected, refused, want) in cases {
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let yaml = format!(
+            "{SERVICES}{secret}{}",
+            annotated("guarded", "shop.example.com", &pairs, false)
+        );
+        let snap = build(&yaml);
+        let got: Vec<DiagnosticKind> = snap
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d| d.kind)
+            .collect();
+        assert_eq!(got, want, "{pairs:?}: {:?}", snap.diagnostics);
+        if refused {
+            let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+            assert!(route.policy.access.refused.is_some(), "{pairs:?}");
+            continue;
+        }
+        let host = snap.host(Some("shop.example.com")).expect("host");
+        assert_eq!(host.policy.client_auth.is_some(), protected, "{pairs:?}");
     }
 }

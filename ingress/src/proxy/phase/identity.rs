@@ -2,12 +2,17 @@
 //! accepted: the TCP peer, or with `--use-proxy-protocol` the client the load balancer's PROXY
 //! protocol header names (`proxy::proxy_protocol`). Trusted forwarded headers will change what
 //! is believed here too; every later phase (access, the forwarding headers, the access log)
-//! reads the client from here.
+//! reads the client from here. On TLS, the client certificate its handshake presented and what
+//! verifying it found (`auth-tls-*`) are part of who it is.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 use ingress_wire::request::ClientFacts;
+
+use crate::snapshot::annotations::snippet::RequestEdits;
+use crate::snapshot::client_auth::{ClientAuth, PresentedCert, Verification};
 
 /// What the proxy knows about one client connection.
 #[derive(Clone, Debug)]
@@ -21,6 +26,9 @@ pub struct ConnInfo {
     pub client: ClientSide,
     /// TLS negotiated HTTP/2 by ALPN.
     pub h2: bool,
+    /// The client-certificate rules its SNI chose, and what verifying its certificate found
+    /// (`None`: its host asks for none).
+    pub client_cert: Option<Arc<ClientCert>>,
 }
 
 impl ConnInfo {
@@ -32,6 +40,7 @@ impl ConnInfo {
             sni: None,
             client: ClientSide::new(peer.ip(), https, local_port),
             h2: false,
+            client_cert: None,
         }
     }
 }
@@ -76,6 +85,53 @@ impl ClientSide {
             ip: self.client_ip.as_bytes(),
             port: self.port.as_bytes(),
             https: self.https,
+        }
+    }
+}
+
+pub static SSL_CLIENT_CERT: HeaderName = HeaderName::from_static("ssl-client-cert");
+pub static SSL_CLIENT_VERIFY: HeaderName = HeaderName::from_static("ssl-client-verify");
+pub static SSL_CLIENT_SUBJECT_DN: HeaderName = HeaderName::from_static("ssl-client-subject-dn");
+pub static SSL_CLIENT_ISSUER_DN: HeaderName = HeaderName::from_static("ssl-client-issuer-dn");
+
+/// A TLS connection's client certificate, judged once after its handshake.
+#[derive(Debug)]
+pub struct ClientCert {
+    /// The rules its SNI chose.
+    pub auth: Arc<ClientAuth>,
+    pub verification: Verification,
+    pub presented: PresentedCert,
+    /// The `ssl-client-*` headers for its requests, made once.
+    pub headers: Arc<RequestEdits>,
+}
+
+impl ClientCert {
+    pub fn new(
+        auth: Arc<ClientAuth>,
+        verification: Verification,
+        presented: PresentedCert,
+    ) -> Self {
+        let value = |s: &str| {
+            (!s.is_empty())
+                .then(|| HeaderValue::from_str(s).ok())
+                .flatten()
+        };
+        let mut set = vec![
+            (
+                SSL_CLIENT_VERIFY.clone(),
+                value(&verification.header_value()),
+            ),
+            (SSL_CLIENT_SUBJECT_DN.clone(), value(&presented.subject_dn)),
+            (SSL_CLIENT_ISSUER_DN.clone(), value(&presented.issuer_dn)),
+        ];
+        if auth.pass_certificate {
+            set.push((SSL_CLIENT_CERT.clone(), value(&presented.escaped_pem)));
+        }
+        Self {
+            auth,
+            verification,
+            presented,
+            headers: Arc::new(RequestEdits { set }),
         }
     }
 }

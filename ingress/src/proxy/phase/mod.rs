@@ -6,7 +6,10 @@
 //!   identity  (identity.rs)  who the client is: the peer, and the forwarding values made from it
 //!   ── per request, on the snapshot current when it arrives ──
 //!   (the target is validated and normalised first: a request that cannot be read gets 400)
-//!   tls       (tls.rs)       a host the connection's certificate was not chosen for → 421
+//!   tls       (tls.rs)       a host the connection's certificate was not chosen for → 421;
+//!                            auth-tls: a connection set up for other client-certificate rules
+//!                            → 421, a missing or bad certificate → 400 (or 302 to the error
+//!                            page), match-cn → 403; plain HTTP → only a redirect to HTTPS
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
@@ -248,6 +251,27 @@ impl Proxy {
         if let Err(refusal) = tls::check(&snapshot.tls, conn, host, self.settings.no_sni_requests) {
             return refused(refusal, Some(target));
         }
+        // Client certificates: decided on HTTPS before anything else of the host; a plain HTTP
+        // request to such a host is only ever redirected to HTTPS (below).
+        let client_auth = snapshot
+            .host(host)
+            .and_then(|vhost| vhost.policy.client_auth.as_ref());
+        let mut cert_headers = None;
+        if let Some(auth) = client_auth
+            && conn.https
+        {
+            match tls::client_certificate(auth, conn) {
+                Ok(headers) => cert_headers = headers,
+                Err(refusal) => {
+                    return Phased {
+                        target: Some(target),
+                        route: None,
+                        decision: refusal.decision(),
+                    };
+                }
+            }
+        }
+        let plain_to_protected = client_auth.is_some() && !conn.https;
         if let Some(decision) = snapshot
             .host(host)
             .and_then(|vhost| redirect::host(&vhost.policy, conn, authority, raw_target, &target))
@@ -277,6 +301,10 @@ impl Proxy {
             })
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| {
+                if plain_to_protected {
+                    tracing::debug!(peer = %conn.peer, "plain HTTP request to a host that requires a client certificate");
+                    return Decision::Respond(StatusCode::BAD_REQUEST);
+                }
                 if let Some(limit) = route.policy.upstream.max_body
                     && body_len.is_some_and(|n| n > limit)
                 {
@@ -318,6 +346,15 @@ impl Proxy {
                 if let Decision::Forward(forward) = &mut decision {
                     forward.response_headers = response::edits(&route.policy.response);
                     forward.response_rewrite = response::rewrites(&route.policy.response);
+                    if let Some(cert) = cert_headers {
+                        forward.request_headers = Some(match forward.request_headers.take() {
+                            None => cert,
+                            // The route's own edits, then the certificate's, which win.
+                            Some(route_edits) => Arc::new(RequestEdits {
+                                set: route_edits.set.iter().chain(&cert.set).cloned().collect(),
+                            }),
+                        });
+                    }
                 }
                 decision
             });

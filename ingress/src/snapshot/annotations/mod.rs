@@ -6,6 +6,7 @@
 //! [`unsupported`].
 
 pub mod affinity;
+pub mod auth_tls;
 pub mod canary;
 pub mod cors;
 pub mod hash;
@@ -823,7 +824,7 @@ mod tests {
             (n("whitelist-source-range"), None),
             (n("auth-url"), Some((Category::AccessControl, true))),
             (o("auth-url"), Some((Category::AccessControl, true))),
-            (n("auth-tls-secret"), Some((Category::AccessControl, true))),
+            (n("auth-tls-secret"), None),
             (n("limit-rps"), Some((Category::AccessControl, true))),
             (n("auth-brand-new"), Some((Category::AccessControl, false))),
             (n("no-such-thing"), Some((Category::Unknown, false))),

@@ -161,12 +161,12 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("auth-signin", AccessControl),
     no("auth-signin-redirect-param", AccessControl),
     no("auth-snippet", AccessControl),
-    no("auth-tls-error-page", AccessControl),
-    no("auth-tls-match-cn", AccessControl),
-    no("auth-tls-pass-certificate-to-upstream", AccessControl),
-    no("auth-tls-secret", AccessControl),
-    no("auth-tls-verify-client", AccessControl),
-    no("auth-tls-verify-depth", AccessControl),
+    yes("auth-tls-error-page", AccessControl),
+    yes("auth-tls-match-cn", AccessControl),
+    yes("auth-tls-pass-certificate-to-upstream", AccessControl),
+    yes("auth-tls-secret", AccessControl),
+    yes("auth-tls-verify-client", AccessControl),
+    yes("auth-tls-verify-depth", AccessControl),
     no("auth-type", AccessControl),
     no("auth-url", AccessControl),
     yes("backend-protocol", Upstream),
@@ -383,7 +383,7 @@ mod tests {
         for name in access {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
-            let supported = name.ends_with("-source-range");
+            let supported = name.ends_with("-source-range") || name.starts_with("auth-tls-");
             assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
@@ -425,6 +425,12 @@ mod tests {
                 "affinity-mode",
                 "allowlist-source-range",
                 "app-root",
+                "auth-tls-error-page",
+                "auth-tls-match-cn",
+                "auth-tls-pass-certificate-to-upstream",
+                "auth-tls-secret",
+                "auth-tls-verify-client",
+                "auth-tls-verify-depth",
                 "backend-protocol",
                 "canary",
                 "canary-by-cookie",
