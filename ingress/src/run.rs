@@ -165,6 +165,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                 underscores: args.requests.enable_underscores_in_headers,
             },
             no_sni_requests: args.tls.no_sni_requests.into(),
+            // The ConfigMap's limit-req-status-code / limit-conn-status-code, when it is read.
+            ..ProxySettings::default()
         },
     ));
     let serving = Arc::new(Serving::new(

@@ -14,6 +14,8 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::rate_limit::ConnectionGuard;
+
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +38,9 @@ pub struct IdleBody<B> {
     sleep: Option<Pin<Box<Sleep>>>,
     /// A frame arrived since the timer was last armed.
     progressed: bool,
+    /// `limit-connections`: the request counts against its client while its response body
+    /// streams, as nginx counts a request until it is finalized.
+    _guard: Option<ConnectionGuard>,
 }
 
 impl<B> IdleBody<B> {
@@ -46,7 +51,14 @@ impl<B> IdleBody<B> {
             limit: None,
             sleep: None,
             progressed: false,
+            _guard: None,
         }
+    }
+
+    /// Holds `guard` until the body is dropped.
+    pub fn holding(mut self, guard: Option<ConnectionGuard>) -> Self {
+        self._guard = guard;
+        self
     }
 
     /// Also fails once more than `limit` bytes of data have passed, setting `tripped`.

@@ -29,6 +29,7 @@ pub mod passthrough;
 pub mod phase;
 pub mod pool;
 pub mod proxy_protocol;
+pub mod rate_limit;
 pub mod respond;
 pub mod rewind;
 pub mod settings;
@@ -62,6 +63,8 @@ pub struct Proxy {
     streams: h1::streams::StreamPool,
     metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
+    /// The buckets of `limit-*`: runtime state beside the snapshot, kept across its swaps.
+    rate_limits: rate_limit::RateLimiters,
 }
 
 impl Proxy {
@@ -82,6 +85,7 @@ impl Proxy {
             streams: h1::streams::StreamPool::new(pool_settings, connectors),
             metrics,
             settings,
+            rate_limits: rate_limit::RateLimiters::default(),
         }
     }
 

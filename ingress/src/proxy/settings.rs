@@ -29,6 +29,10 @@ pub struct ProxySettings {
     pub paths: PathSettings,
     pub headers: HeaderOptions,
     pub no_sni_requests: NoSniRequests,
+    /// The answer to a request over `limit-rps`/`limit-rpm` (ingress-nginx's
+    /// `limit-req-status-code`, 503) and over `limit-connections` (`limit-conn-status-code`).
+    pub limit_req_status: http::StatusCode,
+    pub limit_conn_status: http::StatusCode,
 }
 
 impl Default for ProxySettings {
@@ -45,6 +49,8 @@ impl Default for ProxySettings {
             paths: PathSettings::default(),
             headers: HeaderOptions::default(),
             no_sni_requests: NoSniRequests::default(),
+            limit_req_status: http::StatusCode::SERVICE_UNAVAILABLE,
+            limit_conn_status: http::StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

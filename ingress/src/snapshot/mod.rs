@@ -550,6 +550,25 @@ impl Builder<'_> {
             }
         };
         let client_auth = self.client_auth(&subject, key, ingress, &options, &mut refused);
+        let zone = format!(
+            "{key}/{}",
+            ingress.metadata.uid.as_deref().unwrap_or_default()
+        );
+        let rate_limit = match annotations::rate_limit::parse(
+            ingress.metadata.annotations.as_ref(),
+            &zone,
+        ) {
+            Ok(limit) => limit.map(Arc::new),
+            Err(message) => {
+                self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        format!("{message}; this Ingress is not served (503) rather than served without its rate limits"),
+                    ));
+                refused.get_or_insert_with(|| Arc::from(format!("invalid rate limit: {message}")));
+                None
+            }
+        };
         let fallback = options
             .default_backend
             .as_ref()
@@ -559,6 +578,7 @@ impl Builder<'_> {
             Arc::new(
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
                     .with_sources(&sources)
+                    .with_rate_limit(rate_limit.as_ref())
                     .with_fallback(fallback.as_ref()),
             )
         });

@@ -7,7 +7,8 @@
 //!   tls                    HostPolicy       auth-tls-*: the client certificate the handshake
 //!                                           asks for, and what each request needs of it
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured),
-//!                                           source ranges (allow- and deny-lists)
+//!                                           source ranges (allow- and deny-lists), rate
+//!                                           limits (limit-rps, -rpm, -connections)
 //!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
 //!                                           route is chosen)
 //!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
@@ -34,6 +35,7 @@ use super::annotations::affinity::Affinity;
 use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
+use super::annotations::rate_limit::RateLimit;
 use super::annotations::rewrite::Template;
 use super::annotations::snippet::{RequestEdits, ResponseEdits};
 use super::annotations::upstream_rewrite::UpstreamRewrite;
@@ -179,6 +181,9 @@ pub struct AccessPolicy {
     pub refused: Option<Arc<str>>,
     /// `allowlist-source-range` / `denylist-source-range`: who may, by source address (403).
     pub sources: SourcePolicy,
+    /// `limit-rps`, `limit-rpm`, `limit-connections`: how much each client address may ask
+    /// (the buckets themselves are the proxy's, beside the snapshot).
+    pub rate_limit: Option<Arc<RateLimit>>,
 }
 
 /// Redirects made before the upstream is asked.
@@ -309,6 +314,7 @@ impl RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
                 sources: SourcePolicy::default(),
+                rate_limit: None,
             },
             redirect: RedirectPolicy {
                 to_url: options.redirect.clone(),
@@ -394,6 +400,12 @@ impl RoutePolicy {
     /// The same policy with the `default-backend` fallback.
     pub fn with_fallback(mut self, fallback: Option<&Arc<Backend>>) -> RoutePolicy {
         self.upstream.fallback = fallback.cloned().map(Fallback);
+        self
+    }
+
+    /// The same policy with the Ingress's rate limits.
+    pub fn with_rate_limit(mut self, limit: Option<&Arc<RateLimit>>) -> RoutePolicy {
+        self.access.rate_limit = limit.cloned();
         self
     }
 

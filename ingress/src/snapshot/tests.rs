@@ -936,7 +936,8 @@ fn unsupported_annotations_table() {
             true,
             vec![invalid_warning],
         ),
-        (vec![(n("limit-rps"), "5")], Refuse, false, vec![error]),
+        (vec![(n("limit-rate"), "100")], Refuse, false, vec![error]),
+        (vec![(n("limit-rps"), "5")], Refuse, true, vec![]),
         (
             vec![(n("global-rate-limit"), "100")],
             Refuse,
@@ -969,7 +970,7 @@ fn unsupported_annotations_table() {
             vec![warn],
         ),
         (
-            vec![(n("limit-rps"), "5"), (n("mirror-target"), "/m")],
+            vec![(n("limit-rate-after"), "5"), (n("mirror-target"), "/m")],
             Refuse,
             false,
             vec![error, warn],

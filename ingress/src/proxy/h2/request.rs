@@ -236,6 +236,7 @@ impl Proxy {
             connect_timeout,
             next_upstream,
             request_headers,
+            limit_guard,
             ..
         } = forward;
         // proxy-next-upstream, for attempts that could not connect: the request comes back
@@ -344,8 +345,11 @@ impl Proxy {
             for (name, value) in set_headers {
                 response.headers_mut().insert(name, value);
             }
-            let response = response
-                .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
+            let response = response.map(|body| {
+                Either::Right(Either::Left(
+                    idle::IdleBody::new(body, timeout).holding(limit_guard),
+                ))
+            });
             let outcome = Outcome {
                 upstream: Some(key),
                 error: None,
@@ -393,7 +397,8 @@ impl Proxy {
         for (name, value) in set_headers {
             response.headers_mut().insert(name, value);
         }
-        let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
+        let response = response
+            .map(|body| Either::Left(idle::IdleBody::new(body, timeout).holding(limit_guard)));
         (
             response,
             Outcome {

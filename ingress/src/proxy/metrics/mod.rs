@@ -31,6 +31,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 pub mod passthrough;
 
 use crate::gate::{Gate, counter};
+use crate::proxy::rate_limit::Limited;
 use crate::publish::PublishHook;
 use crate::snapshot::address::Refusal;
 use crate::snapshot::sni::Reason;
@@ -74,6 +75,13 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RateLimitedLabels {
+    pub namespace: Arc<str>,
+    pub ingress: Arc<str>,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -96,6 +104,7 @@ pub struct ProxyMetrics {
     pub sni_gate: Family<ReasonLabels, Counter>,
     upstream_address_refused: Family<ReasonLabels, Counter>,
     upstream_errors: Family<KindLabels, Counter>,
+    rate_limited: Family<RateLimitedLabels, Counter>,
     pub passthrough: PassthroughMetrics,
     routes: RouteStatsTable,
     unrouted: OnceLock<RouteStats>,
@@ -166,6 +175,12 @@ impl ProxyMetrics {
             "Requests the proxy answered itself because the upstream failed, by kind (connect, connect_timeout, response_timeout, protocol, tls_certificate, tls_handshake, tls_config, no_endpoints, address_refused, refused)",
             upstream_errors.clone(),
         );
+        let rate_limited = Family::<RateLimitedLabels, Counter>::default();
+        registry.register(
+            "rate_limited",
+            "Requests refused by limit-rps, limit-rpm or limit-connections, by Ingress and reason (rps, rpm, connections, overflow: the zone is full of active clients)",
+            rate_limited.clone(),
+        );
         let sni_gate = Family::<ReasonLabels, Counter>::default();
         registry.register_collector(Box::new(SniGateTotals::new(sni_gate.clone(), gate)));
         let passthrough = PassthroughMetrics::register(registry);
@@ -180,6 +195,7 @@ impl ProxyMetrics {
             sni_gate,
             upstream_address_refused,
             upstream_errors,
+            rate_limited,
             passthrough,
             unrouted: OnceLock::new(),
         };
@@ -242,6 +258,17 @@ impl ProxyMetrics {
     pub fn count_upstream_error(&self, kind: &'static str) {
         self.upstream_errors
             .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
+    /// Counts a request refused by the route's rate limits.
+    pub fn count_rate_limited(&self, route: &RouteLabels, limited: Limited) {
+        self.rate_limited
+            .get_or_create(&RateLimitedLabels {
+                namespace: route.namespace.clone(),
+                ingress: route.ingress.clone(),
+                reason: limited.as_str(),
+            })
             .inc();
     }
 

@@ -13,7 +13,8 @@
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
-//!                            outside its source ranges → 403
+//!                            outside its source ranges → 403; over its rate limits → 503
+//!                            (the buckets: proxy::rate_limit)
 //!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
 //!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
 //!                            the route's: permanent-/temporal-redirect → their code; plain
@@ -51,10 +52,11 @@ use std::time::Duration;
 use http::{StatusCode, Version};
 use ingress_wire::target::{self, Target};
 
-use super::Proxy;
 use super::connect::Transport;
 use super::pool::PoolKey;
+use super::rate_limit::ConnectionGuard;
 use super::upstream::UpstreamError;
+use super::{Proxy, rate_limit};
 use crate::snapshot::Route;
 use crate::snapshot::annotations::snippet::{RequestEdits, ResponseEdits};
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
@@ -174,6 +176,9 @@ pub(crate) struct Forward {
     pub(crate) response_headers: Option<Arc<ResponseEdits>>,
     /// The response phase's rewrites of the upstream's `Location` and `Set-Cookie`.
     pub(crate) response_rewrite: Option<Arc<UpstreamRewrite>>,
+    /// `limit-connections`: this request counts against its client until this is dropped,
+    /// with the response sent.
+    pub(crate) limit_guard: Option<ConnectionGuard>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -294,7 +299,24 @@ impl Proxy {
             Err(refusal) => return refused(refusal, Some(target)),
         };
         let cors = cors::check(route.policy.response.cors.as_deref(), method, headers);
+        let mut limit_guard = None;
         let decision = access::check(&route.policy.access, conn)
+            .or_else(|| {
+                match access::rate_limit(&route.policy.access, conn, &self.rate_limits) {
+                    Ok(guard) => {
+                        limit_guard = guard;
+                        None
+                    }
+                    Err(limited) => {
+                        self.metrics.count_rate_limited(&route.labels, limited);
+                        let status = match limited {
+                            rate_limit::Limited::Connections => self.settings.limit_conn_status,
+                            _ => self.settings.limit_req_status,
+                        };
+                        Some(Decision::Respond(status))
+                    }
+                }
+            })
             .or_else(|| match &cors {
                 cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
                 _ => None,
@@ -344,6 +366,7 @@ impl Proxy {
                     forward.set_headers = set;
                 }
                 if let Decision::Forward(forward) = &mut decision {
+                    forward.limit_guard = limit_guard;
                     forward.response_headers = response::edits(&route.policy.response);
                     forward.response_rewrite = response::rewrites(&route.policy.response);
                     if let Some(cert) = cert_headers {

@@ -91,6 +91,7 @@ pub(crate) fn forward(
         request_headers: policy.request_headers.clone(),
         response_headers: None,
         response_rewrite: None,
+        limit_guard: None,
     })
 }
 

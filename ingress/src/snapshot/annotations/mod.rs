@@ -10,6 +10,7 @@ pub mod auth_tls;
 pub mod canary;
 pub mod cors;
 pub mod hash;
+pub mod rate_limit;
 pub mod registry;
 pub mod rewrite;
 pub mod snippet;
@@ -825,7 +826,8 @@ mod tests {
             (n("auth-url"), Some((Category::AccessControl, true))),
             (o("auth-url"), Some((Category::AccessControl, true))),
             (n("auth-tls-secret"), None),
-            (n("limit-rps"), Some((Category::AccessControl, true))),
+            (n("limit-rps"), None),
+            (n("limit-rate"), Some((Category::AccessControl, true))),
             (n("auth-brand-new"), Some((Category::AccessControl, false))),
             (n("no-such-thing"), Some((Category::Unknown, false))),
             (o("typo-redirect"), Some((Category::Unknown, false))),

@@ -207,14 +207,14 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("global-rate-limit-key", AccessControl),
     no("global-rate-limit-window", AccessControl),
     no("http2-push-preload", Response),
-    no("limit-allowlist", AccessControl),
-    no("limit-burst-multiplier", AccessControl),
-    no("limit-connections", AccessControl),
+    yes("limit-allowlist", AccessControl),
+    yes("limit-burst-multiplier", AccessControl),
+    yes("limit-connections", AccessControl),
     no("limit-rate", AccessControl),
     no("limit-rate-after", AccessControl),
-    no("limit-rpm", AccessControl),
-    no("limit-rps", AccessControl),
-    no("limit-whitelist", AccessControl),
+    yes("limit-rpm", AccessControl),
+    yes("limit-rps", AccessControl),
+    yes("limit-whitelist", AccessControl),
     yes("load-balance", Upstream),
     no("mirror-host", Upstream),
     no("mirror-request-body", Upstream),
@@ -383,7 +383,9 @@ mod tests {
         for name in access {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
-            let supported = name.ends_with("-source-range") || name.starts_with("auth-tls-");
+            let supported = name.ends_with("-source-range")
+                || name.starts_with("auth-tls-")
+                || matches!(name, "limit-rps" | "limit-rpm" | "limit-connections");
             assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
@@ -451,6 +453,12 @@ mod tests {
                 "enable-cors",
                 "force-ssl-redirect",
                 "from-to-www-redirect",
+                "limit-allowlist",
+                "limit-burst-multiplier",
+                "limit-connections",
+                "limit-rpm",
+                "limit-rps",
+                "limit-whitelist",
                 "load-balance",
                 "permanent-redirect",
                 "permanent-redirect-code",
