@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use ingress_tests::Mode;
 use ingress_tests::curl::{self, Reply};
 use ingress_tests::manifests::{annotated_ingress, service};
 use ingress_tests::pki::{Ca, Leaf, ca_secret_yaml};
@@ -129,7 +130,17 @@ fn percent_decode(s: &str) -> String {
 }
 
 #[test]
-fn client_certificates_as_nginx_checks_them() {
+fn client_certificates_as_nginx_checks_them_userspace() {
+    client_certificates_as_nginx_checks_them(Mode::Userspace);
+}
+
+/// The kernel gate admits the name before accept; what follows must not differ.
+#[test]
+fn client_certificates_as_nginx_checks_them_ebpf() {
+    client_certificates_as_nginx_checks_them(Mode::Ebpf);
+}
+
+fn client_certificates_as_nginx_checks_them(mode: Mode) {
     let web = Backend::start("web");
     let ca = Ca::new("client CA");
     let rogue_ca = Ca::new("rogue CA");
@@ -194,7 +205,7 @@ fn client_certificates_as_nginx_checks_them() {
     ]
     .concat();
     dir.write("all.yaml", &manifests);
-    let ingress = Ingress::start(dir.path());
+    let ingress = Ingress::builder().manifests(dir.path()).mode(mode).start();
 
     for version in HTTPS_VERSIONS {
         // (host, client certificate, status)
