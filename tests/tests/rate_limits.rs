@@ -3,7 +3,7 @@
 //! `limit_req burst=rate*multiplier nodelay` (the burst plus one served at once, then the rest
 //! answered 503 without reaching the backend), one zone per Ingress shared by its paths, keyed by
 //! the client address; the buckets outlive a configuration change that leaves the policy alone;
-//! `limit-rate` is still refused (503, fail closed).
+//! `limit-rate` paces responses (and an unreadable one refuses the Ingress).
 
 // Plain threads, no runtime: blocking sleeps are what a test of time wants here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -81,12 +81,28 @@ fn manifests(web: &Backend, extra: &str) -> String {
             &[("limit-connections", "1")],
             &[("conn.test", "/", "Prefix", "web")],
         ),
+        // 64 KiB/s (after nginx's one second of allowance).
         annotated_ingress(
             "t",
             "bandwidth",
             6,
-            &[("limit-rate", "100")],
+            &[("limit-rate", "64")],
             &[("bandwidth.test", "/", "Prefix", "web")],
+        ),
+        // The first 256 KiB at full speed.
+        annotated_ingress(
+            "t",
+            "bandwidth-after",
+            8,
+            &[("limit-rate", "64"), ("limit-rate-after", "256")],
+            &[("bandwidth-after.test", "/", "Prefix", "web")],
+        ),
+        annotated_ingress(
+            "t",
+            "bandwidth-bad",
+            9,
+            &[("limit-rate", "fast")],
+            &[("bandwidth-bad.test", "/", "Prefix", "web")],
         ),
         extra.to_string(),
     ]
@@ -171,9 +187,32 @@ fn nginx_limit_req_and_limit_conn() {
         Some(2.0)
     );
 
-    // limit-rate is not implemented: the Ingress is refused, never served unlimited.
+    // limit-rate: 256 KiB at 64 KiB/s with one second's allowance take about 3 s; with
+    // limit-rate-after 256 KiB, or without a limit, they take no time.
+    for version in VERSIONS {
+        let timed = |host: &str| {
+            let started = Instant::now();
+            let reply = curl::get(&ingress, host, "/?size=262144", version, &[]);
+            assert_eq!(
+                (reply.status, reply.body.len()),
+                (200, 262_144),
+                "{version} {host}"
+            );
+            started.elapsed()
+        };
+        let limited = timed("bandwidth.test");
+        assert!(
+            limited >= Duration::from_millis(2500) && limited < Duration::from_secs(6),
+            "{version}: {limited:?}"
+        );
+        let after = timed("bandwidth-after.test");
+        assert!(after < Duration::from_millis(1500), "{version}: {after:?}");
+        let open = timed("conn.test");
+        assert!(open < Duration::from_millis(1500), "{version}: {open:?}");
+    }
+    // A limit-rate that does not parse refuses the Ingress, never serves it unlimited.
     assert_eq!(
-        statuses(&ingress, "bandwidth.test", "/", VERSIONS[0], 1),
+        statuses(&ingress, "bandwidth-bad.test", "/", VERSIONS[0], 1),
         [503]
     );
 

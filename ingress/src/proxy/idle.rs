@@ -15,6 +15,7 @@ use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use super::rate_limit::ConnectionGuard;
+use crate::snapshot::annotations::rate_limit::Bandwidth;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -41,6 +42,36 @@ pub struct IdleBody<B> {
     /// `limit-connections`: the request counts against its client while its response body
     /// streams, as nginx counts a request until it is finalized.
     _guard: Option<ConnectionGuard>,
+    /// `limit-rate`: the pace, when the body began, the bytes so far, and the pause due
+    /// before the next frame.
+    throttle: Option<Throttle>,
+}
+
+struct Throttle {
+    bandwidth: Bandwidth,
+    started: Instant,
+    sent: u64,
+    pause: Option<Pin<Box<Sleep>>>,
+    /// What is left of a frame larger than [`PACED_FRAME`].
+    rest: Bytes,
+}
+
+/// A paced body is sent in frames of at most this size, so a large upstream frame is spread
+/// out too.
+const PACED_FRAME: usize = 16 * 1024;
+
+impl Throttle {
+    /// The next paced piece of `rest`, scheduling the pause that follows it.
+    fn next_piece(&mut self) -> Bytes {
+        let piece = self.rest.split_to(self.rest.len().min(PACED_FRAME));
+        self.sent = self.sent.saturating_add(piece.len() as u64);
+        let elapsed = Instant::now().saturating_duration_since(self.started);
+        self.pause = self
+            .bandwidth
+            .delay(self.sent, elapsed)
+            .map(|d| Box::pin(tokio::time::sleep(d)));
+        piece
+    }
 }
 
 impl<B> IdleBody<B> {
@@ -52,7 +83,22 @@ impl<B> IdleBody<B> {
             sleep: None,
             progressed: false,
             _guard: None,
+            throttle: None,
         }
+    }
+
+    /// Sends at most at `bandwidth`'s pace (`limit-rate`), as nginx schedules it. For response
+    /// bodies: a paced body is not [`limited`](Self::limited) too (the limit would see only the
+    /// first piece of each frame).
+    pub fn paced(mut self, bandwidth: Option<Bandwidth>) -> Self {
+        self.throttle = bandwidth.map(|bandwidth| Throttle {
+            bandwidth,
+            started: Instant::now(),
+            sent: 0,
+            pause: None,
+            rest: Bytes::new(),
+        });
+        self
     }
 
     /// Holds `guard` until the body is dropped.
@@ -81,9 +127,34 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, IdleError>>> {
         let this = &mut *self;
+        if let Some(throttle) = &mut this.throttle
+            && let Some(pause) = &mut throttle.pause
+        {
+            if pause.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            throttle.pause = None;
+        }
+        if let Some(throttle) = &mut this.throttle
+            && !throttle.rest.is_empty()
+        {
+            return Poll::Ready(Some(Ok(Frame::data(throttle.next_piece()))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.progressed = true;
+                let frame = match (frame, &mut this.throttle) {
+                    (Some(Ok(frame)), Some(throttle)) if frame.is_data() => {
+                        match frame.into_data() {
+                            Ok(data) => {
+                                throttle.rest = data;
+                                Some(Ok(Frame::data(throttle.next_piece())))
+                            }
+                            Err(frame) => Some(Ok(frame)),
+                        }
+                    }
+                    (frame, _) => frame,
+                };
                 if let (Some(Ok(frame)), Some((limit, seen, tripped))) = (&frame, &mut this.limit)
                     && let Some(data) = frame.data_ref()
                 {
@@ -112,7 +183,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let paced = self
+            .throttle
+            .as_ref()
+            .is_some_and(|t| !t.rest.is_empty() || t.pause.is_some());
+        !paced && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -187,5 +262,26 @@ mod tests {
                 "limit {limit}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_body_is_split_and_spread_out() {
+        let one_frame = http_body_util::Full::new(Bytes::from(vec![b'x'; 64 * 1024]));
+        // 16 KiB/s after the first 16 KiB, with nginx's one second of allowance: the 64 KiB
+        // end 2 s after the first second.
+        let bandwidth = Bandwidth {
+            rate: 16 * 1024,
+            after: 16 * 1024,
+        };
+        let mut body = IdleBody::new(one_frame, Duration::from_secs(60)).paced(Some(bandwidth));
+        let started = Instant::now();
+        let mut pieces = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            pieces.push((data.len(), started.elapsed().as_secs()));
+        }
+        let kib = 16 * 1024;
+        assert_eq!(pieces, [(kib, 0), (kib, 0), (kib, 0), (kib, 1)]);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
     }
 }

@@ -569,6 +569,20 @@ impl Builder<'_> {
                 None
             }
         };
+        let bandwidth = match annotations::rate_limit::bandwidth(
+            ingress.metadata.annotations.as_ref(),
+        ) {
+            Ok(bandwidth) => bandwidth,
+            Err(message) => {
+                self.diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::InvalidAnnotation,
+                    subject.clone(),
+                    format!("{message}; this Ingress is not served (503) rather than served without its limit"),
+                ));
+                refused.get_or_insert_with(|| Arc::from(format!("invalid limit-rate: {message}")));
+                None
+            }
+        };
         let fallback = options
             .default_backend
             .as_ref()
@@ -579,6 +593,7 @@ impl Builder<'_> {
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
                     .with_sources(&sources)
                     .with_rate_limit(rate_limit.as_ref())
+                    .with_bandwidth(bandwidth)
                     .with_fallback(fallback.as_ref()),
             )
         });

@@ -17,7 +17,8 @@
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
 //!   response               ResponsePolicy   snippet header actions on the upstream's response,
-//!                                           proxy-redirect-*, proxy-cookie-* rewrites
+//!                                           proxy-redirect-*, proxy-cookie-* rewrites,
+//!                                           limit-rate(-after): the response's pace
 //!   upstream               UpstreamPolicy   backend-protocol (or the Service port's appProtocol),
 //!                                           proxy-ssl-*, timeouts, upstream-vhost, load-balance,
 //!                                           proxy-next-upstream, the upgrades allowed, affinity,
@@ -35,7 +36,7 @@ use super::annotations::affinity::Affinity;
 use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
-use super::annotations::rate_limit::RateLimit;
+use super::annotations::rate_limit::{Bandwidth, RateLimit};
 use super::annotations::rewrite::Template;
 use super::annotations::snippet::{RequestEdits, ResponseEdits};
 use super::annotations::upstream_rewrite::UpstreamRewrite;
@@ -73,6 +74,8 @@ pub struct ResponsePolicy {
     /// `proxy-redirect-*` and `proxy-cookie-*`: the upstream's `Location`, `Refresh` and
     /// `Set-Cookie` rewritten.
     pub rewrite: Option<Arc<UpstreamRewrite>>,
+    /// `limit-rate`, `limit-rate-after`: how fast each response is sent.
+    pub bandwidth: Option<Bandwidth>,
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -332,6 +335,7 @@ impl RoutePolicy {
                     .filter(|s| !s.response.is_empty())
                     .map(|s| Arc::new(s.response.clone())),
                 rewrite: options.upstream_rewrite.clone(),
+                bandwidth: None,
             },
             upstream: UpstreamPolicy {
                 protocol: options.backend_protocol.unwrap_or_default(),
@@ -406,6 +410,12 @@ impl RoutePolicy {
     /// The same policy with the Ingress's rate limits.
     pub fn with_rate_limit(mut self, limit: Option<&Arc<RateLimit>>) -> RoutePolicy {
         self.access.rate_limit = limit.cloned();
+        self
+    }
+
+    /// The same policy with the Ingress's response bandwidth.
+    pub fn with_bandwidth(mut self, bandwidth: Option<Bandwidth>) -> RoutePolicy {
+        self.response.bandwidth = bandwidth;
         self
     }
 

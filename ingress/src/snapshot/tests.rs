@@ -936,7 +936,7 @@ fn unsupported_annotations_table() {
             true,
             vec![invalid_warning],
         ),
-        (vec![(n("limit-rate"), "100")], Refuse, false, vec![error]),
+        (vec![(n("limit-rate"), "100")], Refuse, true, vec![]),
         (vec![(n("limit-rps"), "5")], Refuse, true, vec![]),
         (
             vec![(n("global-rate-limit"), "100")],
@@ -970,7 +970,10 @@ fn unsupported_annotations_table() {
             vec![warn],
         ),
         (
-            vec![(n("limit-rate-after"), "5"), (n("mirror-target"), "/m")],
+            vec![
+                (n("enable-modsecurity"), "true"),
+                (n("mirror-target"), "/m"),
+            ],
             Refuse,
             false,
             vec![error, warn],

@@ -26,6 +26,7 @@ use super::{
 use crate::proxy::phase::upstream;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Forward, Outcome};
+use crate::snapshot::annotations::rate_limit::Bandwidth;
 
 /// Why an exchange with the upstream failed.
 pub(super) enum Failure {
@@ -73,6 +74,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             connect_timeout,
             send_timeout,
             next_upstream,
+            bandwidth,
             ..
         } = forward;
         self.send_timeout = send_timeout;
@@ -175,7 +177,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             }
         };
         let status = response.status;
-        let (keep_open, up) = self.relay(response, up, timeout).await;
+        let (keep_open, up) = self.relay(response, up, timeout, bandwidth).await;
         if let Some(up) = up.filter(|_| !early) {
             streams.checkin(&key, &transport, up, Instant::now());
         }
@@ -460,8 +462,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         response: response::Response,
         mut up: Upstream,
         timeout: std::time::Duration,
+        bandwidth: Option<Bandwidth>,
     ) -> (bool, Option<Upstream>) {
         let mut framing = response.framing;
+        // limit-rate: bytes written so far, head included, as nginx counts `c->sent`.
+        let started = Instant::now();
+        let mut sent: u64 = 0;
         let mut dechunk = response.dechunk.then(Chunked::default);
         let send_timeout = self.proxy.settings.client_send_timeout;
         let mut done = false;
@@ -507,9 +513,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         send_timeout,
                     )
                     .await;
+                    sent = sent.saturating_add(self.response.len() as u64);
                     self.response.clear();
                     if written.is_err() {
                         return (false, None);
+                    }
+                    if let Some(pause) = bandwidth.and_then(|b| b.delay(sent, started.elapsed())) {
+                        tokio::time::sleep(pause).await;
                     }
                 }
             }

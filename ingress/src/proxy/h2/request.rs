@@ -237,6 +237,7 @@ impl Proxy {
             next_upstream,
             request_headers,
             limit_guard,
+            bandwidth,
             ..
         } = forward;
         // proxy-next-upstream, for attempts that could not connect: the request comes back
@@ -347,7 +348,9 @@ impl Proxy {
             }
             let response = response.map(|body| {
                 Either::Right(Either::Left(
-                    idle::IdleBody::new(body, timeout).holding(limit_guard),
+                    idle::IdleBody::new(body, timeout)
+                        .holding(limit_guard)
+                        .paced(bandwidth),
                 ))
             });
             let outcome = Outcome {
@@ -397,8 +400,13 @@ impl Proxy {
         for (name, value) in set_headers {
             response.headers_mut().insert(name, value);
         }
-        let response = response
-            .map(|body| Either::Left(idle::IdleBody::new(body, timeout).holding(limit_guard)));
+        let response = response.map(|body| {
+            Either::Left(
+                idle::IdleBody::new(body, timeout)
+                    .holding(limit_guard)
+                    .paced(bandwidth),
+            )
+        });
         (
             response,
             Outcome {

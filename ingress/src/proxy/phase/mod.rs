@@ -58,6 +58,7 @@ use super::rate_limit::ConnectionGuard;
 use super::upstream::UpstreamError;
 use super::{Proxy, rate_limit};
 use crate::snapshot::Route;
+use crate::snapshot::annotations::rate_limit::Bandwidth;
 use crate::snapshot::annotations::snippet::{RequestEdits, ResponseEdits};
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 use crate::snapshot::backend::InFlight;
@@ -179,6 +180,8 @@ pub(crate) struct Forward {
     /// `limit-connections`: this request counts against its client until this is dropped,
     /// with the response sent.
     pub(crate) limit_guard: Option<ConnectionGuard>,
+    /// `limit-rate`: the pace the response is sent at.
+    pub(crate) bandwidth: Option<Bandwidth>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when

@@ -92,6 +92,7 @@ pub(crate) fn forward(
         response_headers: None,
         response_rewrite: None,
         limit_guard: None,
+        bandwidth: route.policy.response.bandwidth,
     })
 }
 

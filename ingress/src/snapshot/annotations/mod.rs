@@ -827,7 +827,7 @@ mod tests {
             (o("auth-url"), Some((Category::AccessControl, true))),
             (n("auth-tls-secret"), None),
             (n("limit-rps"), None),
-            (n("limit-rate"), Some((Category::AccessControl, true))),
+            (n("limit-rate"), None),
             (n("auth-brand-new"), Some((Category::AccessControl, false))),
             (n("no-such-thing"), Some((Category::Unknown, false))),
             (o("typo-redirect"), Some((Category::Unknown, false))),

@@ -12,8 +12,12 @@
 //! Keyed by the client address; one zone per Ingress (every path of the Ingress shares it).
 //! Only the policy is built here: the buckets are runtime state beside the snapshot
 //! (`proxy::rate_limit`), keyed by this policy so they outlive snapshot swaps that leave it
-//! unchanged. `limit-rate` and `limit-rate-after` (response bandwidth) are not read: the registry
-//! refuses them.
+//! unchanged.
+//!
+//! ```text
+//!   limit-rate K             limit_rate Kk: each response is sent at K KiB/s ...
+//!   limit-rate-after K       limit_rate_after Kk: ... after its first K KiB
+//! ```
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -54,6 +58,51 @@ impl RateLimit {
         let client = client.to_canonical();
         self.allow.iter().any(|net| net.contains(&client))
     }
+}
+
+/// `limit-rate` / `limit-rate-after`: how fast each response is sent, as nginx's `limit_rate`
+/// (per request, not per client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bandwidth {
+    /// Bytes per second; never 0.
+    pub rate: u64,
+    /// Bytes sent before the rate applies.
+    pub after: u64,
+}
+
+impl Bandwidth {
+    /// How long to pause after `sent` bytes of a response `elapsed` into it, as nginx
+    /// schedules `limit_rate`: by the response's start, with one second's worth of allowance
+    /// (`limit = rate * (now - start + 1) - (sent - after)`).
+    pub fn delay(&self, sent: u64, elapsed: std::time::Duration) -> Option<std::time::Duration> {
+        let over = sent.checked_sub(self.after)?;
+        let due = std::time::Duration::from_secs_f64(over as f64 / self.rate as f64);
+        let allowed = elapsed.saturating_add(std::time::Duration::from_secs(1));
+        due.checked_sub(allowed).filter(|d| !d.is_zero())
+    }
+}
+
+/// `limit-rate` and `limit-rate-after` (whole KiB, as ingress-nginx writes them with `k`), or
+/// `None` without a rate.
+pub fn bandwidth(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<Option<Bandwidth>, String> {
+    let Some(annotations) = annotations else {
+        return Ok(None);
+    };
+    let kib = |name: &str| -> Result<u64, String> {
+        match lookup(annotations, name) {
+            None => Ok(0),
+            Some((key, value)) => value
+                .trim()
+                .parse::<u64>()
+                .map(|k| k.saturating_mul(1024))
+                .map_err(|_| format!("{key}: {value:?} is not a whole number of KiB")),
+        }
+    };
+    let rate = kib("limit-rate")?;
+    let after = kib("limit-rate-after")?;
+    Ok((rate > 0).then_some(Bandwidth { rate, after }))
 }
 
 /// The rate limits of an Ingress with `annotations` (`zone` names it), `None` when it sets none,
@@ -177,6 +226,50 @@ mod tests {
                 })
                 .map_err(|_| ());
             assert_eq!(got, want, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn bandwidth_as_nginx_schedules_it() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (format!("{NGINX_PREFIX}{k}"), v.to_string()))
+                .collect()
+        };
+        assert_eq!(bandwidth(Some(&map(&[]))), Ok(None));
+        assert_eq!(
+            bandwidth(Some(&map(&[("limit-rate-after", "10")]))),
+            Ok(None)
+        );
+        assert_eq!(bandwidth(Some(&map(&[("limit-rate", "0")]))), Ok(None));
+        assert!(bandwidth(Some(&map(&[("limit-rate", "fast")]))).is_err());
+        let bw = bandwidth(Some(&map(&[
+            ("limit-rate", "10"),
+            ("limit-rate-after", "20"),
+        ])))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            bw,
+            Bandwidth {
+                rate: 10_240,
+                after: 20_480
+            }
+        );
+        let ms = std::time::Duration::from_millis;
+        // (bytes sent, time since the response began, pause)
+        let cases = [
+            (20_480, ms(0), None),
+            // 1 s of allowance past `after`.
+            (20_480 + 10_240, ms(0), None),
+            (20_480 + 20_480, ms(0), Some(ms(1000))),
+            (20_480 + 20_480, ms(400), Some(ms(600))),
+            (20_480 + 20_480, ms(1000), None),
+            (20_480 + 102_400, ms(2000), Some(ms(7000))),
+        ];
+        for (sent, elapsed, want) in cases {
+            assert_eq!(bw.delay(sent, elapsed), want, "{sent} after {elapsed:?}");
         }
     }
 

@@ -210,8 +210,8 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("limit-allowlist", AccessControl),
     yes("limit-burst-multiplier", AccessControl),
     yes("limit-connections", AccessControl),
-    no("limit-rate", AccessControl),
-    no("limit-rate-after", AccessControl),
+    yes("limit-rate", AccessControl),
+    yes("limit-rate-after", AccessControl),
     yes("limit-rpm", AccessControl),
     yes("limit-rps", AccessControl),
     yes("limit-whitelist", AccessControl),
@@ -385,7 +385,14 @@ mod tests {
             assert_eq!(entry.category, Category::AccessControl, "{name}");
             let supported = name.ends_with("-source-range")
                 || name.starts_with("auth-tls-")
-                || matches!(name, "limit-rps" | "limit-rpm" | "limit-connections");
+                || matches!(
+                    name,
+                    "limit-rps"
+                        | "limit-rpm"
+                        | "limit-connections"
+                        | "limit-rate"
+                        | "limit-rate-after"
+                );
             assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
@@ -456,6 +463,8 @@ mod tests {
                 "limit-allowlist",
                 "limit-burst-multiplier",
                 "limit-connections",
+                "limit-rate",
+                "limit-rate-after",
                 "limit-rpm",
                 "limit-rps",
                 "limit-whitelist",
