@@ -202,6 +202,22 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
             &[("broken.test", "/", "Prefix", "web")],
         ),
         annotated_ingress("t", "open", 6, &[], &[("open.test", "/", "Prefix", "web")]),
+        // An Ingress whose auth-tls cannot be applied keeps its whole host closed, the other
+        // Ingress's paths on it included (nginx protects the server as a whole).
+        annotated_ingress(
+            "t",
+            "shared-open",
+            7,
+            &[],
+            &[("shared.test", "/", "Prefix", "web")],
+        ),
+        annotated_ingress(
+            "t",
+            "shared-broken",
+            8,
+            &[("auth-tls-secret", "t/missing")],
+            &[("shared.test", "/admin", "Prefix", "web")],
+        ),
     ]
     .concat();
     dir.write("all.yaml", &manifests);
@@ -209,7 +225,7 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
 
     for version in HTTPS_VERSIONS {
         // (host, client certificate, status)
-        let cases: [(&str, Option<&Client>, u16); 14] = [
+        let cases: [(&str, Option<&Client>, u16); 15] = [
             ("strict.test", Some(&alice), 200),
             ("strict.test", Some(&bob), 200),
             ("strict.test", None, 400),
@@ -224,6 +240,7 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
             ("optional.test", Some(&rogue), 400),
             ("open.test", None, 200),
             ("broken.test", Some(&alice), 503),
+            ("shared.test", Some(&alice), 503),
         ];
         for (host, client, status) in cases {
             let before = web.served();

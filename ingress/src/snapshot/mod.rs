@@ -549,7 +549,14 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
-        let client_auth = self.client_auth(&subject, key, ingress, &options, &mut refused);
+        let (client_auth, client_auth_error) =
+            match self.client_auth(&subject, key, ingress, &options) {
+                Ok(auth) => (auth, None),
+                Err(reason) => {
+                    refused.get_or_insert_with(|| reason.clone());
+                    (None, Some(reason))
+                }
+            };
         let zone = format!(
             "{key}/{}",
             ingress.metadata.uid.as_deref().unwrap_or_default()
@@ -671,6 +678,11 @@ impl Builder<'_> {
                     }
                     Some(_) => {}
                 }
+            }
+            if let Some(reason) = &client_auth_error
+                && host.policy.client_auth_error.is_none()
+            {
+                host.policy.client_auth_error = Some(reason.clone());
             }
             if let Some(auth) = &client_auth {
                 match &host.policy.client_auth {
@@ -988,16 +1000,16 @@ impl Builder<'_> {
     }
 
     /// The `auth-tls-*` rules of an Ingress, with its CA Secret parsed. Anything that keeps
-    /// them from being applied as written refuses the Ingress (503), never serves it without
-    /// the client certificate it asks for.
+    /// them from being applied as written is `Err` with the reason: the Ingress is refused
+    /// (503), and so are its hosts unless another Ingress protects them (nginx's `server` is
+    /// protected as a whole), never served without the client certificate asked for.
     fn client_auth(
         &mut self,
         subject: &Subject,
         key: &ObjectKey,
         ingress: &Ingress,
         options: &annotations::Options,
-        refused: &mut Option<Arc<str>>,
-    ) -> Option<Arc<client_auth::ClientAuth>> {
+    ) -> Result<Option<Arc<client_auth::ClientAuth>>, Arc<str>> {
         let parsed = annotations::auth_tls::parse(ingress.metadata.annotations.as_ref());
         for message in parsed.warnings {
             self.diagnostics.push(Diagnostic::warning(
@@ -1006,14 +1018,13 @@ impl Builder<'_> {
                 message,
             ));
         }
-        let mut refuse = |this: &mut Self, kind: DiagnosticKind, message: String| {
+        let refuse = |this: &mut Self, kind: DiagnosticKind, message: String| {
             this.diagnostics.push(Diagnostic::error(
                 kind,
                 subject.clone(),
-                format!("{message}; this Ingress is not served (503) rather than served without the client certificate it asks for"),
+                format!("{message}; this Ingress and its hosts are not served (503) rather than served without the client certificate it asks for"),
             ));
-            refused.get_or_insert_with(|| Arc::from(format!("auth-tls: {message}")));
-            None
+            Err(Arc::from(format!("auth-tls: {message}")))
         };
         if !parsed.errors.is_empty() {
             return refuse(
@@ -1022,7 +1033,9 @@ impl Builder<'_> {
                 parsed.errors.join("; "),
             );
         }
-        let auth = parsed.auth?;
+        let Some(auth) = parsed.auth else {
+            return Ok(None);
+        };
         if options.ssl_passthrough {
             return refuse(
                 self,
@@ -1068,7 +1081,7 @@ impl Builder<'_> {
             );
         };
         match client_auth::ClientAuth::from_secret(&secret_key, secret, &auth) {
-            Ok(parsed) => Some(Arc::new(parsed)),
+            Ok(parsed) => Ok(Some(Arc::new(parsed))),
             Err(err) => refuse(
                 self,
                 DiagnosticKind::SecretInvalid,

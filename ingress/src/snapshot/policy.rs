@@ -115,6 +115,10 @@ pub struct HostPolicy {
     /// `auth-tls-*`: the client certificate its TLS connections are asked for, and what a
     /// request needs of it (nginx's `ssl_verify_client` is per `server` too).
     pub client_auth: Option<Arc<ClientAuth>>,
+    /// Why an Ingress's `auth-tls-*` for this host cannot be applied: without `client_auth`
+    /// from another Ingress, every request for the host is refused (503), as nginx answers a
+    /// `server` whose client-certificate setup failed.
+    pub client_auth_error: Option<Arc<str>>,
 }
 
 /// How the target sent upstream differs from the one the client sent.

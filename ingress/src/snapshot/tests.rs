@@ -1861,6 +1861,11 @@ fn auth_tls_protects_every_path_of_its_hosts() {
         if refused {
             let route = snap.route(Some("shop.example.com"), "/").expect("routed");
             assert!(route.policy.access.refused.is_some(), "{pairs:?}");
+            let host = snap.host(Some("shop.example.com")).expect("host");
+            assert!(
+                host.policy.client_auth_error.is_some(),
+                "{pairs:?}: the host is refused as a whole"
+            );
             continue;
         }
         let host = snap.host(Some("shop.example.com")).expect("host");

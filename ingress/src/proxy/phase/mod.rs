@@ -261,9 +261,18 @@ impl Proxy {
         }
         // Client certificates: decided on HTTPS before anything else of the host; a plain HTTP
         // request to such a host is only ever redirected to HTTPS (below).
-        let client_auth = snapshot
-            .host(host)
-            .and_then(|vhost| vhost.policy.client_auth.as_ref());
+        let vhost_policy = snapshot.host(host).map(|vhost| &vhost.policy);
+        if let Some(reason) = vhost_policy
+            .filter(|p| p.client_auth.is_none())
+            .and_then(|p| p.client_auth_error.as_ref())
+        {
+            return Phased {
+                target: Some(target),
+                route: None,
+                decision: Decision::Fail(UpstreamError::Refused(reason.clone())),
+            };
+        }
+        let client_auth = vhost_policy.and_then(|p| p.client_auth.as_ref());
         let mut cert_headers = None;
         if let Some(auth) = client_auth
             && conn.https
