@@ -97,6 +97,14 @@ fn manifests(web: &Backend, extra: &str) -> String {
             &[("limit-rate", "64"), ("limit-rate-after", "256")],
             &[("bandwidth-after.test", "/", "Prefix", "web")],
         ),
+        // A paced download holds its limit-connections slot until its last byte.
+        annotated_ingress(
+            "t",
+            "paced-conn",
+            10,
+            &[("limit-rate", "64"), ("limit-connections", "1")],
+            &[("paced-conn.test", "/", "Prefix", "web")],
+        ),
         annotated_ingress(
             "t",
             "bandwidth-bad",
@@ -210,6 +218,44 @@ fn nginx_limit_req_and_limit_conn() {
         let open = timed("conn.test");
         assert!(open < Duration::from_millis(1500), "{version}: {open:?}");
     }
+    // limit-connections counts a request until its response is sent, not only until its head:
+    // while a paced 256 KiB download runs (about 3 s), a second request is refused.
+    for version in VERSIONS {
+        let download = {
+            let url = ingress.url("/?size=262144");
+            let version = version.to_string();
+            std::thread::spawn(move || {
+                std::process::Command::new("curl")
+                    .args([
+                        "-s",
+                        "-o",
+                        "/dev/null",
+                        "-w",
+                        "%{http_code} %{size_download}",
+                    ])
+                    .args([&version, "-H", "Host: paced-conn.test", &url])
+                    .output()
+                    .unwrap()
+            })
+        };
+        std::thread::sleep(Duration::from_millis(1500));
+        assert_eq!(
+            statuses(&ingress, "paced-conn.test", "/", version, 1),
+            [503],
+            "{version}: the download still holds the slot"
+        );
+        let out = download.join().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "200 262144",
+            "{version}"
+        );
+        assert_eq!(
+            statuses(&ingress, "paced-conn.test", "/", version, 1),
+            [200]
+        );
+    }
+
     // A limit-rate that does not parse refuses the Ingress, never serves it unlimited.
     assert_eq!(
         statuses(&ingress, "bandwidth-bad.test", "/", VERSIONS[0], 1),

@@ -183,10 +183,8 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        let paced = self
-            .throttle
-            .as_ref()
-            .is_some_and(|t| !t.rest.is_empty() || t.pause.is_some());
+        // A pause after the last piece paces nothing: only a piece still to send delays the end.
+        let paced = self.throttle.as_ref().is_some_and(|t| !t.rest.is_empty());
         !paced && self.inner.is_end_stream()
     }
 

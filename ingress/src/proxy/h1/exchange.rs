@@ -518,7 +518,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     if written.is_err() {
                         return (false, None);
                     }
-                    if let Some(pause) = bandwidth.and_then(|b| b.delay(sent, started.elapsed())) {
+                    // Paced before the next write; after the last one there is nothing to pace.
+                    if !done
+                        && let Some(pause) =
+                            bandwidth.and_then(|b| b.delay(sent, started.elapsed()))
+                    {
                         tokio::time::sleep(pause).await;
                     }
                 }
