@@ -202,6 +202,16 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
             &[("broken.test", "/", "Prefix", "web")],
         ),
         annotated_ingress("t", "open", 6, &[], &[("open.test", "/", "Prefix", "web")]),
+        annotated_ingress(
+            "t",
+            "off",
+            9,
+            &[
+                ("auth-tls-secret", "t/ca"),
+                ("auth-tls-verify-client", "off"),
+            ],
+            &[("off.test", "/", "Prefix", "web")],
+        ),
         // An Ingress whose auth-tls cannot be applied keeps its whole host closed, the other
         // Ingress's paths on it included (nginx protects the server as a whole).
         annotated_ingress(
@@ -324,6 +334,14 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
             !echo.headers.contains_key("ssl-client-subject-dn"),
             "{version}: {echo:?}"
         );
+        // verify-client off: no certificate is asked for, the request passes, NONE upstream.
+        let echo = get(&ingress, "off.test", version, Some(&alice), &spoof)
+            .echo()
+            .expect("echo");
+        assert_eq!(
+            echo.headers.get("ssl-client-verify").map(String::as_str),
+            Some("NONE")
+        );
         let echo = get(&ingress, "open.test", version, Some(&alice), &spoof)
             .echo()
             .expect("echo");
@@ -378,6 +396,11 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
 
     // openssl: only hosts with auth-tls send a CertificateRequest, naming the Secret's CA; the
     // handshake completes either way and HTTP answers.
+    let (text, _) = s_client(&ingress, "off.test", None);
+    assert!(
+        text.contains("No client certificate CA names sent"),
+        "verify-client off asks for nothing: {text}"
+    );
     let (text, status) = s_client(&ingress, "open.test", None);
     assert!(
         text.contains("No client certificate CA names sent"),

@@ -130,3 +130,139 @@ pub fn misdirected(tls: &TlsTable, sni: Option<&str>, host: &str, no_sni: NoSniR
         (None, _) => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+
+    use super::*;
+    use crate::proxy::phase::identity::ClientCert;
+    use crate::snapshot::annotations::auth_tls::{AuthTls, VerifyClient};
+    use crate::snapshot::client_auth::{PresentedCert, Verification};
+    use crate::store::ObjectKey;
+
+    fn auth(error_page: Option<&str>, match_cn: Option<&str>) -> Arc<ClientAuth> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap().pem();
+        let secret = Secret {
+            data: Some(BTreeMap::from([(
+                "ca.crt".to_string(),
+                ByteString(ca.into_bytes()),
+            )])),
+            ..Default::default()
+        };
+        let options = AuthTls {
+            secret: (None, "ca".into()),
+            verify: VerifyClient::On,
+            depth: 1,
+            error_page: error_page.map(str::to_string),
+            pass_certificate: true,
+            match_cn: match_cn.map(|r| regex::Regex::new(r).unwrap()),
+        };
+        Arc::new(ClientAuth::from_secret(&ObjectKey::new("t", "ca"), &secret, &options).unwrap())
+    }
+
+    fn conn(cert: Option<ClientCert>) -> ConnInfo {
+        let mut conn = ConnInfo::new("192.0.2.1:5000".parse().unwrap(), 443, true);
+        conn.client_cert = cert.map(Arc::new);
+        conn
+    }
+
+    fn presented(subject: &str) -> PresentedCert {
+        PresentedCert {
+            subject_dn: subject.into(),
+            issuer_dn: "CN=ca".into(),
+            escaped_pem: "-----BEGIN%20CERTIFICATE-----%0A".into(),
+        }
+    }
+
+    #[test]
+    fn what_a_request_gets() {
+        let strict = auth(None, None);
+        let paged = auth(Some("https://login.example.com/cert"), None);
+        let cn = auth(None, Some("CN=alice"));
+        let failed = Verification::Failed {
+            reason: "certificate has expired",
+            unknown_issuer: false,
+        };
+        let ok = |a: &Arc<ClientAuth>, subject| {
+            ClientCert::new(a.clone(), Verification::Success, presented(subject))
+        };
+        let cases: Vec<(&Arc<ClientAuth>, ConnInfo, Result<(), CertRefusal>)> = vec![
+            (&strict, conn(Some(ok(&strict, "CN=bob"))), Ok(())),
+            // A connection set up for other rules (or none) cannot carry the request.
+            (&strict, conn(None), Err(CertRefusal::Misdirected)),
+            (
+                &strict,
+                conn(Some(ok(&paged, "CN=bob"))),
+                Err(CertRefusal::Misdirected),
+            ),
+            (
+                &strict,
+                conn(Some(ClientCert::new(
+                    strict.clone(),
+                    failed.clone(),
+                    presented("CN=bob"),
+                ))),
+                Err(CertRefusal::BadRequest),
+            ),
+            (
+                &strict,
+                conn(Some(ClientCert::new(
+                    strict.clone(),
+                    Verification::None,
+                    PresentedCert::default(),
+                ))),
+                Err(CertRefusal::BadRequest),
+            ),
+            (
+                &paged,
+                conn(Some(ClientCert::new(
+                    paged.clone(),
+                    failed,
+                    presented("CN=bob"),
+                ))),
+                Err(CertRefusal::ErrorPage(
+                    "https://login.example.com/cert".into(),
+                )),
+            ),
+            (&cn, conn(Some(ok(&cn, "CN=alice"))), Ok(())),
+            (
+                &cn,
+                conn(Some(ok(&cn, "CN=bob"))),
+                Err(CertRefusal::Forbidden),
+            ),
+        ];
+        for (i, (auth, conn, want)) in cases.into_iter().enumerate() {
+            let got = client_certificate(auth, &conn).map(|_| ());
+            assert_eq!(got, want, "case {i}");
+        }
+        // The headers upstream, made once per connection; empty values are not sent.
+        let cert = ClientCert::new(strict.clone(), Verification::None, PresentedCert::default());
+        let set: Vec<(String, Option<String>)> = cert
+            .headers
+            .set
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.to_string(),
+                    v.as_ref().map(|v| v.to_str().unwrap().to_string()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            set,
+            [
+                ("ssl-client-verify".to_string(), Some("NONE".to_string())),
+                ("ssl-client-subject-dn".to_string(), None),
+                ("ssl-client-issuer-dn".to_string(), None),
+                ("ssl-client-cert".to_string(), None),
+            ]
+        );
+    }
+}
