@@ -590,6 +590,18 @@ impl Builder<'_> {
                 None
             }
         };
+        // A passthrough connection is never an HTTP request here: no limit could be counted.
+        if options.ssl_passthrough && (rate_limit.is_some() || bandwidth.is_some()) {
+            let message = "limit-* cannot apply to ssl-passthrough: its connections are not HTTP requests here";
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                format!(
+                    "{message}; this Ingress is not served rather than served without its limits"
+                ),
+            ));
+            refused.get_or_insert_with(|| Arc::from(message));
+        }
         let fallback = options
             .default_backend
             .as_ref()

@@ -1872,3 +1872,30 @@ fn auth_tls_protects_every_path_of_its_hosts() {
         assert_eq!(host.policy.client_auth.is_some(), protected, "{pairs:?}");
     }
 }
+
+#[test]
+fn limits_on_ssl_passthrough_refuse_the_ingress() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    for limit in ["limit-rps", "limit-connections", "limit-rate"] {
+        let (key, passthrough) = (n(limit), n("ssl-passthrough"));
+        let pairs = [(key.as_str(), "5"), (passthrough.as_str(), "true")];
+        let snap = build(&format!(
+            "{SERVICES}{}",
+            annotated("guarded", "shop.example.com", &pairs, false)
+        ));
+        assert!(
+            snap.diagnostics
+                .iter()
+                .any(|d| d.severity == Severity::Error
+                    && d.kind == DiagnosticKind::InvalidAnnotation
+                    && d.message.contains("ssl-passthrough")),
+            "{limit}: {:?}",
+            snap.diagnostics
+        );
+        let route = snap
+            .passthrough
+            .lookup("shop.example.com")
+            .expect("the passthrough host stays claimed");
+        assert!(route.policy.access.refused.is_some(), "{limit}");
+    }
+}
