@@ -147,7 +147,7 @@ impl<C: Clock + Clone> RateLimiters<C> {
         }))
     }
 
-    /// How many zones are held (for tests and the admin page).
+    /// How many zones are held.
     pub fn zones(&self) -> usize {
         self.lock().by_policy.len()
     }
