@@ -168,6 +168,27 @@ pub fn one_segment_hello_config(alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
     any_server_config_with(provider, alpn)
 }
 
+/// [`any_server_config`] presenting `client` (a [`Ca::client`] leaf) when asked for a client
+/// certificate.
+pub fn any_server_config_with_client_cert(
+    alpn: &[&[u8]],
+    client: &Leaf,
+) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(client.key.as_bytes())
+        .expect("client key");
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_client_auth_cert(rustls_pki_types_certs(&client.chain), key)
+        .expect("client certificate");
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
+}
+
 fn any_server_config_with(
     provider: rustls::crypto::CryptoProvider,
     alpn: &[&[u8]],

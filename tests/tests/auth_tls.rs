@@ -431,3 +431,103 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("t/missing"), "{text}");
 }
+
+/// A keep-alive HTTP/1.1 request on `tls`; the status.
+async fn request(
+    tls: &mut tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    host: &str,
+) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Read the head, then as much body as Content-Length says.
+    loop {
+        let n = tls.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "closed before a response: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return head.split_whitespace().nth(1).unwrap().parse().unwrap();
+            }
+        }
+    }
+}
+
+/// The rules a connection was verified against are the ones it keeps: once the CA Secret
+/// changes, a request on an older connection is sent to open a new one (421), and the new
+/// connection is judged by the new rules.
+#[tokio::test]
+async fn a_changed_ca_applies_to_new_connections() {
+    let web = Backend::start("web");
+    let ca = Ca::new("client CA");
+    let next_ca = Ca::new("next client CA");
+    let alice = ca.client("alice", 10, false);
+    let dir = Scratch::new("auth-tls-rotation");
+    let manifests = |ca_pem: &str| {
+        [
+            service("t", "web", &[&web]),
+            ca_secret_yaml("t", "ca", ca_pem, None),
+            annotated_ingress(
+                "t",
+                "strict",
+                1,
+                &[("auth-tls-secret", "t/ca")],
+                &[("strict.test", "/", "Prefix", "web")],
+            ),
+        ]
+        .concat()
+    };
+    dir.write("all.yaml", &manifests(&ca.pem));
+    let ingress = Ingress::start(dir.path());
+    let connector = tokio_rustls::TlsConnector::from(
+        ingress_tests::pki::any_server_config_with_client_cert(&[b"http/1.1"], &alice),
+    );
+    let connect = || async {
+        let tcp = tokio::net::TcpStream::connect(ingress.https).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("strict.test").unwrap();
+        connector.connect(name, tcp).await.unwrap()
+    };
+    let mut old = connect().await;
+    assert_eq!(request(&mut old, "strict.test").await, 200);
+    let generation = ingress.metric("ingress_snapshot_generation", &[]).unwrap();
+    dir.replace("all.yaml", &manifests(&next_ca.pem));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ingress
+        .metric("ingress_snapshot_generation", &[])
+        .unwrap_or_default()
+        <= generation
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new CA was not applied"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        request(&mut old, "strict.test").await,
+        421,
+        "the connection was verified against the old CA"
+    );
+    let mut new = connect().await;
+    assert_eq!(
+        request(&mut new, "strict.test").await,
+        400,
+        "alice's CA is no longer trusted"
+    );
+}
