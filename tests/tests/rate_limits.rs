@@ -279,3 +279,53 @@ fn nginx_limit_req_and_limit_conn() {
         "still limited after an unrelated change"
     );
 }
+
+/// The client a rate limit counts is the one the identity phase believes: behind a load
+/// balancer speaking PROXY protocol, the address its header names (exact bytes), so each real
+/// client has its own bucket and `limit-whitelist` judges the real address.
+#[test]
+fn limits_count_the_client_a_proxy_header_names() {
+    use ingress_tests::raw::RawConn;
+    let web = Backend::start("web");
+    let dir = Scratch::new("rate-limits-proxy-protocol");
+    dir.write(
+        "all.yaml",
+        &[
+            service("t", "web", &[&web]),
+            annotated_ingress(
+                "t",
+                "rpm",
+                1,
+                &[
+                    ("limit-rpm", "1"),
+                    ("limit-burst-multiplier", "1"),
+                    ("limit-whitelist", "10.0.0.0/8"),
+                ],
+                &[("rpm.test", "/", "Prefix", "web")],
+            ),
+        ]
+        .concat(),
+    );
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--use-proxy-protocol"])
+        .start();
+    let port = ingress.http.port();
+    let status = |client: &str| {
+        let mut conn = RawConn::connect(ingress.http);
+        conn.exchange(
+            format!(
+                "PROXY TCP4 {client} 127.0.0.1 40000 {port}\r\nGET / HTTP/1.1\r\nHost: rpm.test\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .status
+    };
+    // 1 per minute, burst 1: two at once per client, then 503.
+    let first: Vec<u16> = (0..3).map(|_| status("203.0.113.9")).collect();
+    assert_eq!(first, [200, 200, 503]);
+    let second: Vec<u16> = (0..3).map(|_| status("203.0.113.10")).collect();
+    assert_eq!(second, [200, 200, 503], "another client has its own bucket");
+    let allowed: Vec<u16> = (0..4).map(|_| status("10.1.2.3")).collect();
+    assert_eq!(allowed, [200; 4], "limit-whitelist judges the named client");
+}
