@@ -167,11 +167,15 @@ impl<C: Clock + Clone> RateLimiters<C> {
                 Arc::strong_count(zone) > 1 || now.duration_since(zone.last_used()) < zone.refill
             });
         }
-        let zone = zones
-            .by_policy
-            .entry(limit.clone())
-            .or_insert_with(|| Arc::new(Zone::new(limit, &self.clock)))
-            .clone();
+        // A lookup first: the key is cloned only when a zone is made.
+        let zone = match zones.by_policy.get(limit) {
+            Some(zone) => zone.clone(),
+            None => {
+                let zone = Arc::new(Zone::new(limit, &self.clock));
+                zones.by_policy.insert(limit.clone(), zone.clone());
+                zone
+            }
+        };
         drop(zones);
         *zone
             .last_used
