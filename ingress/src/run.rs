@@ -199,6 +199,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                     merge_slashes: args.requests.merge_slashes,
                 },
                 no_sni_requests: args.tls.no_sni_requests.into(),
+                // The ConfigMap's limit-req-status-code / limit-conn-status-code, when it is read.
+                ..ProxySettings::default()
             },
         )
         .with_tracing(tracing),
@@ -256,7 +258,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         name: "https",
         listener: https_listener,
         handshake: Arc::new(TlsHandshake {
-            acceptor: tokio_rustls::TlsAcceptor::from(resolver::server_config(published.clone())?),
+            configs: Arc::new(resolver::ServerConfigs::new(published.clone())?),
             published: published.clone(),
             handshake_timeout: args.tls.tls_handshake_timeout,
             metrics: proxy_metrics.clone(),

@@ -65,6 +65,38 @@ pub fn get(ingress: &Ingress, host: &str, path: &str, version: &str, extra: &[&s
     })
 }
 
+/// GET `https://<host><path>` on the HTTPS listener (SNI and Host `host`, the server's
+/// certificate not checked), over `version` (`--http1.1` or `--http2`), with `extra` curl
+/// arguments (`--cert`, `--key`, `-H`, …). `None` when no HTTP reply came (the TLS handshake
+/// failed, or the connection was reset).
+pub fn https_get(
+    ingress: &Ingress,
+    host: &str,
+    path: &str,
+    version: &str,
+    extra: &[&str],
+) -> Option<Reply> {
+    let port = ingress.https.port();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-S",
+            "-k",
+            "--path-as-is",
+            "--max-time",
+            "10",
+            "-D",
+            "-",
+            version,
+        ])
+        .args(["--resolve", &format!("{host}:{port}:127.0.0.1")])
+        .args(extra)
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .expect("curl runs");
+    parse(&String::from_utf8_lossy(&out.stdout))
+}
+
 /// The head curl dumped with `-D -`, then the body; interim (1xx) heads are skipped.
 fn parse(mut text: &str) -> Option<Reply> {
     let (mut head, mut body) = text.split_once("\r\n\r\n")?;

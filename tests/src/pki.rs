@@ -83,6 +83,57 @@ impl Ca {
         }
     }
 
+    /// A client certificate (`auth-tls-*`) with subject `CN=<common_name>,O=Example` and
+    /// `serial`, valid now (or expired in 2021). `chain` holds the certificate alone.
+    pub fn client(&self, common_name: &str, serial: u64, expired: bool) -> Leaf {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("client key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "Example");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.serial_number = Some(rcgen::SerialNumber::from(serial));
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = if expired {
+            rcgen::date_time_ymd(2021, 1, 1)
+        } else {
+            rcgen::date_time_ymd(2099, 1, 1)
+        };
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).expect("sign client");
+        Leaf {
+            chain: cert.pem(),
+            key: key.serialize_pem(),
+            common_name: common_name.into(),
+        }
+    }
+
+    /// A CRL from this CA revoking `serials`, current until 2099, as PEM.
+    pub fn crl(&self, serials: &[u64]) -> String {
+        rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|&serial| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(serial),
+                    revocation_time: rcgen::date_time_ymd(2021, 1, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.issuer)
+        .expect("sign CRL")
+        .pem()
+        .expect("CRL PEM")
+    }
+
     /// A rustls client config trusting only this CA, offering `alpn`.
     pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
         let mut roots = rustls::RootCertStore::empty();
@@ -115,6 +166,27 @@ pub fn one_segment_hello_config(alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
         ..rustls::crypto::aws_lc_rs::default_provider()
     };
     any_server_config_with(provider, alpn)
+}
+
+/// [`any_server_config`] presenting `client` (a [`Ca::client`] leaf) when asked for a client
+/// certificate.
+pub fn any_server_config_with_client_cert(
+    alpn: &[&[u8]],
+    client: &Leaf,
+) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(client.key.as_bytes())
+        .expect("client key");
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_client_auth_cert(rustls_pki_types_certs(&client.chain), key)
+        .expect("client certificate");
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(config)
 }
 
 fn any_server_config_with(
@@ -227,4 +299,18 @@ pub fn secret_yaml_with_ca(
         secret_yaml(namespace, name, chain, key),
         indent(ca)
     )
+}
+
+/// An `Opaque` Secret with `ca.crt` (and `ca.crl`), as `kubectl create secret generic ca
+/// --from-file=ca.crt` makes it for `auth-tls-secret`.
+pub fn ca_secret_yaml(namespace: &str, name: &str, ca: &str, crl: Option<&str>) -> String {
+    let indent = |s: &str| s.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    let mut yaml = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {namespace}}}\ntype: Opaque\nstringData:\n  ca.crt: |\n{}",
+        indent(ca)
+    );
+    if let Some(crl) = crl {
+        yaml.push_str(&format!("  ca.crl: |\n{}", indent(crl)));
+    }
+    yaml
 }

@@ -155,6 +155,11 @@ pub async fn handle(
         );
         return Ok(response);
     }
+    // `?size=N`: N bytes of `x` instead of the echo, for tests of large responses.
+    if let Some(size) = query.get("size").and_then(|v| v.parse::<usize>().ok()) {
+        served.fetch_add(1, Ordering::Relaxed);
+        return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; size]))));
+    }
     let method = req.method().to_string();
     let uri = req.uri().to_string();
     let headers = req

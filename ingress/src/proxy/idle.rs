@@ -14,6 +14,9 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::rate_limit::ConnectionGuard;
+use crate::snapshot::annotations::rate_limit::Bandwidth;
+
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +42,39 @@ pub struct IdleBody<B> {
     /// Told how many data bytes passed when the body is dropped (done, failed or reset): the
     /// HTTP/2 path's access log line, written when the response has really ended.
     on_end: Option<(u64, OnEnd)>,
+    /// `limit-connections`: the request counts against its client while its response body
+    /// streams, as nginx counts a request until it is finalized.
+    _guard: Option<ConnectionGuard>,
+    /// `limit-rate`: the pace, when the body began, the bytes so far, and the pause due
+    /// before the next frame.
+    throttle: Option<Throttle>,
+}
+
+struct Throttle {
+    bandwidth: Bandwidth,
+    started: Instant,
+    sent: u64,
+    pause: Option<Pin<Box<Sleep>>>,
+    /// What is left of a frame larger than [`PACED_FRAME`].
+    rest: Bytes,
+}
+
+/// A paced body is sent in frames of at most this size, so a large upstream frame is spread
+/// out too.
+const PACED_FRAME: usize = 16 * 1024;
+
+impl Throttle {
+    /// The next paced piece of `rest`, scheduling the pause that follows it.
+    fn next_piece(&mut self) -> Bytes {
+        let piece = self.rest.split_to(self.rest.len().min(PACED_FRAME));
+        self.sent = self.sent.saturating_add(piece.len() as u64);
+        let elapsed = Instant::now().saturating_duration_since(self.started);
+        self.pause = self
+            .bandwidth
+            .delay(self.sent, elapsed)
+            .map(|d| Box::pin(tokio::time::sleep(d)));
+        piece
+    }
 }
 
 /// See [`IdleBody::on_end`].
@@ -53,12 +89,34 @@ impl<B> IdleBody<B> {
             sleep: None,
             progressed: false,
             on_end: None,
+            _guard: None,
+            throttle: None,
         }
     }
 
     /// Calls `f` with the data bytes passed on, once, when the body is dropped.
     pub fn on_end(&mut self, f: OnEnd) {
         self.on_end = Some((0, f));
+    }
+
+    /// Sends at most at `bandwidth`'s pace (`limit-rate`), as nginx schedules it. For response
+    /// bodies: a paced body is not [`limited`](Self::limited) too (the limit would see only the
+    /// first piece of each frame).
+    pub fn paced(mut self, bandwidth: Option<Bandwidth>) -> Self {
+        self.throttle = bandwidth.map(|bandwidth| Throttle {
+            bandwidth,
+            started: Instant::now(),
+            sent: 0,
+            pause: None,
+            rest: Bytes::new(),
+        });
+        self
+    }
+
+    /// Holds `guard` until the body is dropped.
+    pub fn holding(mut self, guard: Option<ConnectionGuard>) -> Self {
+        self._guard = guard;
+        self
     }
 
     /// Also fails once more than `limit` bytes of data have passed, setting `tripped`.
@@ -81,9 +139,38 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, IdleError>>> {
         let this = &mut *self;
+        if let Some(throttle) = &mut this.throttle
+            && let Some(pause) = &mut throttle.pause
+        {
+            if pause.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            throttle.pause = None;
+        }
+        if let Some(throttle) = &mut this.throttle
+            && !throttle.rest.is_empty()
+        {
+            let piece = throttle.next_piece();
+            if let Some((passed, _)) = &mut this.on_end {
+                *passed = passed.saturating_add(piece.len() as u64);
+            }
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 this.progressed = true;
+                let frame = match (frame, &mut this.throttle) {
+                    (Some(Ok(frame)), Some(throttle)) if frame.is_data() => {
+                        match frame.into_data() {
+                            Ok(data) => {
+                                throttle.rest = data;
+                                Some(Ok(Frame::data(throttle.next_piece())))
+                            }
+                            Err(frame) => Some(Ok(frame)),
+                        }
+                    }
+                    (frame, _) => frame,
+                };
                 if let (Some(Ok(frame)), Some((limit, seen, tripped))) = (&frame, &mut this.limit)
                     && let Some(data) = frame.data_ref()
                 {
@@ -117,7 +204,9 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        // A pause after the last piece paces nothing: only a piece still to send delays the end.
+        let paced = self.throttle.as_ref().is_some_and(|t| !t.rest.is_empty());
+        !paced && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -200,5 +289,26 @@ mod tests {
                 "limit {limit}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_body_is_split_and_spread_out() {
+        let one_frame = http_body_util::Full::new(Bytes::from(vec![b'x'; 64 * 1024]));
+        // 16 KiB/s after the first 16 KiB, with nginx's one second of allowance: the 64 KiB
+        // end 2 s after the first second.
+        let bandwidth = Bandwidth {
+            rate: 16 * 1024,
+            after: 16 * 1024,
+        };
+        let mut body = IdleBody::new(one_frame, Duration::from_secs(60)).paced(Some(bandwidth));
+        let started = Instant::now();
+        let mut pieces = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            pieces.push((data.len(), started.elapsed().as_secs()));
+        }
+        let kib = 16 * 1024;
+        assert_eq!(pieces, [(kib, 0), (kib, 0), (kib, 0), (kib, 1)]);
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
     }
 }

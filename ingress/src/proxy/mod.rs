@@ -32,6 +32,7 @@ pub mod passthrough;
 pub mod phase;
 pub mod pool;
 pub mod proxy_protocol;
+pub mod rate_limit;
 pub mod respond;
 pub mod rewind;
 pub mod settings;
@@ -70,6 +71,8 @@ pub struct Proxy {
     /// Basic auth's recent successes and its limit on concurrent bcrypt checks; auth services'
     /// connections and cached answers.
     auth: phase::auth::AuthState,
+    /// The buckets of `limit-*`: runtime state beside the snapshot, kept across its swaps.
+    rate_limits: rate_limit::RateLimiters,
 }
 
 impl Proxy {
@@ -94,6 +97,7 @@ impl Proxy {
             settings,
             tracing: None,
             auth: phase::auth::AuthState::new(connectors),
+            rate_limits: rate_limit::RateLimiters::default(),
         }
     }
 

@@ -17,6 +17,7 @@ pub mod annotations;
 pub mod backend;
 pub mod certs;
 pub mod class;
+pub mod client_auth;
 pub mod global;
 pub mod host;
 pub mod path;
@@ -600,6 +601,59 @@ impl Builder<'_> {
             }
         };
         let auth = self.auth(&subject, key, ingress, &mut refused);
+        let (client_auth, client_auth_error) =
+            match self.client_auth(&subject, key, ingress, &options) {
+                Ok(auth) => (auth, None),
+                Err(reason) => {
+                    refused.get_or_insert_with(|| reason.clone());
+                    (None, Some(reason))
+                }
+            };
+        let zone = format!(
+            "{key}/{}",
+            ingress.metadata.uid.as_deref().unwrap_or_default()
+        );
+        let rate_limit = match annotations::rate_limit::parse(
+            ingress.metadata.annotations.as_ref(),
+            &zone,
+        ) {
+            Ok(limit) => limit.map(Arc::new),
+            Err(message) => {
+                self.diagnostics.push(Diagnostic::error(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        format!("{message}; this Ingress is not served (503) rather than served without its rate limits"),
+                    ));
+                refused.get_or_insert_with(|| Arc::from(format!("invalid rate limit: {message}")));
+                None
+            }
+        };
+        let bandwidth = match annotations::rate_limit::bandwidth(
+            ingress.metadata.annotations.as_ref(),
+        ) {
+            Ok(bandwidth) => bandwidth,
+            Err(message) => {
+                self.diagnostics.push(Diagnostic::error(
+                    DiagnosticKind::InvalidAnnotation,
+                    subject.clone(),
+                    format!("{message}; this Ingress is not served (503) rather than served without its limit"),
+                ));
+                refused.get_or_insert_with(|| Arc::from(format!("invalid limit-rate: {message}")));
+                None
+            }
+        };
+        // A passthrough connection is never an HTTP request here: no limit could be counted.
+        if options.ssl_passthrough && (rate_limit.is_some() || bandwidth.is_some()) {
+            let message = "limit-* cannot apply to ssl-passthrough: its connections are not HTTP requests here";
+            self.diagnostics.push(Diagnostic::error(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                format!(
+                    "{message}; this Ingress is not served rather than served without its limits"
+                ),
+            ));
+            refused.get_or_insert_with(|| Arc::from(message));
+        }
         let fallback = options
             .default_backend
             .as_ref()
@@ -610,6 +664,8 @@ impl Builder<'_> {
                 RoutePolicy::new(&options, tls, refused.as_ref(), self.max_body)
                     .with_sources(&sources)
                     .with_auth(&auth)
+                    .with_rate_limit(rate_limit.as_ref())
+                    .with_bandwidth(bandwidth)
                     .with_fallback(fallback.as_ref()),
             )
         });
@@ -683,6 +739,24 @@ impl Builder<'_> {
                             DiagnosticKind::ConflictingRule,
                             subject.clone(),
                             format!("host {pattern} already has app-root {existing} from an older Ingress; this one's {app_root} is ignored"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+            if let Some(reason) = &client_auth_error
+                && host.policy.client_auth_error.is_none()
+            {
+                host.policy.client_auth_error = Some(reason.clone());
+            }
+            if let Some(auth) = &client_auth {
+                match &host.policy.client_auth {
+                    None => host.policy.client_auth = Some(auth.clone()),
+                    Some(existing) if existing != auth => {
+                        self.diagnostics.push(Diagnostic::warning(
+                            DiagnosticKind::ConflictingRule,
+                            subject.clone(),
+                            format!("host {pattern} already has auth-tls (secret {}) from an older Ingress; it applies to this Ingress's paths too (as nginx's server-wide ssl_verify_client), and this one's is ignored", existing.secret),
                         ));
                     }
                     Some(_) => {}
@@ -1033,6 +1107,97 @@ impl Builder<'_> {
                 refused.get_or_insert_with(|| Arc::from(format!("authentication: {message}")));
                 AuthPolicy::default()
             }
+        }
+    }
+
+    /// The `auth-tls-*` rules of an Ingress, with its CA Secret parsed. Anything that keeps
+    /// them from being applied as written is `Err` with the reason: the Ingress is refused
+    /// (503), and so are its hosts unless another Ingress protects them (nginx's `server` is
+    /// protected as a whole), never served without the client certificate asked for.
+    fn client_auth(
+        &mut self,
+        subject: &Subject,
+        key: &ObjectKey,
+        ingress: &Ingress,
+        options: &annotations::Options,
+    ) -> Result<Option<Arc<client_auth::ClientAuth>>, Arc<str>> {
+        let parsed = annotations::auth_tls::parse(ingress.metadata.annotations.as_ref());
+        for message in parsed.warnings {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
+        let refuse = |this: &mut Self, kind: DiagnosticKind, message: String| {
+            this.diagnostics.push(Diagnostic::error(
+                kind,
+                subject.clone(),
+                format!("{message}; this Ingress and its hosts are not served (503) rather than served without the client certificate it asks for"),
+            ));
+            Err(Arc::from(format!("auth-tls: {message}")))
+        };
+        if !parsed.errors.is_empty() {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                parsed.errors.join("; "),
+            );
+        }
+        let Some(auth) = parsed.auth else {
+            return Ok(None);
+        };
+        if options.ssl_passthrough {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                "auth-tls-secret cannot apply to ssl-passthrough: TLS is not terminated here"
+                    .into(),
+            );
+        }
+        let has_rules = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.rules.as_ref())
+            .is_some_and(|r| !r.is_empty());
+        if !has_rules {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                "auth-tls-secret applies to the hosts of an Ingress's rules, and this one has none"
+                    .into(),
+            );
+        }
+        let namespace = auth
+            .secret
+            .0
+            .clone()
+            .unwrap_or_else(|| key.namespace.clone());
+        if namespace != key.namespace {
+            return refuse(
+                self,
+                DiagnosticKind::InvalidAnnotation,
+                format!(
+                    "auth-tls-secret: secret {namespace}/{} is in another namespace, which is not allowed (as ingress-nginx's default)",
+                    auth.secret.1
+                ),
+            );
+        }
+        let secret_key = ObjectKey::new(namespace, auth.secret.1.clone());
+        let Some(secret) = self.store.secrets.get(&secret_key) else {
+            return refuse(
+                self,
+                DiagnosticKind::SecretNotFound,
+                format!("auth-tls-secret: secret {secret_key} not found"),
+            );
+        };
+        match client_auth::ClientAuth::from_secret(&secret_key, secret, &auth) {
+            Ok(parsed) => Ok(Some(Arc::new(parsed))),
+            Err(err) => refuse(
+                self,
+                DiagnosticKind::SecretInvalid,
+                format!("auth-tls-secret: secret {secret_key}: {err}"),
+            ),
         }
     }
 

@@ -4,9 +4,12 @@
 //!
 //! ```text
 //!   phase (proxy::phase)   reads
+//!   tls                    HostPolicy       auth-tls-*: the client certificate the handshake
+//!                                           asks for, and what each request needs of it
 //!   access                 AccessPolicy     refused (an access control that cannot be honoured),
 //!                                           source ranges (allow- and deny-lists), basic and
-//!                                           external auth, satisfy
+//!                                           external auth, satisfy, rate limits (limit-rps,
+//!                                           -rpm, -connections)
 //!   redirect               HostPolicy       app-root, from-to-www-redirect (per host: before any
 //!                                           route is chosen)
 //!                          RedirectPolicy   permanent-/temporal-redirect, then ssl-redirect,
@@ -15,7 +18,8 @@
 //!   rewrite                RewritePolicy    rewrite-target (with the route's path), x-forwarded-prefix
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
 //!   response               ResponsePolicy   snippet header actions on the upstream's response,
-//!                                           proxy-redirect-*, proxy-cookie-* rewrites
+//!                                           proxy-redirect-*, proxy-cookie-* rewrites,
+//!                                           limit-rate(-after): the response's pace
 //!   upstream               UpstreamPolicy   backend-protocol (or the Service port's appProtocol),
 //!                                           proxy-ssl-*, timeouts, upstream-vhost, load-balance,
 //!                                           proxy-next-upstream, the upgrades allowed, affinity,
@@ -34,11 +38,13 @@ use super::annotations::auth::{BasicAuth, ExternalAuth, Satisfy};
 use super::annotations::canary::Rules;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
+use super::annotations::rate_limit::{Bandwidth, RateLimit};
 use super::annotations::rewrite::Template;
 use super::annotations::snippet::{RequestEdits, ResponseEdits};
 use super::annotations::upstream_rewrite::UpstreamRewrite;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
+use super::client_auth::ClientAuth;
 use super::sources::SourcePolicy;
 pub use super::upstream::{
     BackendProtocol, Balance, ClientIdentity, NextUpstream, ProtocolSource, TlsVersions,
@@ -70,6 +76,8 @@ pub struct ResponsePolicy {
     /// `proxy-redirect-*` and `proxy-cookie-*`: the upstream's `Location`, `Refresh` and
     /// `Set-Cookie` rewritten.
     pub rewrite: Option<Arc<UpstreamRewrite>>,
+    /// `limit-rate`, `limit-rate-after`: how fast each response is sent.
+    pub bandwidth: Option<Bandwidth>,
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -106,6 +114,13 @@ pub struct HostPolicy {
     /// `from-to-www-redirect`: this host exists only to redirect (308) to that one, as
     /// `<scheme>://<to>:<port><target, one trailing slash removed>`.
     pub www_redirect: Option<Arc<str>>,
+    /// `auth-tls-*`: the client certificate its TLS connections are asked for, and what a
+    /// request needs of it (nginx's `ssl_verify_client` is per `server` too).
+    pub client_auth: Option<Arc<ClientAuth>>,
+    /// Why an Ingress's `auth-tls-*` for this host cannot be applied: without `client_auth`
+    /// from another Ingress, every request for the host is refused (503), as nginx answers a
+    /// `server` whose client-certificate setup failed.
+    pub client_auth_error: Option<Arc<str>>,
 }
 
 /// How the target sent upstream differs from the one the client sent.
@@ -175,6 +190,9 @@ pub struct AccessPolicy {
     pub refused: Option<Arc<str>>,
     /// `allowlist-source-range` / `denylist-source-range`: who may, by source address (403).
     pub sources: SourcePolicy,
+    /// `limit-rps`, `limit-rpm`, `limit-connections`: how much each client address may ask
+    /// (the buckets themselves are the proxy's, beside the snapshot).
+    pub rate_limit: Option<Arc<RateLimit>>,
     /// Who must authenticate, and how.
     pub auth: AuthPolicy,
 }
@@ -326,6 +344,7 @@ impl RoutePolicy {
                 refused: refused.cloned(),
                 sources: SourcePolicy::default(),
                 auth: AuthPolicy::default(),
+                rate_limit: None,
             },
             redirect: RedirectPolicy {
                 to_url: options.redirect.clone(),
@@ -343,6 +362,7 @@ impl RoutePolicy {
                     .filter(|s| !s.response.is_empty())
                     .map(|s| Arc::new(s.response.clone())),
                 rewrite: options.upstream_rewrite.clone(),
+                bandwidth: None,
             },
             upstream: UpstreamPolicy {
                 protocol: options.backend_protocol.unwrap_or_default(),
@@ -411,6 +431,18 @@ impl RoutePolicy {
     /// The same policy with the `default-backend` fallback.
     pub fn with_fallback(mut self, fallback: Option<&Arc<Backend>>) -> RoutePolicy {
         self.upstream.fallback = fallback.cloned().map(Fallback);
+        self
+    }
+
+    /// The same policy with the Ingress's rate limits.
+    pub fn with_rate_limit(mut self, limit: Option<&Arc<RateLimit>>) -> RoutePolicy {
+        self.access.rate_limit = limit.cloned();
+        self
+    }
+
+    /// The same policy with the Ingress's response bandwidth.
+    pub fn with_bandwidth(mut self, bandwidth: Option<Bandwidth>) -> RoutePolicy {
+        self.response.bandwidth = bandwidth;
         self
     }
 

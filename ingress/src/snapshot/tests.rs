@@ -861,6 +861,7 @@ fn annotated(name: &str, host: &str, annotations: &[(&str, &str)], admin_only: b
 fn unsupported_annotations_table() {
     use annotations::UnsupportedAccess::{Ignore, Refuse};
     let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let invalid_warning = (Severity::Warning, DiagnosticKind::InvalidAnnotation);
     // (annotations, policy, served, diagnostics as (severity, kind))
     let warn = (Severity::Warning, DiagnosticKind::UnsupportedAnnotation);
     let error = (Severity::Error, DiagnosticKind::UnsupportedAnnotation);
@@ -931,13 +932,15 @@ fn unsupported_annotations_table() {
             false,
             vec![error],
         ),
+        // Honoured with auth-tls-secret; alone it does nothing, as in ingress-nginx.
         (
             vec![(n("auth-tls-verify-client"), "on")],
             Refuse,
-            false,
-            vec![error],
+            true,
+            vec![invalid_warning],
         ),
-        (vec![(n("limit-rps"), "5")], Refuse, false, vec![error]),
+        (vec![(n("limit-rate"), "100")], Refuse, true, vec![]),
+        (vec![(n("limit-rps"), "5")], Refuse, true, vec![]),
         (
             vec![(n("global-rate-limit"), "100")],
             Refuse,
@@ -970,7 +973,10 @@ fn unsupported_annotations_table() {
             vec![warn],
         ),
         (
-            vec![(n("limit-rps"), "5"), (n("mirror-target"), "/m")],
+            vec![
+                (n("enable-modsecurity"), "true"),
+                (n("mirror-target"), "/m"),
+            ],
             Refuse,
             false,
             vec![error, warn],
@@ -1892,4 +1898,105 @@ fn configmap_overrides_flags_and_annotations_override_the_configmap() {
     };
     assert!(!to_https("a.example.com"));
     assert!(to_https("b.example.com"));
+}
+
+#[test]
+fn auth_tls_protects_every_path_of_its_hosts() {
+    let ca = {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    };
+    let indent: String = ca.lines().map(|l| format!("    {l}\n")).collect();
+    let secret = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: ca, namespace: shop}}\ntype: Opaque\nstringData:\n  ca.crt: |\n{indent}"
+    );
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    // (annotations, protected, refused, diagnostics)
+    let cases: Vec<(Vec<(String, &str)>, bool, bool, Vec<DiagnosticKind>)> = vec![
+        (vec![(n("auth-tls-secret"), "shop/ca")], true, false, vec![]),
+        (vec![(n("auth-tls-secret"), "ca")], true, false, vec![]),
+        (
+            vec![(n("auth-tls-secret"), "shop/missing")],
+            false,
+            true,
+            vec![DiagnosticKind::SecretNotFound],
+        ),
+        (
+            vec![(n("auth-tls-secret"), "other/ca")],
+            false,
+            true,
+            vec![DiagnosticKind::InvalidAnnotation],
+        ),
+        (
+            vec![
+                (n("auth-tls-secret"), "ca"),
+                (n("auth-tls-match-cn"), "alice"),
+            ],
+            false,
+            true,
+            vec![DiagnosticKind::InvalidAnnotation],
+        ),
+        (
+            vec![(n("auth-tls-secret"), "ca"), (n("ssl-passthrough"), "true")],
+            false,
+            true,
+            vec![DiagnosticKind::InvalidAnnotation],
+        ),
+    ];
+    for (pairs, protected, refused, want) in cases {
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let yaml = format!(
+            "{SERVICES}{secret}{}",
+            annotated("guarded", "shop.example.com", &pairs, false)
+        );
+        let snap = build(&yaml);
+        let got: Vec<DiagnosticKind> = snap
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d| d.kind)
+            .collect();
+        assert_eq!(got, want, "{pairs:?}: {:?}", snap.diagnostics);
+        if refused {
+            let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+            assert!(route.policy.access.refused.is_some(), "{pairs:?}");
+            let host = snap.host(Some("shop.example.com")).expect("host");
+            assert!(
+                host.policy.client_auth_error.is_some(),
+                "{pairs:?}: the host is refused as a whole"
+            );
+            continue;
+        }
+        let host = snap.host(Some("shop.example.com")).expect("host");
+        assert_eq!(host.policy.client_auth.is_some(), protected, "{pairs:?}");
+    }
+}
+
+#[test]
+fn limits_on_ssl_passthrough_refuse_the_ingress() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    for limit in ["limit-rps", "limit-connections", "limit-rate"] {
+        let (key, passthrough) = (n(limit), n("ssl-passthrough"));
+        let pairs = [(key.as_str(), "5"), (passthrough.as_str(), "true")];
+        let snap = build(&format!(
+            "{SERVICES}{}",
+            annotated("guarded", "shop.example.com", &pairs, false)
+        ));
+        assert!(
+            snap.diagnostics
+                .iter()
+                .any(|d| d.severity == Severity::Error
+                    && d.kind == DiagnosticKind::InvalidAnnotation
+                    && d.message.contains("ssl-passthrough")),
+            "{limit}: {:?}",
+            snap.diagnostics
+        );
+        let route = snap
+            .passthrough
+            .lookup("shop.example.com")
+            .expect("the passthrough host stays claimed");
+        assert!(route.policy.access.refused.is_some(), "{limit}");
+    }
 }

@@ -11,7 +11,8 @@
 //!                  X-Forwarded-*, X-Real-IP, X-Scheme,
 //!                  X-Original-URI, X-Original-Forwarded-For)
 //!   spoofable      dropped (Forwarded, X-Forwarded-Prefix,  passed on
-//!                  Proxy)
+//!                  Proxy, the ssl-client-* headers the
+//!                  proxy sets for auth-tls hosts)
 //!   `_` in a name  dropped unless allowed                   passed on
 //! ```
 
@@ -59,14 +60,18 @@ pub fn kind(name: &str) -> Kind {
         14 if is("content-length") => Kind::ContentLength,
         14 if is("x-original-uri") => Kind::Forwarding,
         15 if is("x-forwarded-for") => Kind::Forwarding,
+        15 if is("ssl-client-cert") => Kind::Spoofable,
         16 if is("proxy-connection") => Kind::HopByHop,
         16 if is("x-forwarded-port") || is("x-forwarded-host") => Kind::Forwarding,
         17 if is("transfer-encoding") => Kind::TransferEncoding,
         17 if is("x-forwarded-proto") => Kind::Forwarding,
+        17 if is("ssl-client-verify") => Kind::Spoofable,
         18 if is("proxy-authenticate") => Kind::HopByHop,
         18 if is("x-forwarded-scheme") => Kind::Forwarding,
         18 if is("x-forwarded-prefix") => Kind::Spoofable,
         19 if is("proxy-authorization") => Kind::HopByHop,
+        20 if is("ssl-client-issuer-dn") => Kind::Spoofable,
+        21 if is("ssl-client-subject-dn") => Kind::Spoofable,
         24 if is("x-original-forwarded-for") => Kind::Forwarding,
         25 if is("strict-transport-security") => Kind::Hsts,
         _ => Kind::Other,

@@ -275,7 +275,7 @@ fn start_haproxy(dir: &Path, cert: &Path, key: &Path) -> Result<Running> {
     write(
         &dir.join("haproxy.cfg"),
         &format!(
-            "global\n  nbthread 1\n  maxconn 10000\n  ssl-default-bind-options ssl-min-ver TLSv1.3\n\
+            "global\n  nbthread 1\n  maxconn 1000\n  ssl-default-bind-options ssl-min-ver TLSv1.3\n\
              defaults\n  mode http\n  timeout connect 5s\n  timeout client 120s\n  timeout server 120s\n  option http-keep-alive\n\
              frontend h2\n  bind 127.0.0.1:{HAPROXY} ssl crt {combined} alpn h2,http/1.1\n\
              \x20 option forwardfor\n\

@@ -10,6 +10,16 @@ pub fn run(bench: &Bench) -> Result<()> {
     let ngx_url = format!("http://127.0.0.1:{}/", rig::NGINX_HTTP);
     let ing_url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
     compare("HTTP/1.1 keep-alive", bench, &ngx_url, &ing_url, None)?;
+    // The same with rate limits that never refuse (limit-rps and limit-connections): what
+    // counting every request costs each proxy.
+    compare_on(
+        "HTTP/1.1 keep-alive with limit-rps and limit-connections (never reached)",
+        bench,
+        rig::LIMITED_HOST,
+        &ngx_url,
+        &ing_url,
+        None,
+    )?;
     let timeout = std::time::Duration::from_secs(20);
     procs::wait_http(&ngx_url, rig::TLS_HOST, timeout).context("nginx to the TLS upstream")?;
     procs::wait_http(&ing_url, rig::TLS_HOST, timeout).context("ingress to the TLS upstream")?;

@@ -21,6 +21,10 @@ pub const UPSTREAM_PORT: u16 = 19000;
 /// The upstream's TLS port, and the host both proxies send there.
 pub const UPSTREAM_TLS_PORT: u16 = 19001;
 pub const TLS_HOST: &str = "tls.bench.local";
+/// A third host, the same as [`HOST`] with rate limits that never refuse (limit-rps of a million
+/// and limit-connections of 60,000, nginx's limit_conn maximum; limit_req and limit_conn alike):
+/// their cost.
+pub const LIMITED_HOST: &str = "limited.bench.local";
 pub const NGINX_HTTP: u16 = 19080;
 pub const NGINX_HTTPS: u16 = 19443;
 pub const INGRESS_HTTP: u16 = 19081;
@@ -94,11 +98,21 @@ impl Rig {
                 "worker_processes 1; daemon off; pid {d}/proxy.pid; error_log {d}/proxy-error.log;\n\
              events {{ worker_connections 8192; }}\n\
              http {{ access_log off;\n\
+             limit_req_zone $binary_remote_addr zone=bench_rps:10m rate=1000000r/s;\n\
+             limit_conn_zone $binary_remote_addr zone=bench_conn:10m;\n\
              upstream backend {{ server 127.0.0.1:{UPSTREAM_PORT}; keepalive 128; }}\n\
              server {{ listen 127.0.0.1:{NGINX_HTTP} backlog=4096; listen 127.0.0.1:{NGINX_HTTPS} ssl http2 backlog=4096;\n\
              ssl_certificate {cert}; ssl_certificate_key {key}; ssl_protocols TLSv1.3; ssl_session_tickets off;\n\
              keepalive_requests 100000000;\n\
              location / {{ proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
+             proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr;\n\
+             proxy_set_header X-Original-Forwarded-For $http_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
+             proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Scheme $scheme; proxy_set_header X-Scheme $scheme;\n\
+             proxy_set_header X-Forwarded-Host $host; proxy_set_header X-Forwarded-Port $server_port;\n\
+             proxy_set_header X-Original-URI $request_uri; proxy_set_header X-Request-ID $request_id; }} }}\n\
+             server {{ listen 127.0.0.1:{NGINX_HTTP}; server_name {LIMITED_HOST}; keepalive_requests 100000000;\n\
+             location / {{ limit_req zone=bench_rps burst=5000000 nodelay; limit_conn bench_conn 60000;\n\
+             proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection \"\";\n\
              proxy_set_header Host $host; proxy_set_header X-Forwarded-For $remote_addr;\n\
              proxy_set_header X-Original-Forwarded-For $http_x_forwarded_for; proxy_set_header X-Real-IP $remote_addr;\n\
              proxy_set_header X-Forwarded-Proto $scheme; proxy_set_header X-Forwarded-Scheme $scheme; proxy_set_header X-Scheme $scheme;\n\
@@ -149,7 +163,9 @@ impl Rig {
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-tls-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream-tls}}}}\n\
              addressType: IPv4\nports: [{{name: https, port: {UPSTREAM_TLS_PORT}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
              apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: bench-tls-upstream, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/backend-protocol: HTTPS}}}}\n\
-             spec:\n  ingressClassName: ingress\n  rules:\n  - host: {TLS_HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream-tls, port: {{number: 443}}}}}}}}]}}\n",
+             spec:\n  ingressClassName: ingress\n  rules:\n  - host: {TLS_HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream-tls, port: {{number: 443}}}}}}}}]}}\n---\n\
+             apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: bench-limited, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/limit-rps: \"1000000\", nginx.ingress.kubernetes.io/limit-connections: \"60000\"}}}}\n\
+             spec:\n  ingressClassName: ingress\n  rules:\n  - host: {LIMITED_HOST}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
                 crt = indent(&cert)?,
                 key = indent(&key)?
             ),

@@ -27,6 +27,7 @@ use crate::proxy::access_log::UpstreamMeter;
 use crate::proxy::phase::upstream;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Forward, Outcome};
+use crate::snapshot::annotations::rate_limit::Bandwidth;
 
 /// Why an exchange with the upstream failed.
 pub(super) enum Failure {
@@ -75,6 +76,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             send_timeout,
             next_upstream,
             canary,
+            bandwidth,
             ..
         } = forward;
         self.send_timeout = send_timeout;
@@ -189,7 +191,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             upstream_started,
             status,
         ));
-        let (keep_open, up) = self.relay(response, up, timeout).await;
+        let (keep_open, up) = self.relay(response, up, timeout, bandwidth).await;
         let sent = self.meter.body_bytes_sent;
         if let Some(upstream) = &mut self.meter.upstream {
             upstream.finish(sent);
@@ -481,8 +483,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         response: response::Response,
         mut up: Upstream,
         timeout: std::time::Duration,
+        bandwidth: Option<Bandwidth>,
     ) -> (bool, Option<Upstream>) {
         let mut framing = response.framing;
+        // limit-rate: bytes written so far, head included, as nginx counts `c->sent`.
+        let started = Instant::now();
+        let mut sent: u64 = 0;
         let mut dechunk = response.dechunk.then(Chunked::default);
         let send_timeout = self.proxy.settings.client_send_timeout;
         let mut done = false;
@@ -531,6 +537,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     )
                     .await;
                     let len = self.response.len() as u64;
+                    sent = sent.saturating_add(len);
                     self.response.clear();
                     if written.is_err() {
                         return (false, None);
@@ -538,6 +545,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     let head = head_left.min(len);
                     head_left -= head;
                     self.meter.body_bytes_sent += len - head;
+                    // Paced before the next write; after the last one there is nothing to pace.
+                    if !done
+                        && let Some(pause) =
+                            bandwidth.and_then(|b| b.delay(sent, started.elapsed()))
+                    {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
             }
             if done {

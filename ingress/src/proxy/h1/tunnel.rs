@@ -96,7 +96,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         if !response.switching {
             // An ordinary answer: relayed, and the connection is not reused (it was opened
             // for an upgrade and may still expect one).
-            let (keep_open, _) = self.relay(response, up, timeout).await;
+            let (keep_open, _) = self.relay(response, up, timeout, None).await;
             return (status, outcome, keep_open);
         }
         // 101: the head to the client, then whatever either side sent behind its head.

@@ -356,6 +356,8 @@ impl Proxy {
             request_headers,
             underscores,
             auth,
+            limit_guard,
+            bandwidth,
             ..
         } = forward;
         let mut auth = auth.unwrap_or_default();
@@ -479,8 +481,13 @@ impl Proxy {
                     .headers_mut()
                     .append(header::SET_COOKIE, cookie.clone());
             }
-            let response = response
-                .map(|body| Either::Right(Either::Left(idle::IdleBody::new(body, timeout))));
+            let response = response.map(|body| {
+                Either::Right(Either::Left(
+                    idle::IdleBody::new(body, timeout)
+                        .holding(limit_guard)
+                        .paced(bandwidth),
+                ))
+            });
             let outcome = Outcome {
                 upstream: Some(key),
                 error: None,
@@ -533,7 +540,13 @@ impl Proxy {
                 .headers_mut()
                 .append(header::SET_COOKIE, cookie.clone());
         }
-        let response = response.map(|body| Either::Left(idle::IdleBody::new(body, timeout)));
+        let response = response.map(|body| {
+            Either::Left(
+                idle::IdleBody::new(body, timeout)
+                    .holding(limit_guard)
+                    .paced(bandwidth),
+            )
+        });
         (
             response,
             Outcome {

@@ -32,6 +32,7 @@ pub mod compat;
 pub mod passthrough;
 
 use crate::gate::{Gate, counter};
+use crate::proxy::rate_limit::Limited;
 use crate::publish::PublishHook;
 use crate::snapshot::address::Refusal;
 use crate::snapshot::sni::Reason;
@@ -81,6 +82,13 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RateLimitedLabels {
+    pub namespace: Arc<str>,
+    pub ingress: Arc<str>,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -104,6 +112,7 @@ pub struct ProxyMetrics {
     upstream_address_refused: Family<ReasonLabels, Counter>,
     upstream_errors: Family<KindLabels, Counter>,
     auth_requests: Family<AuthLabels, Counter>,
+    rate_limited: Family<RateLimitedLabels, Counter>,
     pub passthrough: PassthroughMetrics,
     routes: RouteStatsTable,
     unrouted: OnceLock<RouteStats>,
@@ -186,6 +195,12 @@ impl ProxyMetrics {
             "Authentication decisions on routes with basic or external auth, by kind (basic, external) and result (allowed, cached, denied, forbidden, error)",
             auth_requests.clone(),
         );
+        let rate_limited = Family::<RateLimitedLabels, Counter>::default();
+        registry.register(
+            "rate_limited",
+            "Requests refused by limit-rps, limit-rpm or limit-connections, by Ingress and reason (rps, rpm, connections, overflow: the zone is full of active clients)",
+            rate_limited.clone(),
+        );
         let sni_gate = Family::<ReasonLabels, Counter>::default();
         registry.register_collector(Box::new(SniGateTotals::new(sni_gate.clone(), gate)));
         let passthrough = PassthroughMetrics::register(registry);
@@ -201,6 +216,7 @@ impl ProxyMetrics {
             upstream_address_refused,
             upstream_errors,
             auth_requests,
+            rate_limited,
             passthrough,
             unrouted: OnceLock::new(),
             compat,
@@ -272,6 +288,17 @@ impl ProxyMetrics {
     pub fn count_auth(&self, kind: &'static str, result: &'static str) {
         self.auth_requests
             .get_or_create(&AuthLabels { kind, result })
+            .inc();
+    }
+
+    /// Counts a request refused by the route's rate limits.
+    pub fn count_rate_limited(&self, route: &RouteLabels, limited: Limited) {
+        self.rate_limited
+            .get_or_create(&RateLimitedLabels {
+                namespace: route.namespace.clone(),
+                ingress: route.ingress.clone(),
+                reason: limited.as_str(),
+            })
             .inc();
     }
 

@@ -12,12 +12,14 @@
 //! ```
 //!
 //! The authentication itself may wait (bcrypt, an auth service), so it runs after the
-//! synchronous phases, in `auth.rs`. Rate limits read their policy here as they arrive.
+//! synchronous phases, in `auth.rs`. Then the rate limits ([`rate_limit`]: 503 by default, as
+//! `limit_req_status` and `limit_conn_status`).
 
 use http::StatusCode;
 
 use super::Decision;
 use super::identity::ConnInfo;
+use crate::proxy::rate_limit::{ConnectionGuard, Limited, RateLimiters};
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::annotations::auth::Satisfy;
 use crate::snapshot::policy::AccessPolicy;
@@ -34,6 +36,22 @@ pub(crate) enum Verdict {
     Stop(Decision),
     /// It may go on once it has authenticated (`auth.rs`).
     Authenticate,
+}
+
+/// `limit-rps`, `limit-rpm`, `limit-connections`, after the checks above: `Err` when the client
+/// is over a limit (answered with the limit's status); the guard counts the request toward
+/// `limit-connections` until it is dropped.
+pub(crate) fn rate_limit(
+    policy: &AccessPolicy,
+    conn: &ConnInfo,
+    limiters: &RateLimiters,
+) -> Result<Option<ConnectionGuard>, Limited> {
+    let Some(limit) = &policy.rate_limit else {
+        return Ok(None);
+    };
+    limiters.admit(limit, conn.peer.ip()).inspect_err(|limited| {
+        tracing::debug!(client = %conn.peer.ip(), zone = %limit.zone, reason = limited.as_str(), "rate limited");
+    })
 }
 
 pub(crate) fn check(policy: &AccessPolicy, conn: &ConnInfo) -> Verdict {
@@ -146,6 +164,7 @@ mod tests {
             let policy = AccessPolicy {
                 refused: None,
                 sources: sources.clone(),
+                rate_limit: None,
                 auth: AuthPolicy {
                     basic: if auth { basic.clone() } else { None },
                     external: None,

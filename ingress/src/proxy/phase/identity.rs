@@ -4,7 +4,8 @@
 //! headers are trusted (`use-forwarded-headers`): the client address their chain names, walked
 //! from that peer past trusted hops only (`snapshot::global::ForwardedPolicy::client`), and
 //! the scheme, host and port they name. Every later phase (access, the forwarding headers,
-//! the access log) reads the client from here.
+//! the access log) reads the client from here. On TLS, the client certificate its handshake
+//! presented and what verifying it found (`auth-tls-*`) are part of who it is.
 //!
 //! ```text
 //!   accept ── PROXY header? ──> ConnInfo (per connection)
@@ -12,11 +13,14 @@
 //! ```
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 use ingress_wire::request::ClientFacts;
 
 use super::RequestHeaders;
+use crate::snapshot::annotations::snippet::RequestEdits;
+use crate::snapshot::client_auth::{ClientAuth, PresentedCert, Verification};
 use crate::snapshot::global::ForwardedPolicy;
 
 /// What the proxy knows about one client connection.
@@ -31,6 +35,9 @@ pub struct ConnInfo {
     pub client: ClientSide,
     /// TLS negotiated HTTP/2 by ALPN.
     pub h2: bool,
+    /// The client-certificate rules its SNI chose, and what verifying its certificate found
+    /// (`None`: its host asks for none).
+    pub client_cert: Option<Arc<ClientCert>>,
 }
 
 impl ConnInfo {
@@ -42,6 +49,7 @@ impl ConnInfo {
             sni: None,
             client: ClientSide::new(peer.ip(), https, local_port),
             h2: false,
+            client_cert: None,
         }
     }
 }
@@ -305,6 +313,53 @@ mod tests {
                 )
             });
             assert_eq!(got, want, "{peer} {pairs:?}");
+        }
+    }
+}
+
+pub static SSL_CLIENT_CERT: HeaderName = HeaderName::from_static("ssl-client-cert");
+pub static SSL_CLIENT_VERIFY: HeaderName = HeaderName::from_static("ssl-client-verify");
+pub static SSL_CLIENT_SUBJECT_DN: HeaderName = HeaderName::from_static("ssl-client-subject-dn");
+pub static SSL_CLIENT_ISSUER_DN: HeaderName = HeaderName::from_static("ssl-client-issuer-dn");
+
+/// A TLS connection's client certificate, judged once after its handshake.
+#[derive(Debug)]
+pub struct ClientCert {
+    /// The rules its SNI chose.
+    pub auth: Arc<ClientAuth>,
+    pub verification: Verification,
+    pub presented: PresentedCert,
+    /// The `ssl-client-*` headers for its requests, made once.
+    pub headers: Arc<RequestEdits>,
+}
+
+impl ClientCert {
+    pub fn new(
+        auth: Arc<ClientAuth>,
+        verification: Verification,
+        presented: PresentedCert,
+    ) -> Self {
+        let value = |s: &str| {
+            (!s.is_empty())
+                .then(|| HeaderValue::from_str(s).ok())
+                .flatten()
+        };
+        let mut set = vec![
+            (
+                SSL_CLIENT_VERIFY.clone(),
+                value(&verification.header_value()),
+            ),
+            (SSL_CLIENT_SUBJECT_DN.clone(), value(&presented.subject_dn)),
+            (SSL_CLIENT_ISSUER_DN.clone(), value(&presented.issuer_dn)),
+        ];
+        if auth.pass_certificate {
+            set.push((SSL_CLIENT_CERT.clone(), value(&presented.escaped_pem)));
+        }
+        Self {
+            auth,
+            verification,
+            presented,
+            headers: Arc::new(RequestEdits { set }),
         }
     }
 }

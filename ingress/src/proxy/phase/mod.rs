@@ -6,12 +6,16 @@
 //!   identity  (identity.rs)  who the client is: the peer, and the forwarding values made from it
 //!   ── per request, on the snapshot current when it arrives ──
 //!   (the target is validated and normalised first: a request that cannot be read gets 400)
-//!   tls       (tls.rs)       a host the connection's certificate was not chosen for → 421
+//!   tls       (tls.rs)       a host the connection's certificate was not chosen for → 421;
+//!                            auth-tls: a connection set up for other client-certificate rules
+//!                            → 421, a missing or bad certificate → 400 (or 302 to the error
+//!                            page), match-cn → 403; plain HTTP → only a redirect to HTTPS
 //!   route     (route.rs)     host + normalised path → route; none → 404; an encoded slash that
 //!                            would route elsewhere once decoded → 400
 //!   access    (access.rs)    the route's access policy: a refused Ingress → 503; a client
-//!                            outside its source ranges → 403 (with `satisfy`); whether it
-//!                            must authenticate
+//!                            outside its source ranges → 403 (with `satisfy`); over its rate
+//!                            limits → 503 (the buckets: proxy::rate_limit); whether it must
+//!                            authenticate
 //!   cors      (cors.rs)      enable-cors: OPTIONS from an allowed origin → 204; headers to set
 //!   redirect  (redirect.rs)  before routing, the host's: from-to-www → 308, app-root → 302;
 //!                            the route's: permanent-/temporal-redirect → their code; plain
@@ -54,11 +58,13 @@ use std::time::Duration;
 use http::{StatusCode, Version};
 use ingress_wire::target::{self, Target};
 
-use super::Proxy;
 use super::access_log::{Logged, Meter};
 use super::connect::Transport;
 use super::pool::PoolKey;
+use super::rate_limit::ConnectionGuard;
 use super::upstream::UpstreamError;
+use super::{Proxy, rate_limit};
+use crate::snapshot::annotations::rate_limit::Bandwidth;
 use crate::snapshot::annotations::snippet::{RequestEdits, ResponseEdits};
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 use crate::snapshot::backend::InFlight;
@@ -232,6 +238,11 @@ pub(crate) struct Forward {
     pub(crate) underscores: bool,
     /// What authentication changes: request headers sent upstream, cookies for the client.
     pub(crate) auth: Option<auth::Granted>,
+    /// `limit-connections`: this request counts against its client until this is dropped,
+    /// with the response sent.
+    pub(crate) limit_guard: Option<ConnectionGuard>,
+    /// `limit-rate`: the pace the response is sent at.
+    pub(crate) bandwidth: Option<Bandwidth>,
 }
 
 /// A request after the phases: its normalised target (when it could be read), its route (when
@@ -349,6 +360,33 @@ impl Proxy {
         if let Err(refusal) = tls::check(&snapshot.tls, conn, host, self.settings.no_sni_requests) {
             return refused(refusal, Some(target));
         }
+        // Client certificates: decided on HTTPS before anything else of the host; a plain HTTP
+        // request to such a host is only ever redirected to HTTPS (below).
+        let vhost_policy = snapshot.host(host).map(|vhost| &vhost.policy);
+        if let Some(reason) = vhost_policy
+            .filter(|p| p.client_auth.is_none())
+            .and_then(|p| p.client_auth_error.as_ref())
+        {
+            return (
+                Some(target),
+                None,
+                Decision::Fail(UpstreamError::Refused(reason.clone())),
+                None,
+            );
+        }
+        let client_auth = vhost_policy.and_then(|p| p.client_auth.as_ref());
+        let mut cert_headers = None;
+        if let Some(auth) = client_auth
+            && conn.https
+        {
+            match tls::client_certificate(auth, conn) {
+                Ok(headers) => cert_headers = headers,
+                Err(refusal) => {
+                    return (Some(target), None, refusal.decision(), None);
+                }
+            }
+        }
+        let plain_to_protected = client_auth.is_some() && !conn.https;
         if let Some(decision) = snapshot
             .host(host)
             .and_then(|vhost| redirect::host(&vhost.policy, conn, authority, raw_target, &target))
@@ -373,13 +411,36 @@ impl Proxy {
             access::Verdict::Stop(decision) => (Some(decision), false),
             access::Verdict::Authenticate => (None, true),
         };
+        // Rate limits count every request the ranges let through, before authentication (as
+        // nginx's limit_req runs before its access phase's auth).
+        let mut limit_guard = None;
         let decision = access
+            .or_else(|| {
+                match access::rate_limit(&route.policy.access, conn, &self.rate_limits) {
+                    Ok(guard) => {
+                        limit_guard = guard;
+                        None
+                    }
+                    Err(limited) => {
+                        self.metrics.count_rate_limited(&route.labels, limited);
+                        let status = match limited {
+                            rate_limit::Limited::Connections => self.settings.limit_conn_status,
+                            _ => self.settings.limit_req_status,
+                        };
+                        Some(Decision::Respond(status))
+                    }
+                }
+            })
             .or_else(|| match &cors {
                 cors::Verdict::Preflight(set) => Some(Decision::Preflight(set.clone())),
                 _ => None,
             })
             .or_else(|| redirect::check(&route.policy.redirect, conn, host, raw_target, self))
             .unwrap_or_else(|| {
+                if plain_to_protected {
+                    tracing::debug!(peer = %conn.peer, "plain HTTP request to a host that requires a client certificate");
+                    return Decision::Respond(StatusCode::BAD_REQUEST);
+                }
                 if let Some(limit) = route.policy.upstream.max_body
                     && body_len.is_some_and(|n| n > limit)
                 {
@@ -422,9 +483,19 @@ impl Proxy {
                 let canary = !Arc::ptr_eq(backend, &route.backend);
                 if let Decision::Forward(forward) = &mut decision {
                     forward.canary = canary;
+                    forward.limit_guard = limit_guard;
                     forward.response_headers = response::edits(&route.policy.response);
                     forward.response_rewrite = response::rewrites(&route.policy.response);
                     forward.underscores = snapshot.global.underscores;
+                    if let Some(cert) = cert_headers {
+                        forward.request_headers = Some(match forward.request_headers.take() {
+                            None => cert,
+                            // The route's own edits, then the certificate's, which win.
+                            Some(route_edits) => Arc::new(RequestEdits {
+                                set: route_edits.set.iter().chain(&cert.set).cloned().collect(),
+                            }),
+                        });
+                    }
                 }
                 decision
             });

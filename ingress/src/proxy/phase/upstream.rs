@@ -94,6 +94,8 @@ pub(crate) fn forward(
         canary: false,
         underscores: false,
         auth: None,
+        limit_guard: None,
+        bandwidth: route.policy.response.bandwidth,
     })
 }
 

@@ -9,7 +9,9 @@
 //!                          checked it) or deferred by the kernel → read the first record and
 //!                          decide as userspace mode does, on the bytes TCP delivered
 //!   then:  drop: RST at once, nothing answered
-//!          pass: rustls handshake over (recorded bytes + socket) → HTTP
+//!          pass: rustls handshake over (recorded bytes + socket) → HTTP; the ClientHello's
+//!                name picks the server configuration: a host with auth-tls-secret asks
+//!                for a client certificate, verified once the handshake is done
 //!          passthrough: the recorded bytes and the socket go to the backend untouched
 //!                       (`crate::proxy::passthrough`; spliced in the kernel in eBPF mode)
 //! ```
@@ -23,7 +25,6 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use crate::client_hello::{self, Peek};
@@ -32,12 +33,16 @@ use crate::proxy::ConnInfo;
 use crate::proxy::listener::Handshake;
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::passthrough::{Passthrough, PassthroughSettings};
+use crate::proxy::phase::identity::ClientCert;
 use crate::proxy::rewind::Rewind;
+use crate::proxy::tls::resolver::ServerConfigs;
 use crate::publish::Published;
+use crate::snapshot::client_auth::{ClientAuth, PresentedCert, Verification};
 use crate::snapshot::sni::{self, Action, Reason};
 
 pub struct TlsHandshake {
-    pub acceptor: TlsAcceptor,
+    /// The server configuration per handshake (with or without a client certificate request).
+    pub configs: Arc<ServerConfigs>,
     pub published: Arc<Published>,
     /// How long a client may take to send its ClientHello and finish the handshake.
     pub handshake_timeout: Duration,
@@ -137,8 +142,8 @@ impl Handshake for TlsHandshake {
         conn.sni = sni;
         let recorded = Rewind::new(bytes.into(), stream);
         let result = |r: &'static str| crate::proxy::metrics::ResultLabels { result: r };
-        match tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(recorded)).await {
-            Ok(Ok(tls)) => {
+        match tokio::time::timeout(self.handshake_timeout, self.accept(recorded)).await {
+            Ok(Ok((tls, client_auth))) => {
                 self.metrics
                     .tls_handshakes
                     .get_or_create(&result("ok"))
@@ -149,6 +154,18 @@ impl Handshake for TlsHandshake {
                     conn.sni = session.server_name().map(str::to_ascii_lowercase);
                 }
                 conn.h2 = session.alpn_protocol() == Some(b"h2");
+                if let Some(auth) = client_auth {
+                    let chain = session.peer_certificates().unwrap_or_default();
+                    let verification = if auth.requests_certificate() {
+                        auth.verify(chain, rustls_pki_types::UnixTime::now())
+                    } else {
+                        Verification::None
+                    };
+                    let presented = chain.first().map(PresentedCert::of).unwrap_or_default();
+                    tracing::debug!(peer = %conn.peer, verify = %verification.header_value(), subject = %presented.subject_dn, "client certificate");
+                    conn.client_cert =
+                        Some(Arc::new(ClientCert::new(auth, verification, presented)));
+                }
                 Some((tls, conn))
             }
             Ok(Err(err)) => {
@@ -171,6 +188,29 @@ impl Handshake for TlsHandshake {
 }
 
 impl TlsHandshake {
+    /// The rustls handshake, with the server configuration the ClientHello's name selects:
+    /// one that asks for a client certificate when that name's host has `auth-tls-secret`
+    /// (with the rules it was chosen by), the plain one otherwise.
+    async fn accept(
+        &self,
+        io: Rewind<TcpStream>,
+    ) -> std::io::Result<(TlsStream<Rewind<TcpStream>>, Option<Arc<ClientAuth>>)> {
+        let start =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await?;
+        let name = start
+            .client_hello()
+            .server_name()
+            .map(str::to_ascii_lowercase);
+        let client_auth = self
+            .published
+            .load()
+            .host(name.as_deref())
+            .and_then(|vhost| vhost.policy.client_auth.clone());
+        let config = self.configs.for_handshake(client_auth.as_deref());
+        let tls = start.into_stream(config).await?;
+        Ok((tls, client_auth))
+    }
+
     /// eBPF mode: the kernel has parsed the ClientHello already. Dropped connections are reset
     /// without a byte read; admitted ones hand over their first record, read exactly once.
     async fn kernel_first_record(

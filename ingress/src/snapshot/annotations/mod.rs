@@ -7,10 +7,12 @@
 
 pub mod affinity;
 pub mod auth;
+pub mod auth_tls;
 pub mod canary;
 pub mod cors;
 pub mod hash;
 pub mod htpasswd;
+pub mod rate_limit;
 pub mod registry;
 pub mod rewrite;
 pub mod snippet;
@@ -837,8 +839,9 @@ mod tests {
             (n("whitelist-source-range"), None),
             (n("auth-snippet"), Some((Category::AccessControl, true))),
             (o("auth-snippet"), Some((Category::AccessControl, true))),
-            (n("auth-tls-secret"), Some((Category::AccessControl, true))),
-            (n("limit-rps"), Some((Category::AccessControl, true))),
+            (n("auth-tls-secret"), None),
+            (n("limit-rps"), None),
+            (n("limit-rate"), None),
             (n("auth-brand-new"), Some((Category::AccessControl, false))),
             (n("no-such-thing"), Some((Category::Unknown, false))),
             (o("typo-redirect"), Some((Category::Unknown, false))),

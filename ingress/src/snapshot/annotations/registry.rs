@@ -164,12 +164,12 @@ pub const ANNOTATIONS: &[Annotation] = &[
     yes("auth-signin", AccessControl),
     yes("auth-signin-redirect-param", AccessControl),
     no("auth-snippet", AccessControl),
-    no("auth-tls-error-page", AccessControl),
-    no("auth-tls-match-cn", AccessControl),
-    no("auth-tls-pass-certificate-to-upstream", AccessControl),
-    no("auth-tls-secret", AccessControl),
-    no("auth-tls-verify-client", AccessControl),
-    no("auth-tls-verify-depth", AccessControl),
+    yes("auth-tls-error-page", AccessControl),
+    yes("auth-tls-match-cn", AccessControl),
+    yes("auth-tls-pass-certificate-to-upstream", AccessControl),
+    yes("auth-tls-secret", AccessControl),
+    yes("auth-tls-verify-client", AccessControl),
+    yes("auth-tls-verify-depth", AccessControl),
     yes("auth-type", AccessControl),
     yes("auth-url", AccessControl),
     yes("backend-protocol", Upstream),
@@ -210,14 +210,14 @@ pub const ANNOTATIONS: &[Annotation] = &[
     no("global-rate-limit-key", AccessControl),
     no("global-rate-limit-window", AccessControl),
     no("http2-push-preload", Response),
-    no("limit-allowlist", AccessControl),
-    no("limit-burst-multiplier", AccessControl),
-    no("limit-connections", AccessControl),
-    no("limit-rate", AccessControl),
-    no("limit-rate-after", AccessControl),
-    no("limit-rpm", AccessControl),
-    no("limit-rps", AccessControl),
-    no("limit-whitelist", AccessControl),
+    yes("limit-allowlist", AccessControl),
+    yes("limit-burst-multiplier", AccessControl),
+    yes("limit-connections", AccessControl),
+    yes("limit-rate", AccessControl),
+    yes("limit-rate-after", AccessControl),
+    yes("limit-rpm", AccessControl),
+    yes("limit-rps", AccessControl),
+    yes("limit-whitelist", AccessControl),
     yes("load-balance", Upstream),
     no("mirror-host", Upstream),
     no("mirror-request-body", Upstream),
@@ -387,17 +387,23 @@ mod tests {
             let entry = lookup(name).unwrap_or_else(|| panic!("{name} is in the table"));
             assert_eq!(entry.category, Category::AccessControl, "{name}");
             let supported = name.ends_with("-source-range")
-                || [
-                    "auth-type",
-                    "auth-secret",
-                    "auth-secret-type",
-                    "auth-realm",
-                    "auth-url",
-                    "auth-signin",
-                    "auth-response-headers",
-                    "satisfy",
-                ]
-                .contains(&name);
+                || name.starts_with("auth-tls-")
+                || matches!(
+                    name,
+                    "auth-type"
+                        | "auth-secret"
+                        | "auth-secret-type"
+                        | "auth-realm"
+                        | "auth-url"
+                        | "auth-signin"
+                        | "auth-response-headers"
+                        | "satisfy"
+                        | "limit-rps"
+                        | "limit-rpm"
+                        | "limit-connections"
+                        | "limit-rate"
+                        | "limit-rate-after"
+                );
             assert_eq!(entry.status == Status::Supported, supported, "{name}");
         }
         // Every auth-*, limit-* and ModSecurity entry of the table is access control.
@@ -453,6 +459,12 @@ mod tests {
                 "auth-secret-type",
                 "auth-signin",
                 "auth-signin-redirect-param",
+                "auth-tls-error-page",
+                "auth-tls-match-cn",
+                "auth-tls-pass-certificate-to-upstream",
+                "auth-tls-secret",
+                "auth-tls-verify-client",
+                "auth-tls-verify-depth",
                 "auth-type",
                 "auth-url",
                 "backend-protocol",
@@ -475,6 +487,14 @@ mod tests {
                 "enable-cors",
                 "force-ssl-redirect",
                 "from-to-www-redirect",
+                "limit-allowlist",
+                "limit-burst-multiplier",
+                "limit-connections",
+                "limit-rate",
+                "limit-rate-after",
+                "limit-rpm",
+                "limit-rps",
+                "limit-whitelist",
                 "load-balance",
                 "permanent-redirect",
                 "permanent-redirect-code",
