@@ -25,6 +25,7 @@ use ingress_wire::header::usable_request_id;
 
 use crate::proxy::access_log::{Logged, Meter, UpstreamMeter};
 use crate::proxy::connect::Transport;
+use crate::proxy::phase::error_page::{self, ErrorRequest};
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response;
 use crate::proxy::phase::route::Refusal;
@@ -247,6 +248,34 @@ impl Proxy {
         if !matches!(decision, Decision::Forward(_)) {
             drain(req.body_mut()).await;
         }
+        // custom-http-errors (not for gRPC, whose errors are grpc-status): what the error
+        // backend is told, taken before the request is moved upstream; and which of the
+        // proxy's own answers may be replaced (its 404/413 and upstream failures, never a
+        // refusal, a redirect or authentication's answer).
+        let errors = error_page::plan(route.as_ref(), &global)
+            .filter(|_| !grpc)
+            .map(|plan| {
+                let client = client.as_deref().unwrap_or(conn);
+                ErrorRequest {
+                    plan,
+                    head: req.method() == Method::HEAD,
+                    original_uri: original.clone(),
+                    accept: req.headers().get(header::ACCEPT).cloned(),
+                    request_id: req
+                        .headers()
+                        .get(&forward::X_REQUEST_ID)
+                        .filter(|id| usable_request_id(id.as_bytes()))
+                        .map_or_else(
+                            || String::from_utf8_lossy(&forward::new_request_id()).into_owned(),
+                            |id| String::from_utf8_lossy(id.as_bytes()).into_owned(),
+                        ),
+                    host: Some(host.clone()),
+                    client: client.client.client_ip.clone(),
+                    connect: global.timeouts.connect,
+                    read: global.timeouts.read,
+                }
+            });
+        let pageable = matches!(decision, Decision::Respond(_) | Decision::Fail(_));
         let (response, outcome) = match decision {
             Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
             Decision::Redirect(code, location) => {
@@ -312,6 +341,24 @@ impl Proxy {
                 });
                 (response, outcome)
             }
+        };
+        // The upstream's own answer (intercepted unless disabled), or the proxy's own.
+        let own = pageable || outcome.error.is_some();
+        let upstream_answer = !own && outcome.upstream.is_some();
+        let code = response.status();
+        let response = match errors
+            .filter(|e| (own || upstream_answer) && e.plan.wants(code.as_u16(), !own))
+        {
+            // The upstream's response is dropped unread: hyper resets its stream (or closes
+            // its HTTP/1.1 connection), so none of it is passed on or pooled half-read.
+            Some(errors) => {
+                drop(response);
+                match error_page::fetch(&errors, code).await {
+                    Some(page) => respond::page(page),
+                    None => respond::status(code),
+                }
+            }
+            None => response,
         };
         (response, route, Some(host), outcome, client, global)
     }
