@@ -209,7 +209,7 @@ mod tests {
 
     fn backend(name: &str) -> Arc<Backend> {
         Arc::new(Backend {
-            service: ObjectKey::new("ns".into(), name.into()),
+            service: ObjectKey::new("ns", name),
             port: PortRef::Number(80),
             target: Target::Unavailable,
             next: Default::default(),
@@ -221,7 +221,7 @@ mod tests {
         let mut policy = RoutePolicy::default();
         policy.response.errors = errors.map(Arc::new);
         Arc::new(Route {
-            ingress: ObjectKey::new("ns".into(), "web".into()),
+            ingress: ObjectKey::new("ns", "web"),
             tls: false,
             backend: backend("app"),
             policy: Arc::new(policy),
@@ -247,6 +247,7 @@ mod tests {
             custom_http_errors: Arc::from([404]),
             ..GlobalSettings::default()
         };
+        let nothing = GlobalSettings::default();
         let own = |backend: Option<&Arc<Backend>>, intercept| ErrorPages {
             codes: Arc::from([418, 500]),
             backend: backend.cloned().map(Fallback),
@@ -256,7 +257,7 @@ mod tests {
         let cases: Vec<(Option<ErrorPages>, &GlobalSettings, Option<(&[u16], &str, bool)>)> = vec![
             (None, &with_global, Some((&[404, 503], "global", true))),
             (None, &list_only, None),
-            (None, &GlobalSettings::default(), None),
+            (None, &nothing, None),
             (Some(own(Some(&own_backend), true)), &with_global, Some((&[418, 500], "own", true))),
             (Some(own(None, true)), &with_global, Some((&[418, 500], "global", true))),
             (Some(own(None, true)), &list_only, None),
