@@ -1917,12 +1917,54 @@ spec:
     // (annotations, catch-all Ingress, --default-backend-service, want: the route's own list
     // and its backend ("" for the global one), the global backend, a warning)
     #[allow(clippy::type_complexity)]
-    let cases: Vec<(Vec<(&str, &str)>, bool, Option<&str>, Option<(&[u16], &str, bool)>, Option<&str>, bool)> = vec![
-        (vec![(&errors, "404,503")], false, None, Some((&[404, 503], "", true)), None, true),
-        (vec![(&errors, "404,503")], true, None, Some((&[404, 503], "", true)), Some("shop/fallback:80"), false),
-        (vec![(&errors, "404"), (&backend, "api")], false, None, Some((&[404], "shop/api:8080", true)), None, false),
-        (vec![(&errors, "404"), (&disable, "true")], false, Some("shop/web"), Some((&[404], "", false)), Some("shop/web:80"), false),
-        (vec![(&errors, "404,200")], true, None, None, Some("shop/fallback:80"), false),
+    let cases: Vec<(
+        Vec<(&str, &str)>,
+        bool,
+        Option<&str>,
+        Option<(&[u16], &str, bool)>,
+        Option<&str>,
+        bool,
+    )> = vec![
+        (
+            vec![(&errors, "404,503")],
+            false,
+            None,
+            Some((&[404, 503], "", true)),
+            None,
+            true,
+        ),
+        (
+            vec![(&errors, "404,503")],
+            true,
+            None,
+            Some((&[404, 503], "", true)),
+            Some("shop/fallback:80"),
+            false,
+        ),
+        (
+            vec![(&errors, "404"), (&backend, "api")],
+            false,
+            None,
+            Some((&[404], "shop/api:8080", true)),
+            None,
+            false,
+        ),
+        (
+            vec![(&errors, "404"), (&disable, "true")],
+            false,
+            Some("shop/web"),
+            Some((&[404], "", false)),
+            Some("shop/web:80"),
+            false,
+        ),
+        (
+            vec![(&errors, "404,200")],
+            true,
+            None,
+            None,
+            Some("shop/fallback:80"),
+            false,
+        ),
         (vec![], true, None, None, Some("shop/fallback:80"), false),
         (vec![], false, Some("shop/missing"), None, None, true),
     ];

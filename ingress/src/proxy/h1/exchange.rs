@@ -179,7 +179,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     refused: None,
                 };
                 // custom-http-errors: an upstream failure (502, 504) is the proxy's own answer.
-                if let Some(errors) = p.errors.as_deref().filter(|e| e.plan.wants(code.as_u16(), false)) {
+                if let Some(errors) = p
+                    .errors
+                    .as_deref()
+                    .filter(|e| e.plan.wants(code.as_u16(), false))
+                {
                     let (status, keep_open) = self.error_page(errors, code, ctx).await;
                     return (status, outcome, keep_open);
                 }

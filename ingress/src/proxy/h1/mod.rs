@@ -49,8 +49,8 @@ use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
 
 use super::access_log::{Logged, Meter};
-use super::phase::response as phase_response;
 use super::phase::error_page::{self, ErrorRequest};
+use super::phase::response as phase_response;
 use super::phase::route::Refusal;
 use super::phase::{Phased, RequestHeaders, RequestView};
 use super::settings::HttpSettings;
@@ -339,7 +339,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     .and_then(|v| http::HeaderValue::from_bytes(v).ok()),
                 request_id: String::from_utf8_lossy(id).into_owned(),
                 host: host.map(str::to_string),
-                client: client.as_deref().unwrap_or(self.conn).client.client_ip.clone(),
+                client: client
+                    .as_deref()
+                    .unwrap_or(self.conn)
+                    .client
+                    .client_ip
+                    .clone(),
                 connect: global.timeouts.connect,
                 read: global.timeouts.read,
             })

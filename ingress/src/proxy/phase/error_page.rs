@@ -149,7 +149,11 @@ pub(crate) async fn fetch(request: &ErrorRequest, code: StatusCode) -> Option<Pa
         });
         let response = sender.send_request(build(request, code)?).await.ok()?;
         let (parts, body) = response.into_parts();
-        let body = Limited::new(body, MAX_PAGE).collect().await.ok()?.to_bytes();
+        let body = Limited::new(body, MAX_PAGE)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
         drop(sender);
         driver.abort();
         Some(Page {
@@ -254,17 +258,37 @@ mod tests {
             intercept,
         };
         // (route's own list, global, want: (codes, backend, intercept) or nothing)
-        let cases: Vec<(Option<ErrorPages>, &GlobalSettings, Option<(&[u16], &str, bool)>)> = vec![
+        let cases: Vec<(
+            Option<ErrorPages>,
+            &GlobalSettings,
+            Option<(&[u16], &str, bool)>,
+        )> = vec![
             (None, &with_global, Some((&[404, 503], "global", true))),
             (None, &list_only, None),
             (None, &nothing, None),
-            (Some(own(Some(&own_backend), true)), &with_global, Some((&[418, 500], "own", true))),
-            (Some(own(None, true)), &with_global, Some((&[418, 500], "global", true))),
+            (
+                Some(own(Some(&own_backend), true)),
+                &with_global,
+                Some((&[418, 500], "own", true)),
+            ),
+            (
+                Some(own(None, true)),
+                &with_global,
+                Some((&[418, 500], "global", true)),
+            ),
             (Some(own(None, true)), &list_only, None),
-            (Some(own(Some(&own_backend), false)), &list_only, Some((&[418, 500], "own", false))),
+            (
+                Some(own(Some(&own_backend), false)),
+                &list_only,
+                Some((&[418, 500], "own", false)),
+            ),
             // An empty annotation overrides the ConfigMap's list: nothing is replaced.
             (
-                Some(ErrorPages { codes: Arc::from([]), backend: None, intercept: true }),
+                Some(ErrorPages {
+                    codes: Arc::from([]),
+                    backend: None,
+                    intercept: true,
+                }),
                 &with_global,
                 None,
             ),
@@ -281,7 +305,12 @@ mod tests {
         assert_eq!(&*unrouted.ingress, "");
         let routed = plan(Some(&route(None)), &with_global).expect("global list");
         assert_eq!(
-            (&*routed.namespace, &*routed.ingress, &*routed.service, &*routed.port),
+            (
+                &*routed.namespace,
+                &*routed.ingress,
+                &*routed.service,
+                &*routed.port
+            ),
             ("ns", "web", "app", "80")
         );
     }

@@ -439,7 +439,12 @@ fn custom_http_errors_and_intercept() {
             true,
             0,
         ),
-        (&[("disable-proxy-intercept-errors", "maybe")], &[], false, 1),
+        (
+            &[("disable-proxy-intercept-errors", "maybe")],
+            &[],
+            false,
+            1,
+        ),
     ];
     for (data, codes, disabled, problems) in cases {
         let (out, diagnostics) = resolved(data);
