@@ -11,6 +11,7 @@
 use ingress_tests::curl::{self, Reply, VERSIONS};
 use ingress_tests::manifests::{annotated_ingress, service, service_at};
 use ingress_tests::process::Ingress;
+use ingress_tests::raw::RawConn;
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
@@ -293,4 +294,63 @@ fn the_spec_default_backend_serves_pages_without_the_flag() {
             "{version}"
         );
     }
+}
+
+/// Exact bytes on one HTTP/1.1 connection: the replaced response leaves nothing of the
+/// upstream's own behind, a POST's page is asked with GET, HEAD gets a head only, and the
+/// connection carries the next request.
+#[test]
+fn one_connection_keeps_working_after_pages() {
+    let web = Backend::start("web");
+    let errors = Backend::start("errors");
+    let dir = Scratch::new("custom-errors-raw");
+    let manifests = [
+        service("t", "web", &[&web]),
+        service("t", "errors", &[&errors]),
+        annotated_ingress(
+            "t",
+            "pages",
+            1,
+            &[
+                ("custom-http-errors", "404,503"),
+                ("default-backend", "errors"),
+            ],
+            &[("pages.test", "/", "Prefix", "web")],
+        ),
+    ]
+    .concat();
+    dir.write("all.yaml", &manifests);
+    let ingress = Ingress::start(dir.path());
+    let mut conn = RawConn::connect(ingress.http);
+    let page = conn.exchange(b"GET /a?status=404 HTTP/1.1\r\nHost: pages.test\r\n\r\n");
+    assert_eq!(page.status, 404);
+    let echo = page.echo();
+    assert_eq!(
+        (
+            echo.backend.as_str(),
+            echo.method.as_str(),
+            echo.uri.as_str()
+        ),
+        ("errors", "GET", "/")
+    );
+    let page = conn.exchange(
+        b"POST /p?status=503 HTTP/1.1\r\nHost: pages.test\r\nContent-Length: 5\r\n\r\nhello",
+    );
+    assert_eq!(page.status, 503);
+    let echo = page.echo();
+    assert_eq!(
+        (echo.backend.as_str(), echo.method.as_str(), echo.body_len),
+        ("errors", "GET", 0)
+    );
+    assert_eq!(
+        echo.headers.get("x-original-uri").map(String::as_str),
+        Some("/p?status=503")
+    );
+    conn.send(b"HEAD /h?status=404 HTTP/1.1\r\nHost: pages.test\r\n\r\n");
+    let head = conn.reply_to_head();
+    assert_eq!(head.status, 404);
+    assert!(head.body.is_empty(), "{head:?}");
+    let ok = conn.exchange(b"GET /b HTTP/1.1\r\nHost: pages.test\r\n\r\n");
+    assert_eq!((ok.status, ok.echo().backend.as_str()), (200, "web"));
+    assert_eq!(ok.echo().uri, "/b");
 }
