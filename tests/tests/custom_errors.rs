@@ -250,6 +250,12 @@ fn the_configmaps_list_applies_where_an_ingress_has_none() {
         let (_, headers) = page_request(&reply).expect("the page");
         assert_eq!(headers.get("x-code").map(String::as_str), Some("404"));
         assert_eq!(headers.get("x-ingress-name").map(String::as_str), Some(""));
+        // The client sent none: the proxy's own (the one the access log and an upstream get).
+        assert_eq!(
+            headers.get("x-request-id").map(String::len),
+            Some(32),
+            "{headers:?}"
+        );
         assert_eq!(
             headers.get("x-original-uri").map(String::as_str),
             Some("/nowhere")

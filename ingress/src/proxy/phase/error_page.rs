@@ -118,6 +118,11 @@ pub(crate) struct ErrorRequest {
     pub(crate) read: Duration,
 }
 
+/// Marks a response that is an error page replacing the upstream's (HTTP/2 path): the
+/// response phase's edits of the upstream's headers do not apply to it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Replaced;
+
 /// The error backend's answer.
 #[derive(Debug)]
 pub(crate) struct Page {
