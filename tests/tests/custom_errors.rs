@@ -360,3 +360,47 @@ fn one_connection_keeps_working_after_pages() {
     assert_eq!((ok.status, ok.echo().backend.as_str()), (200, "web"));
     assert_eq!(ok.echo().uri, "/b");
 }
+
+/// A list with no error backend anywhere is a warning `ingress check` shows, and the migration
+/// report does not call it applied; the upstream's answers then pass through.
+#[test]
+fn without_an_error_backend_the_list_is_reported_and_has_no_effect() {
+    let web = Backend::start("web");
+    let dir = Scratch::new("custom-errors-none");
+    let manifests = [
+        service("t", "web", &[&web]),
+        annotated_ingress(
+            "t",
+            "app",
+            1,
+            &[("custom-http-errors", "404")],
+            &[("app.test", "/", "Prefix", "web")],
+        ),
+    ]
+    .concat();
+    dir.write("all.yaml", &manifests);
+    let check = std::process::Command::new(ingress_tests::process::binary())
+        .args(["check", "--manifests"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    let warning = text
+        .lines()
+        .find(|l| l.starts_with("warning") && l.contains("no error backend"))
+        .unwrap_or_else(|| panic!("no warning in\n{text}"));
+    assert!(warning.contains("Ingress t/app"), "{warning}");
+    assert!(
+        !text.contains("applied  nginx.ingress.kubernetes.io/custom-http-errors"),
+        "{text}"
+    );
+    let ingress = Ingress::start(dir.path());
+    for version in VERSIONS {
+        let reply = curl::get(&ingress, "app.test", "/x?status=404", version, &[]);
+        assert_eq!(
+            (reply.status, reply.backend()),
+            (404, "web".to_string()),
+            "{version}"
+        );
+    }
+}

@@ -518,7 +518,7 @@ struct Builder<'s> {
     default_backend: Option<Arc<Route>>,
     /// Ingresses with `custom-http-errors` and no `default-backend` of their own: they need
     /// the global default backend.
-    errors_without_backend: Vec<Subject>,
+    errors_without_backend: Vec<(Subject, String)>,
 }
 
 #[derive(Default)]
@@ -610,7 +610,19 @@ impl Builder<'_> {
             .as_ref()
             .and_then(|name| self.fallback(&subject, key, name));
         if options.custom_http_errors.is_some() && fallback.is_none() {
-            self.errors_without_backend.push(subject.clone());
+            // Named as written, so the migration report finds it (this project's prefix wins).
+            let own = format!("{}custom-http-errors", annotations::PREFIX);
+            let written = ingress
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&own));
+            let key = if written {
+                own
+            } else {
+                format!("{}custom-http-errors", annotations::NGINX_PREFIX)
+            };
+            self.errors_without_backend.push((subject.clone(), key));
         }
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
@@ -1017,19 +1029,19 @@ impl Builder<'_> {
             None => self.default_backend.as_ref().map(|r| r.backend.clone()),
         };
         if backend.is_none() {
-            let message = "custom-http-errors: there is no error backend (no default-backend annotation, no --default-backend-service, no Ingress with only a spec.defaultBackend); the error responses are passed on as they are";
-            for subject in std::mem::take(&mut self.errors_without_backend) {
+            let why = "there is no error backend (no default-backend annotation, no --default-backend-service, no Ingress with only a spec.defaultBackend); the error responses are passed on as they are";
+            for (subject, key) in std::mem::take(&mut self.errors_without_backend) {
                 self.diagnostics.push(Diagnostic::warning(
                     DiagnosticKind::InvalidAnnotation,
                     subject,
-                    message,
+                    format!("{key}: {why}"),
                 ));
             }
             if let Some(key) = config_map.filter(|_| !global.custom_http_errors.is_empty()) {
                 self.diagnostics.push(Diagnostic::warning(
                     DiagnosticKind::InvalidConfigValue,
                     Subject::object(Kind::ConfigMap, key),
-                    message,
+                    format!("custom-http-errors: {why}"),
                 ));
             }
         }
