@@ -56,27 +56,24 @@ pub(crate) struct ErrorPlan {
 
 /// The error pages for a request on `route` (`None`: no route took it) under `global`.
 pub(crate) fn plan(route: Option<&Arc<Route>>, global: &GlobalSettings) -> Option<ErrorPlan> {
+    // Run for every request: nothing is cloned until a list with an error backend applies.
     let own = route.and_then(|r| r.policy.response.errors.as_deref());
     let (codes, backend, intercept) = match own {
         Some(pages) => (
-            pages.codes.clone(),
-            pages
-                .backend
-                .as_ref()
-                .or(global.error_backend.as_ref())?
-                .0
-                .clone(),
+            &pages.codes,
+            pages.backend.as_ref().or(global.error_backend.as_ref())?,
             pages.intercept,
         ),
         None => (
-            global.custom_http_errors.clone(),
-            global.error_backend.as_ref()?.0.clone(),
+            &global.custom_http_errors,
+            global.error_backend.as_ref()?,
             !global.disable_intercept,
         ),
     };
     if codes.is_empty() {
         return None;
     }
+    let (codes, backend) = (codes.clone(), backend.0.clone());
     let empty = || Arc::<str>::from("");
     Some(ErrorPlan {
         codes,
