@@ -424,6 +424,13 @@ pub struct PolicyArgs {
     /// ingress-nginx's default, 1m.
     #[arg(long, env = "INGRESS_PROXY_BODY_SIZE", default_value = "1m", value_parser = body_size, value_name = "SIZE")]
     pub proxy_body_size: u64,
+    /// The global default backend (NAMESPACE/NAME, its first port), as ingress-nginx's flag of
+    /// the same name: it serves the pages of `custom-http-errors` (the ConfigMap's list, and
+    /// an Ingress's list without a `default-backend` annotation). Without it, the backend of
+    /// the Ingress that has only a `spec.defaultBackend` serves them. Unmatched hosts still go
+    /// to that Ingress's backend (or 404).
+    #[arg(long, env = "INGRESS_DEFAULT_BACKEND_SERVICE", value_parser = namespaced_name, value_name = "NAMESPACE/NAME")]
+    pub default_backend_service: Option<ObjectKey>,
     /// Read the header actions of `server-snippet` and `configuration-snippet` annotations
     /// (literal add_header, more_set_headers, more_clear_headers, proxy_set_header; nothing
     /// else, and no snippet is ever executed). Off by default, as ingress-nginx's
@@ -747,6 +754,7 @@ impl PolicyArgs {
             max_body: Some(self.proxy_body_size).filter(|n| *n > 0),
             hsts: tls.hsts(),
             allow_snippets: self.allow_snippet_annotations,
+            default_backend_service: self.default_backend_service.clone(),
             sources: crate::snapshot::sources::SourcePolicy {
                 allow: self.whitelist_source_range.clone(),
                 deny: self

@@ -5,6 +5,8 @@
 //! - any request: 200 with a JSON body `{backend, method, uri, headers, body_len}`;
 //! - query `delay_ms=N`: wait N ms before answering;
 //! - query `status=N`: answer with status N;
+//! - otherwise a request header `X-Code: N` (what ingress-nginx sends its error backend): answer
+//!   with status N, as ingress-nginx's custom error pages backend does;
 //! - query `header=NAME:VALUE`: add that response header;
 //! - `Upgrade` request: 101, then echo every byte back on the upgraded connection.
 
@@ -160,6 +162,12 @@ pub async fn handle(
         served.fetch_add(1, Ordering::Relaxed);
         return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; size]))));
     }
+    let x_code = req
+        .headers()
+        .get("x-code")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u16>().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok());
     let method = req.method().to_string();
     let uri = req.uri().to_string();
     let headers = req
@@ -194,6 +202,8 @@ pub async fn handle(
         .and_then(|s| s.parse::<u16>().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
     {
+        *response.status_mut() = status;
+    } else if let Some(status) = x_code {
         *response.status_mut() = status;
     }
     response.headers_mut().insert(

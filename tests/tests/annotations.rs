@@ -49,7 +49,7 @@ metadata:
   name: styled
   namespace: t
   annotations:
-    nginx.ingress.kubernetes.io/custom-http-errors: "404,503"
+    nginx.ingress.kubernetes.io/enable-access-log: "false"
 spec:
   ingressClassName: ingress
   rules:
@@ -144,7 +144,7 @@ async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress(
     }
     let warning = text
         .lines()
-        .find(|l| l.starts_with("warning") && l.contains("custom-http-errors"))
+        .find(|l| l.starts_with("warning") && l.contains("enable-access-log"))
         .unwrap_or_else(|| panic!("no warning line in\n{text}"));
     assert!(warning.contains("Ingress t/styled"), "{warning}");
     let row = text

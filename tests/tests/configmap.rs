@@ -84,7 +84,7 @@ fn configmap_keys_apply_live_and_annotations_override_them() {
         &config_map(&[
             ("proxy-body-size", "8k"),
             ("hsts", "false"),
-            ("custom-http-errors", "404,503"),
+            ("load-balance", "ewma"),
         ]),
     );
     let ca_file = dir.write("ca.pem", &ca.pem);
@@ -157,7 +157,7 @@ fn configmap_keys_apply_live_and_annotations_override_them() {
     let report = String::from_utf8_lossy(&check.stdout);
     assert!(
         report.contains("ConfigMap t/ingress-config")
-            && report.contains("custom-http-errors: ignored, not supported"),
+            && report.contains("load-balance: ignored, not supported"),
         "{report}"
     );
 

@@ -18,6 +18,18 @@ pub fn status(code: StatusCode) -> Response<ProxyBody> {
     response
 }
 
+/// The error backend's page (`custom-http-errors`): its status, `Content-Type` and body.
+pub(crate) fn page(page: crate::proxy::phase::error_page::Page) -> Response<ProxyBody> {
+    let mut response = Response::new(Either::Right(Either::Right(Full::new(page.body))));
+    *response.status_mut() = page.status;
+    if let Some(content_type) = page.content_type {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
+    }
+    response
+}
+
 /// The body of a response the proxy makes itself: the code and its reason.
 pub fn status_text(code: StatusCode) -> String {
     let reason = code.canonical_reason().unwrap_or("");

@@ -58,6 +58,19 @@ pub struct GlobalSettings {
     /// (`global-auth-url`, `block-cidrs`, ...), with `--unsupported-access-annotations=refuse`:
     /// every route is refused (503) rather than served without it.
     pub access_refused: Option<Arc<str>>,
+    /// `custom-http-errors`: the codes replaced by the global default backend's page on every
+    /// route whose Ingress has no list of its own (sorted; empty: none).
+    pub custom_http_errors: Arc<[u16]>,
+    /// `disable-proxy-intercept-errors`: with the global list, the upstreams' own error
+    /// responses pass through; only the proxy's own are replaced.
+    pub disable_intercept: bool,
+    /// `--default-backend-service` (NAMESPACE/NAME): the global default backend, which
+    /// answers the `custom-http-errors` codes.
+    pub default_backend_service: Option<ObjectKey>,
+    /// The global default backend as the snapshot resolved it: `--default-backend-service` on
+    /// its first port, else the backend of the Ingress with only a `spec.defaultBackend`.
+    /// Set by `Snapshot::build`, never by the ConfigMap.
+    pub error_backend: Option<super::policy::Fallback>,
 }
 
 impl Default for GlobalSettings {
@@ -87,6 +100,10 @@ impl Default for GlobalSettings {
             keepalive: UpstreamKeepalive::default(),
             proxy_protocol: false,
             access_refused: None,
+            custom_http_errors: Arc::from([]),
+            disable_intercept: false,
+            default_backend_service: None,
+            error_backend: None,
         }
     }
 }
@@ -304,6 +321,8 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
         | "compute-full-forwarded-for"
         | "proxy-real-ip-cidr"
         | "server-tokens"
+        | "custom-http-errors"
+        | "disable-proxy-intercept-errors"
         | "allow-snippet-annotations"
         | "whitelist-source-range"
         | "denylist-source-range" => Applied,
@@ -340,9 +359,6 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
         | "limit-rate"
         | "limit-rate-after" => Unsupported(
             "not as a global default yet; the annotation of the same name applies per Ingress",
-        ),
-        "custom-http-errors" => Unsupported(
-            "custom error pages (custom-http-errors with a default backend) are not implemented; the upstream's error responses are passed on as they are",
         ),
         "log-format-upstream"
         | "log-format-escape-json"
@@ -558,6 +574,8 @@ pub fn resolve(
     };
     let mut ranges_invalid: Option<InvalidRanges> = None;
     let mut unapplied = Vec::new();
+    // custom-http-errors items left out (the others apply), reported after the loop.
+    let mut left_out = Vec::new();
     for (name, value) in data {
         let status = key_status(name);
         if status != Some(KeyStatus::Applied) {
@@ -600,6 +618,14 @@ pub fn resolve(
                 set_bool(&mut out.underscores, flag(v), name, v, &mut invalid);
             }
             "server-tokens" => set_bool(&mut out.server_tokens, flag(v), name, v, &mut invalid),
+            "disable-proxy-intercept-errors" => {
+                set_bool(&mut out.disable_intercept, flag(v), name, v, &mut invalid);
+            }
+            "custom-http-errors" => {
+                let (codes, problems) = super::annotations::errors::parse_global(v);
+                left_out.extend(problems.into_iter().map(|why| format!("{name}: {why}")));
+                out.custom_http_errors = codes;
+            }
             "upstream-keepalive-timeout" => match seconds(v) {
                 Some(d) => out.keepalive.idle_timeout = d,
                 None => invalid(name, v, "is not a whole number of seconds in 1..=86400"),
@@ -653,6 +679,13 @@ pub fn resolve(
             }
             _ => {}
         }
+    }
+    for message in left_out {
+        problems.push(Diagnostic::warning(
+            DiagnosticKind::InvalidConfigValue,
+            subject(),
+            message,
+        ));
     }
     diagnostics.append(&mut problems);
     for (name, value, status) in unapplied {

@@ -204,7 +204,7 @@ impl Snapshot {
     /// Builds a snapshot. Pure: the same store and settings give the same routing.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
         let mut diagnostics = store.source_diagnostics.clone();
-        let global = match &settings.config_map {
+        let mut global = match &settings.config_map {
             Some(key) => {
                 let empty = BTreeMap::new();
                 let data = store
@@ -237,6 +237,7 @@ impl Snapshot {
             hosts: BTreeMap::new(),
             passthrough: BTreeMap::new(),
             default_backend: None,
+            errors_without_backend: Vec::new(),
         };
         let owned = owned_ingresses(store, &settings.class);
         // Canaries after every main Ingress: a canary is attached to the main route with its
@@ -257,6 +258,7 @@ impl Snapshot {
         for (key, ingress) in canaries {
             builder.add_canary(key, ingress);
         }
+        global.error_backend = builder.error_backend(&global, settings.config_map.as_ref());
         let mut tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
         let mut hosts = HostTable::default();
@@ -515,6 +517,9 @@ struct Builder<'s> {
     /// Passthrough host → its route and the Ingress that claimed it first.
     passthrough: BTreeMap<HostPattern, Arc<Route>>,
     default_backend: Option<Arc<Route>>,
+    /// Ingresses with `custom-http-errors` and no `default-backend` of their own: they need
+    /// the global default backend.
+    errors_without_backend: Vec<(Subject, String)>,
 }
 
 #[derive(Default)]
@@ -658,6 +663,21 @@ impl Builder<'_> {
             .default_backend
             .as_ref()
             .and_then(|name| self.fallback(&subject, key, name));
+        if options.custom_http_errors.is_some() && fallback.is_none() {
+            // Named as written, so the migration report finds it (this project's prefix wins).
+            let own = format!("{}custom-http-errors", annotations::PREFIX);
+            let written = ingress
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(&own));
+            let key = if written {
+                own
+            } else {
+                format!("{}custom-http-errors", annotations::NGINX_PREFIX)
+            };
+            self.errors_without_backend.push((subject.clone(), key));
+        }
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
             Arc::new(
@@ -1046,6 +1066,60 @@ impl Builder<'_> {
                 }
             }
         }
+    }
+
+    /// The global default backend, the error backend of `custom-http-errors` on routes
+    /// without a `default-backend` of their own: `--default-backend-service` on its first port
+    /// (ingress-nginx's), else the backend of the Ingress with only a `spec.defaultBackend`
+    /// (this project's unmatched-host backend, the closest thing to ingress-nginx's default
+    /// server). Without one, each list that needs it is a warning and has no effect.
+    fn error_backend(
+        &mut self,
+        global: &global::GlobalSettings,
+        config_map: Option<&ObjectKey>,
+    ) -> Option<policy::Fallback> {
+        let backend = match &global.default_backend_service {
+            Some(service) => match self.resolver.first_port(service) {
+                Some(port) => {
+                    let (backend, problems) = self.resolver.resolve(service.clone(), port, false);
+                    for problem in problems {
+                        self.diagnostics.push(Diagnostic::warning(
+                            problem.kind,
+                            Subject::object(Kind::Service, service),
+                            format!("--default-backend-service: {}", problem.message),
+                        ));
+                    }
+                    Some(backend)
+                }
+                None => {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::ServiceNotFound,
+                        Subject::object(Kind::Service, service),
+                        format!("--default-backend-service: service {service} does not exist or has no port; custom-http-errors has no effect where it needs the global default backend"),
+                    ));
+                    None
+                }
+            },
+            None => self.default_backend.as_ref().map(|r| r.backend.clone()),
+        };
+        if backend.is_none() {
+            let why = "there is no error backend (no default-backend annotation, no --default-backend-service, no Ingress with only a spec.defaultBackend); the error responses are passed on as they are";
+            for (subject, key) in std::mem::take(&mut self.errors_without_backend) {
+                self.diagnostics.push(Diagnostic::warning(
+                    DiagnosticKind::InvalidAnnotation,
+                    subject,
+                    format!("{key}: {why}"),
+                ));
+            }
+            if let Some(key) = config_map.filter(|_| !global.custom_http_errors.is_empty()) {
+                self.diagnostics.push(Diagnostic::warning(
+                    DiagnosticKind::InvalidConfigValue,
+                    Subject::object(Kind::ConfigMap, key),
+                    format!("custom-http-errors: {why}"),
+                ));
+            }
+        }
+        backend.map(policy::Fallback)
     }
 
     /// The backend of a `default-backend` annotation: the Service `name` of the Ingress's

@@ -19,7 +19,9 @@
 //!   cors                   ResponsePolicy   enable-cors: the preflight answered, the headers set
 //!   response               ResponsePolicy   snippet header actions on the upstream's response,
 //!                                           proxy-redirect-*, proxy-cookie-* rewrites,
-//!                                           limit-rate(-after): the response's pace
+//!                                           limit-rate(-after): the response's pace,
+//!                                           custom-http-errors (+ default-backend,
+//!                                           disable-proxy-intercept-errors)
 //!   upstream               UpstreamPolicy   backend-protocol (or the Service port's appProtocol),
 //!                                           proxy-ssl-*, timeouts, upstream-vhost, load-balance,
 //!                                           proxy-next-upstream, the upgrades allowed, affinity,
@@ -78,6 +80,27 @@ pub struct ResponsePolicy {
     pub rewrite: Option<Arc<UpstreamRewrite>>,
     /// `limit-rate`, `limit-rate-after`: how fast each response is sent.
     pub bandwidth: Option<Bandwidth>,
+    /// `custom-http-errors` of the Ingress; `None`: the global list (ConfigMap) applies.
+    pub errors: Option<Arc<ErrorPages>>,
+}
+
+/// Which responses are replaced by a page of the error backend, and which backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorPages {
+    /// Sorted, deduplicated.
+    pub codes: Arc<[u16]>,
+    /// The Ingress's `default-backend` Service; `None`: the global default backend.
+    pub backend: Option<Fallback>,
+    /// The upstream's own responses with these codes are replaced too (not when
+    /// `disable-proxy-intercept-errors`); the proxy's own always are.
+    pub intercept: bool,
+}
+
+impl ErrorPages {
+    /// Whether `code` is one of the listed codes.
+    pub fn lists(&self, code: u16) -> bool {
+        self.codes.binary_search(&code).is_ok()
+    }
 }
 
 /// A canary Ingress's alternative to a route's backend. Everything else about a request on
@@ -363,6 +386,13 @@ impl RoutePolicy {
                     .map(|s| Arc::new(s.response.clone())),
                 rewrite: options.upstream_rewrite.clone(),
                 bandwidth: None,
+                errors: options.custom_http_errors.as_ref().map(|codes| {
+                    Arc::new(ErrorPages {
+                        codes: codes.clone(),
+                        backend: None,
+                        intercept: !options.disable_intercept,
+                    })
+                }),
             },
             upstream: UpstreamPolicy {
                 protocol: options.backend_protocol.unwrap_or_default(),
@@ -428,9 +458,13 @@ impl RoutePolicy {
 }
 
 impl RoutePolicy {
-    /// The same policy with the `default-backend` fallback.
+    /// The same policy with the `default-backend` fallback, which is also the error backend
+    /// of the Ingress's `custom-http-errors` (when it has the annotation).
     pub fn with_fallback(mut self, fallback: Option<&Arc<Backend>>) -> RoutePolicy {
         self.upstream.fallback = fallback.cloned().map(Fallback);
+        if let Some(errors) = &mut self.response.errors {
+            Arc::make_mut(errors).backend = self.upstream.fallback.clone();
+        }
         self
     }
 

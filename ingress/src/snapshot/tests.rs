@@ -2000,3 +2000,126 @@ fn limits_on_ssl_passthrough_refuse_the_ingress() {
         assert!(route.policy.access.refused.is_some(), "{limit}");
     }
 }
+
+/// `custom-http-errors`: the Ingress's list with its `default-backend` (else the global
+/// default backend), the ConfigMap's list with the global one; without any error backend, a
+/// warning and nothing replaced.
+#[test]
+fn custom_http_errors_lists_and_error_backends() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let (errors, backend, disable) = (
+        n("custom-http-errors"),
+        n("default-backend"),
+        n("disable-proxy-intercept-errors"),
+    );
+    let catchall = r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: catchall, namespace: shop}
+spec:
+  ingressClassName: ingress
+  defaultBackend: {service: {name: fallback, port: {number: 80}}}
+"#;
+    // (annotations, catch-all Ingress, --default-backend-service, want: the route's own list
+    // and its backend ("" for the global one), the global backend, a warning)
+    #[allow(clippy::type_complexity)]
+    let cases: Vec<(
+        Vec<(&str, &str)>,
+        bool,
+        Option<&str>,
+        Option<(&[u16], &str, bool)>,
+        Option<&str>,
+        bool,
+    )> = vec![
+        (
+            vec![(&errors, "404,503")],
+            false,
+            None,
+            Some((&[404, 503], "", true)),
+            None,
+            true,
+        ),
+        (
+            vec![(&errors, "404,503")],
+            true,
+            None,
+            Some((&[404, 503], "", true)),
+            Some("shop/fallback:80"),
+            false,
+        ),
+        (
+            vec![(&errors, "404"), (&backend, "api")],
+            false,
+            None,
+            Some((&[404], "shop/api:8080", true)),
+            None,
+            false,
+        ),
+        (
+            vec![(&errors, "404"), (&disable, "true")],
+            false,
+            Some("shop/web"),
+            Some((&[404], "", false)),
+            Some("shop/web:80"),
+            false,
+        ),
+        (
+            vec![(&errors, "404,200")],
+            true,
+            None,
+            None,
+            Some("shop/fallback:80"),
+            false,
+        ),
+        (vec![], true, None, None, Some("shop/fallback:80"), false),
+        (vec![], false, Some("shop/missing"), None, None, true),
+    ];
+    for (i, (pairs, with_catchall, flag, want_own, want_global, warned)) in
+        cases.into_iter().enumerate()
+    {
+        let yaml = format!(
+            "{SERVICES}{}{}",
+            annotated("errs", "shop.example.com", &pairs, false),
+            if with_catchall { catchall } else { "" }
+        );
+        let mut settings = settings();
+        settings.global.default_backend_service = flag.map(|f| {
+            let (ns, name) = f.split_once('/').expect("ns/name");
+            ObjectKey::new(ns, name)
+        });
+        let snap = build_with(&yaml, &settings);
+        let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+        let own = route.policy.response.errors.as_ref().map(|e| {
+            (
+                &*e.codes,
+                e.backend
+                    .as_ref()
+                    .map(|b| format!("{}:{}", b.0.service, b.0.port))
+                    .unwrap_or_default(),
+                e.intercept,
+            )
+        });
+        let own = own.as_ref().map(|(c, b, i)| (*c, b.as_str(), *i));
+        assert_eq!(own, want_own, "case {i}");
+        let global = snap
+            .global
+            .error_backend
+            .as_ref()
+            .map(|b| format!("{}:{}", b.0.service, b.0.port));
+        assert_eq!(global.as_deref(), want_global, "case {i}");
+        let has_warning = snap.diagnostics.iter().any(|d| {
+            d.severity == Severity::Warning
+                && (d.message.contains("no error backend")
+                    || d.message.contains("--default-backend-service"))
+        });
+        assert_eq!(has_warning, warned, "case {i}: {:?}", snap.diagnostics);
+        // An invalid list is an error and not applied.
+        let invalid = snap.diagnostics.iter().any(|d| {
+            d.severity == Severity::Error
+                && d.kind == DiagnosticKind::InvalidAnnotation
+                && d.message.contains(&errors)
+        });
+        assert_eq!(invalid, i == 4, "case {i}: {:?}", snap.diagnostics);
+    }
+}

@@ -174,17 +174,52 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 // A body part-way read cannot be resumed by the next request.
                 ctx.close |= !matches!(upload, Upload::WithHead);
                 let code = error.status();
-                response::write_local(&mut self.response, code, None, ctx);
-                self.meter.body_bytes_sent = super::local_body_len(&self.response);
                 self.meter.upstream = Some(UpstreamMeter::failed(key.clone(), upstream_started));
                 let outcome = Outcome {
                     upstream: Some(key),
                     error: Some(error),
                     refused: None,
                 };
+                // custom-http-errors: an upstream failure (502, 504) is the proxy's own answer.
+                if let Some(errors) = p
+                    .errors
+                    .as_deref()
+                    .filter(|e| e.plan.wants(code.as_u16(), false))
+                {
+                    let (status, keep_open) = self.error_page(errors, code, ctx).await;
+                    return (status, outcome, keep_open);
+                }
+                response::write_local(&mut self.response, code, None, ctx);
+                self.meter.body_bytes_sent = super::local_body_len(&self.response);
                 return (code.as_u16(), outcome, self.write_response().await);
             }
         };
+        // custom-http-errors: the upstream's answer with a listed code is replaced by the error
+        // backend's page. Its head is not sent and its body never read: the upstream
+        // connection is closed (dropped) rather than drained, so nothing of it reaches the
+        // client and no unread body is left on a pooled connection.
+        if let Some(errors) = p
+            .errors
+            .as_deref()
+            .filter(|e| !response.switching && e.plan.wants(response.status, true))
+        {
+            drop(up);
+            self.meter.upstream = Some(UpstreamMeter::answered(
+                key.clone(),
+                upstream_started,
+                response.status,
+            ));
+            // An upload the upstream cut short leaves unread body on the client connection.
+            ctx.close |= early;
+            let code = StatusCode::from_u16(response.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let (status, keep_open) = self.error_page(errors, code, ctx).await;
+            let outcome = Outcome {
+                upstream: Some(key),
+                error: None,
+                refused: None,
+            };
+            return (status, outcome, keep_open && !early);
+        }
         let status = response.status;
         self.meter.upstream = Some(UpstreamMeter::answered(
             key.clone(),

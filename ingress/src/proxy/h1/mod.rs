@@ -49,6 +49,7 @@ use ingress_wire::request::{self, BodyFraming, RequestParse, Version};
 use response::ResponseContext;
 
 use super::access_log::{Logged, Meter};
+use super::phase::error_page::{self, ErrorRequest};
 use super::phase::response as phase_response;
 use super::phase::route::Refusal;
 use super::phase::{Phased, RequestHeaders, RequestView};
@@ -184,6 +185,9 @@ struct Prepared {
     global: Arc<GlobalSettings>,
     /// Its spans, with `--otlp-endpoint`.
     trace: Option<RequestTrace>,
+    /// `custom-http-errors` on its route (or, unrouted, the global list): what the error
+    /// backend is told.
+    errors: Option<Box<ErrorRequest>>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
@@ -319,6 +323,32 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             auth,
         } = phased;
         let facts = client.as_deref().unwrap_or(self.conn).client.facts();
+        let errors = error_page::plan(route.as_ref(), &global).map(|plan| {
+            let id = req
+                .headers
+                .header("x-request-id")
+                .filter(|id| usable_request_id(id))
+                .unwrap_or(&fresh_id);
+            Box::new(ErrorRequest {
+                plan,
+                head: req.is_head(),
+                original_uri: req.target.to_string(),
+                accept: req
+                    .headers
+                    .header("accept")
+                    .and_then(|v| http::HeaderValue::from_bytes(v).ok()),
+                request_id: String::from_utf8_lossy(id).into_owned(),
+                host: host.map(str::to_string),
+                client: client
+                    .as_deref()
+                    .unwrap_or(self.conn)
+                    .client
+                    .client_ip
+                    .clone(),
+                connect: global.timeouts.connect,
+                read: global.timeouts.read,
+            })
+        });
         let decision = proxy.authorize(route.as_ref(), auth, decision).await;
         if let (Some(tracing), Some(trace)) = (&proxy.tracing, &trace) {
             tracing.phases(trace, phases_at, route.as_deref(), decision.name());
@@ -414,6 +444,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             client,
             global,
             trace,
+            errors,
         };
         let head_len = req.head_len;
         self.meter = Meter {
@@ -452,6 +483,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             client: None,
             global: self.proxy.published.load().global.clone(),
             trace: None,
+            errors: None,
         }
     }
 
@@ -504,6 +536,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 // A body nobody will read: skipped when it is already here, else the
                 // connection closes after the answer.
                 ctx.close |= !self.skip_body(prepared.body);
+                // Only the proxy's own 404/413 and upstream failures can be listed codes:
+                // refusals, redirects and authentication's answers are never replaced.
+                let pageable = matches!(local, Decision::Respond(_) | Decision::Fail(_));
                 let (code, location, outcome) = match local {
                     Decision::Respond(code) => (code, None, Outcome::LOCAL),
                     Decision::Preflight(_) => (StatusCode::NO_CONTENT, None, Outcome::LOCAL),
@@ -520,9 +555,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     ),
                     Decision::Forward(_) => unreachable_forward(),
                 };
-                response::write_local(&mut self.response, code, location.as_deref(), &ctx);
-                self.meter.body_bytes_sent = local_body_len(&self.response);
-                (code.as_u16(), outcome, self.write_response().await)
+                // custom-http-errors: the proxy's own 404 (no route) and upstream failures
+                // (503 no endpoint, 502, 504) are listed codes too.
+                let listed = pageable
+                    && prepared
+                        .errors
+                        .as_ref()
+                        .is_some_and(|e| e.plan.wants(code.as_u16(), false));
+                if listed && let Some(errors) = prepared.errors.take() {
+                    let (status, keep_open) = self.error_page(&errors, code, &ctx).await;
+                    (status, outcome, keep_open)
+                } else {
+                    response::write_local(&mut self.response, code, location.as_deref(), &ctx);
+                    self.meter.body_bytes_sent = local_body_len(&self.response);
+                    (code.as_u16(), outcome, self.write_response().await)
+                }
             }
         };
         let finished = Instant::now();
@@ -563,6 +610,29 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             },
             BodyFraming::Chunked => false,
         }
+    }
+
+    /// Answers with the error backend's page for `code` (`custom-http-errors`), or, when it
+    /// cannot give one, with the proxy's own page for `code`. Returns the status sent and
+    /// whether the client connection is still usable.
+    async fn error_page(
+        &mut self,
+        errors: &ErrorRequest,
+        code: StatusCode,
+        ctx: &ResponseContext<'_>,
+    ) -> (u16, bool) {
+        let status = match error_page::fetch(errors, code).await {
+            Some(page) => {
+                response::write_page(&mut self.response, &page, ctx);
+                page.status.as_u16()
+            }
+            None => {
+                response::write_local(&mut self.response, code, None, ctx);
+                code.as_u16()
+            }
+        };
+        self.meter.body_bytes_sent = local_body_len(&self.response);
+        (status, self.write_response().await)
     }
 
     async fn write_response(&mut self) -> bool {

@@ -427,6 +427,52 @@ pub fn write_local(
     }
 }
 
+/// The error backend's page (`custom-http-errors`) as the client's response: its status,
+/// `Content-Type` and body, with the headers the proxy adds to its own answers.
+pub(crate) fn write_page(
+    out: &mut Vec<u8>,
+    page: &crate::proxy::phase::error_page::Page,
+    ctx: &ResponseContext<'_>,
+) {
+    let code = page.status;
+    out.clear();
+    push(
+        out,
+        &[
+            b"HTTP/1.1 ",
+            code.as_str().as_bytes(),
+            b" ",
+            code.canonical_reason().unwrap_or("").as_bytes(),
+            b"\r\ncontent-length: ",
+            itoa::Buffer::new().format(page.body.len()).as_bytes(),
+            b"\r\nserver: ",
+            ctx.server,
+            b"\r\ndate: ",
+            &http_date(),
+            b"\r\n",
+        ],
+    );
+    if let Some(content_type) = &page.content_type {
+        push(out, &[b"content-type: ", content_type.as_bytes(), b"\r\n"]);
+    }
+    if let Some(hsts) = ctx.hsts {
+        push(out, &[b"strict-transport-security: ", hsts, b"\r\n"]);
+    }
+    for (name, value) in ctx.set_headers {
+        push(
+            out,
+            &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],
+        );
+    }
+    if ctx.close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !ctx.head_request {
+        out.extend_from_slice(&page.body);
+    }
+}
+
 /// The current time as an HTTP date, formatted at most once a second.
 pub fn http_date() -> [u8; 29] {
     thread_local! {

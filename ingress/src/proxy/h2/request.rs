@@ -25,6 +25,7 @@ use ingress_wire::header::usable_request_id;
 
 use crate::proxy::access_log::{Logged, Meter, UpstreamMeter};
 use crate::proxy::connect::Transport;
+use crate::proxy::phase::error_page::{self, ErrorRequest};
 use crate::proxy::phase::identity::ConnInfo;
 use crate::proxy::phase::response;
 use crate::proxy::phase::route::Refusal;
@@ -68,14 +69,21 @@ impl Proxy {
                 .entry(header::STRICT_TRANSPORT_SECURITY)
                 .or_insert_with(|| hsts.clone());
         }
-        // The upstream's response (not one the proxy made) gets the route's header edits.
-        if let (Some(route), Some(_), None) = (&route, &outcome.upstream, &outcome.error)
+        // The upstream's response (not one the proxy made, nor an error page that replaced
+        // it) gets the route's header edits, as on the HTTP/1.1 path.
+        let upstreams = response
+            .extensions()
+            .get::<error_page::Replaced>()
+            .is_none();
+        if let (Some(route), Some(_), None, true) =
+            (&route, &outcome.upstream, &outcome.error, upstreams)
             && let Some(edits) = response::edits(&route.policy.response)
         {
             let status = response.status().as_u16();
             edits.apply(status, response.headers_mut());
         }
-        if let (Some(route), Some(_), None) = (&route, &outcome.upstream, &outcome.error)
+        if let (Some(route), Some(_), None, true) =
+            (&route, &outcome.upstream, &outcome.error, upstreams)
             && let Some(rewrite) = response::rewrites(&route.policy.response)
         {
             response::rewrite_headers(&rewrite, response.headers_mut());
@@ -247,6 +255,42 @@ impl Proxy {
         if !matches!(decision, Decision::Forward(_)) {
             drain(req.body_mut()).await;
         }
+        // custom-http-errors (not for gRPC, whose errors are grpc-status): what the error
+        // backend is told, taken before the request is moved upstream; and which of the
+        // proxy's own answers may be replaced (its 404/413 and upstream failures, never a
+        // refusal, a redirect or authentication's answer).
+        let plan = error_page::plan(route.as_ref(), &global).filter(|_| !grpc);
+        // The page's X-Request-ID is the one the upstream is sent: made here when the client
+        // sent none (as the access log does), so forwarding keeps it.
+        let usable_id = req
+            .headers()
+            .get(&forward::X_REQUEST_ID)
+            .is_some_and(|id| usable_request_id(id.as_bytes()));
+        if plan.is_some()
+            && !usable_id
+            && let Ok(id) = HeaderValue::from_bytes(&forward::new_request_id())
+        {
+            req.headers_mut().insert(forward::X_REQUEST_ID.clone(), id);
+        }
+        let errors = plan.map(|plan| {
+            let client = client.as_deref().unwrap_or(conn);
+            ErrorRequest {
+                plan,
+                head: req.method() == Method::HEAD,
+                original_uri: original.clone(),
+                accept: req.headers().get(header::ACCEPT).cloned(),
+                request_id: req
+                    .headers()
+                    .get(&forward::X_REQUEST_ID)
+                    .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned())
+                    .unwrap_or_default(),
+                host: Some(host.clone()),
+                client: client.client.client_ip.clone(),
+                connect: global.timeouts.connect,
+                read: global.timeouts.read,
+            }
+        });
+        let pageable = matches!(decision, Decision::Respond(_) | Decision::Fail(_));
         let (response, outcome) = match decision {
             Decision::Respond(code) => (respond::status(code), Outcome::LOCAL),
             Decision::Redirect(code, location) => {
@@ -312,6 +356,26 @@ impl Proxy {
                 });
                 (response, outcome)
             }
+        };
+        // The upstream's own answer (intercepted unless disabled), or the proxy's own.
+        let own = pageable || outcome.error.is_some();
+        let upstream_answer = !own && outcome.upstream.is_some();
+        let code = response.status();
+        let response = match errors
+            .filter(|e| (own || upstream_answer) && e.plan.wants(code.as_u16(), !own))
+        {
+            // The upstream's response is dropped unread: hyper resets its stream (or closes
+            // its HTTP/1.1 connection), so none of it is passed on or pooled half-read.
+            Some(errors) => {
+                drop(response);
+                let mut page = match error_page::fetch(&errors, code).await {
+                    Some(page) => respond::page(page),
+                    None => respond::status(code),
+                };
+                page.extensions_mut().insert(error_page::Replaced);
+                page
+            }
+            None => response,
         };
         (response, route, Some(host), outcome, client, global)
     }

@@ -33,6 +33,8 @@
 //!   ── the protocol path forwards, then ──
 //!   response  (response.rs)  Server and HSTS headers; a snippet's header actions on the
 //!                            upstream's response; metrics and the access log
+//!             (error_page.rs) custom-http-errors: a listed code (the upstream's, or the
+//!                            proxy's own 404/502/503/504) → the error backend's page
 //! ```
 //!
 //! A request keeps the route (and so the policy) it was decided on until it is done: a
@@ -43,6 +45,7 @@ pub mod affinity;
 pub mod auth;
 pub mod canary;
 pub mod cors;
+pub mod error_page;
 pub mod identity;
 pub mod redirect;
 pub mod response;

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod auth_tls;
 pub mod canary;
 pub mod cors;
+pub mod errors;
 pub mod hash;
 pub mod htpasswd;
 pub mod rate_limit;
@@ -106,6 +107,12 @@ pub struct Options {
     /// `default-backend`: a Service of the Ingress's namespace that answers when the route's
     /// backend has no endpoints.
     pub default_backend: Option<String>,
+    /// `custom-http-errors`: the codes replaced by the error backend's page (`None`: the
+    /// ConfigMap's list applies).
+    pub custom_http_errors: Option<Arc<[u16]>>,
+    /// `disable-proxy-intercept-errors`: the upstream's own error responses pass through; only
+    /// the proxy's own (no endpoint, upstream failures) get the error page.
+    pub disable_intercept: bool,
 }
 
 /// A redirect annotation: answer with `code` and `Location: url`.
@@ -149,6 +156,8 @@ impl Default for Options {
             snippets: None,
             upstream_rewrite: None,
             default_backend: None,
+            custom_http_errors: None,
+            disable_intercept: false,
         }
     }
 }
@@ -180,6 +189,7 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     options.use_regex = bool_of("use-regex").unwrap_or(false);
     options.preserve_trailing_slash = bool_of("preserve-trailing-slash").unwrap_or(false);
     options.from_to_www = bool_of("from-to-www-redirect").unwrap_or(false);
+    options.disable_intercept = bool_of("disable-proxy-intercept-errors").unwrap_or(false);
     let canary = bool_of("canary").unwrap_or(false);
     let cors = bool_of("enable-cors").unwrap_or(false);
     options.read_timeout = seconds_of(annotations, "proxy-read-timeout", &mut errors);
@@ -244,6 +254,14 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
             errors.push(format!(
                 "{key}: {value:?} is not a Service name (of the Ingress's namespace); no fallback is used"
             ));
+        }
+    }
+    if let Some((key, value)) = lookup(annotations, "custom-http-errors") {
+        match errors::parse_annotation(value) {
+            Ok(codes) => options.custom_http_errors = Some(codes),
+            Err(why) => errors.push(format!(
+                "{key}: {why}; error responses are passed on as they are"
+            )),
         }
     }
     let rewrites = proxy_rewrites(annotations, &mut errors);

@@ -163,7 +163,7 @@ fn an_invalid_global_source_range_refuses_rather_than_opens() {
 #[test]
 fn keys_not_applied_are_each_reported_with_why() {
     let (out, diagnostics) = resolved(&[
-        ("custom-http-errors", "404,503"),
+        ("load-balance", "ewma"),
         ("log-format-upstream", "$remote_addr"),
         ("ssl-protocols", "TLSv1.2"),
         ("upstream-keepalive-requests", "64"),
@@ -182,7 +182,7 @@ fn keys_not_applied_are_each_reported_with_why() {
         "{messages:?}"
     );
     for (name, says) in [
-        ("custom-http-errors", "not supported"),
+        ("load-balance", "not as a global default yet"),
         ("log-format-upstream", "log-format-upstream line"),
         ("ssl-protocols", "rustls"),
         ("upstream-keepalive-requests", "however many requests"),
@@ -406,7 +406,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 20, "{applied:?}");
+    assert_eq!(applied.len(), 22, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }
@@ -420,5 +420,36 @@ fn the_reference_agrees_with_the_code() {
             other => panic!("{key}: {other:?} in the table of keys not applied"),
         };
         assert_eq!(status, want, "{key}");
+    }
+}
+
+#[test]
+fn custom_http_errors_and_intercept() {
+    // (data, codes, intercept disabled, diagnostics)
+    let cases: &[(&[(&str, &str)], &[u16], bool, usize)] = &[
+        (&[], &[], false, 0),
+        (&[("custom-http-errors", "503, 404")], &[404, 503], false, 0),
+        (&[("custom-http-errors", "404,200,nope")], &[404], false, 2),
+        (
+            &[
+                ("custom-http-errors", "404"),
+                ("disable-proxy-intercept-errors", "true"),
+            ],
+            &[404],
+            true,
+            0,
+        ),
+        (
+            &[("disable-proxy-intercept-errors", "maybe")],
+            &[],
+            false,
+            1,
+        ),
+    ];
+    for (data, codes, disabled, problems) in cases {
+        let (out, diagnostics) = resolved(data);
+        assert_eq!(&*out.custom_http_errors, *codes, "{data:?}");
+        assert_eq!(out.disable_intercept, *disabled, "{data:?}");
+        assert_eq!(diagnostics.len(), *problems, "{data:?}: {diagnostics:?}");
     }
 }
