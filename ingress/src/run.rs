@@ -199,8 +199,6 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
                     merge_slashes: args.requests.merge_slashes,
                 },
                 no_sni_requests: args.tls.no_sni_requests.into(),
-                // The ConfigMap's limit-req-status-code / limit-conn-status-code, when it is read.
-                ..ProxySettings::default()
             },
         )
         .with_tracing(tracing),

@@ -23,10 +23,6 @@ pub struct ProxySettings {
     pub https_port: u16,
     pub paths: PathSettings,
     pub no_sni_requests: NoSniRequests,
-    /// The answer to a request over `limit-rps`/`limit-rpm` (ingress-nginx's
-    /// `limit-req-status-code`, 503) and over `limit-connections` (`limit-conn-status-code`).
-    pub limit_req_status: http::StatusCode,
-    pub limit_conn_status: http::StatusCode,
 }
 
 impl Default for ProxySettings {
@@ -39,8 +35,6 @@ impl Default for ProxySettings {
             https_port: 443,
             paths: PathSettings::default(),
             no_sni_requests: NoSniRequests::default(),
-            limit_req_status: http::StatusCode::SERVICE_UNAVAILABLE,
-            limit_conn_status: http::StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

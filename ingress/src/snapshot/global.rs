@@ -71,6 +71,10 @@ pub struct GlobalSettings {
     /// its first port, else the backend of the Ingress with only a `spec.defaultBackend`.
     /// Set by `Snapshot::build`, never by the ConfigMap.
     pub error_backend: Option<super::policy::Fallback>,
+    /// `limit-req-status-code`: the answer to a request over `limit-rps`/`limit-rpm`.
+    pub limit_req_status: u16,
+    /// `limit-conn-status-code`: the answer to a request over `limit-connections`.
+    pub limit_conn_status: u16,
 }
 
 impl Default for GlobalSettings {
@@ -104,6 +108,8 @@ impl Default for GlobalSettings {
             disable_intercept: false,
             default_backend_service: None,
             error_backend: None,
+            limit_req_status: 503,
+            limit_conn_status: 503,
         }
     }
 }
@@ -304,7 +310,9 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
     const LOGGING: &str = "the access log's fields are fixed: this project's, as text or JSON, or with --access-log-format upstream ingress-nginx's default log-format-upstream line (see docs/metrics.md)";
     const POOL: &str = "an idle upstream connection is reused however many requests it served and however old it is, until upstream-keepalive-timeout of idleness";
     Some(match key {
-        "proxy-body-size"
+        "limit-req-status-code"
+        | "limit-conn-status-code"
+        | "proxy-body-size"
         | "ssl-redirect"
         | "hsts"
         | "hsts-max-age"
@@ -618,6 +626,16 @@ pub fn resolve(
                 set_bool(&mut out.underscores, flag(v), name, v, &mut invalid);
             }
             "server-tokens" => set_bool(&mut out.server_tokens, flag(v), name, v, &mut invalid),
+            "limit-req-status-code" | "limit-conn-status-code" => {
+                // As nginx's limit_req_status/limit_conn_status: a status from 400 to 599.
+                match v.trim().parse::<u16>() {
+                    Ok(code @ 400..=599) if name == "limit-req-status-code" => {
+                        out.limit_req_status = code;
+                    }
+                    Ok(code @ 400..=599) => out.limit_conn_status = code,
+                    _ => invalid(name, v, "is not a status code from 400 to 599"),
+                }
+            }
             "disable-proxy-intercept-errors" => {
                 set_bool(&mut out.disable_intercept, flag(v), name, v, &mut invalid);
             }

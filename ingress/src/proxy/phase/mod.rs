@@ -427,9 +427,12 @@ impl Proxy {
                     Err(limited) => {
                         self.metrics.count_rate_limited(&route.labels, limited);
                         let status = match limited {
-                            rate_limit::Limited::Connections => self.settings.limit_conn_status,
-                            _ => self.settings.limit_req_status,
+                            rate_limit::Limited::Connections => snapshot.global.limit_conn_status,
+                            _ => snapshot.global.limit_req_status,
                         };
+                        // The ConfigMap allows 400..=599 only, so this is a status.
+                        let status = StatusCode::from_u16(status)
+                            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
                         Some(Decision::Respond(status))
                     }
                 }

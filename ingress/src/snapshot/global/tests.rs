@@ -406,7 +406,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 22, "{applied:?}");
+    assert_eq!(applied.len(), 24, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }
@@ -451,5 +451,41 @@ fn custom_http_errors_and_intercept() {
         assert_eq!(&*out.custom_http_errors, *codes, "{data:?}");
         assert_eq!(out.disable_intercept, *disabled, "{data:?}");
         assert_eq!(diagnostics.len(), *problems, "{data:?}: {diagnostics:?}");
+    }
+}
+
+#[test]
+fn the_rate_limit_status_codes() {
+    // (data, req status, conn status, diagnostics)
+    let cases: &[(&[(&str, &str)], u16, u16, usize)] = &[
+        (&[], 503, 503, 0),
+        (&[("limit-req-status-code", "429")], 429, 503, 0),
+        (&[("limit-conn-status-code", " 429 ")], 503, 429, 0),
+        (&[("limit-req-status-code", "200")], 503, 503, 1),
+        (&[("limit-req-status-code", "many")], 503, 503, 1),
+    ];
+    let key = ObjectKey::new("ingress", "config");
+    for (data, req, conn, problems) in cases {
+        let data: BTreeMap<String, String> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut diagnostics = Vec::new();
+        let out = resolve(
+            &GlobalSettings::default(),
+            &key,
+            Some(&data),
+            true,
+            &mut diagnostics,
+        );
+        assert_eq!(
+            (
+                out.limit_req_status,
+                out.limit_conn_status,
+                diagnostics.len()
+            ),
+            (*req, *conn, *problems),
+            "{data:?}: {diagnostics:?}"
+        );
     }
 }
