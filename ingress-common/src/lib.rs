@@ -330,6 +330,45 @@ pub struct HostValue {
     pub action: u32,
 }
 
+/// Entries the SOURCES trie can hold: every judged policy's ranges, plus two defaults each.
+pub const MAX_SOURCE_ENTRIES: u32 = 65536;
+
+/// A SOURCES key (an LPM trie): a source policy id, then a client address. `prefixlen` counts
+/// bits from the start of `policy`, so it is always at least [`SourceKey::POLICY_BITS`]: a
+/// lookup never crosses from one policy into another. IPv4 addresses are keyed v4-mapped
+/// (`::ffff:a.b.c.d`, their prefix + 96), as [`FlowKey`] holds them.
+///
+/// Not yet read by the kernel programs: userspace computes these entries
+/// (`ingress::gate::policy::source_entries`), the maps and the lookups are the next step.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceKey {
+    pub prefixlen: u32,
+    /// The policy id from the host's [`HostValue`]; never 0 (0 means "not judged").
+    pub policy: u32,
+    /// Network byte order.
+    pub addr: [u8; 16],
+}
+
+impl SourceKey {
+    /// The bits of `policy` every key's prefix covers.
+    pub const POLICY_BITS: u32 = 32;
+}
+
+/// A SOURCES value: what the longest matching range says.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SourceValue {
+    /// [`source_verdict::ADMIT`] or [`source_verdict::REFUSE`].
+    pub verdict: u32,
+}
+
+/// [`SourceValue::verdict`]'s values.
+pub mod source_verdict {
+    pub const ADMIT: u32 = 1;
+    pub const REFUSE: u32 = 2;
+}
+
 /// The single CONFIG entry (index 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -582,6 +621,8 @@ mod pod {
     pod!(
         HostKey,
         HostValue,
+        SourceKey,
+        SourceValue,
         GateConfig,
         VerdictRecord,
         GateEvent,
@@ -602,9 +643,11 @@ mod tests {
     /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
     #[test]
     fn types_have_no_padding() {
-        let cases: [(&str, usize, usize, usize); 9] = [
+        let cases: [(&str, usize, usize, usize); 11] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
             ("HostValue", size_of::<HostValue>(), 4, 4),
+            ("SourceKey", size_of::<SourceKey>(), 4 + 4 + 16, 4),
+            ("SourceValue", size_of::<SourceValue>(), 4, 4),
             (
                 "GateConfig",
                 size_of::<GateConfig>(),
@@ -635,6 +678,8 @@ mod tests {
         let aligns = [
             align_of::<HostKey>(),
             align_of::<HostValue>(),
+            align_of::<SourceKey>(),
+            align_of::<SourceValue>(),
             align_of::<GateConfig>(),
             align_of::<VerdictRecord>(),
             align_of::<GateEvent>(),
