@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Within each sync the gate writes additions before removals, so a name valid in both
-//! snapshots is present at every instant (see `gate::policy`).
+//! snapshots is present at every instant (see `gate::policy`); a host's source ranges
+//! (SOURCES) are written before any name points at them and removed after none does, and a
+//! name whose ranges change is not judged by the kernel until the swap (`GateSources::union`).
 //!
 //! A snapshot not built from synced sources (generation 0, what `Published` holds before the
 //! first publish) is never written: the pinned HOSTS of a previous run stay as they are until

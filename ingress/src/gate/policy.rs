@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use ingress_common::{
-    GateConfig, HostKey, HostValue, MAX_PORTS, SourceKey, SourceValue, source_verdict,
+    GateConfig, HostKey, HostValue, MAX_PORTS, SourceData, SourceValue, source_verdict,
 };
 
 use crate::snapshot::gate_sources::{self, GateSources, SourceVerdict};
@@ -27,6 +27,7 @@ pub fn entries(policy: &SniPolicy) -> (BTreeMap<HostKey, HostValue>, Vec<String>
                     key,
                     HostValue {
                         action: *action as u32,
+                        policy: policy.sources.ids.get(name).copied().unwrap_or(0),
                     },
                 );
             }
@@ -36,6 +37,9 @@ pub fn entries(policy: &SniPolicy) -> (BTreeMap<HostKey, HostValue>, Vec<String>
     (entries, rejected)
 }
 
+/// A SOURCES key as userspace keeps it: (prefix length from the start of the data, data).
+pub type SourceKey = (u32, SourceData);
+
 /// The SOURCES entries for the judged names' policies: each policy's LPM entries
 /// ([`gate_sources::entries`]) under its id. The kernel's longest match for (id, client) is
 /// then `SourcePolicy::admits` for that client (see the tests).
@@ -43,11 +47,13 @@ pub fn source_entries(sources: &GateSources) -> BTreeMap<SourceKey, SourceValue>
     let mut out = BTreeMap::new();
     for (id, policy) in &sources.policies {
         for (net, verdict) in gate_sources::entries(policy) {
-            let key = SourceKey {
-                prefixlen: SourceKey::POLICY_BITS + u32::from(net.prefix_len()),
-                policy: *id,
-                addr: net.network().octets(),
-            };
+            let key = (
+                SourceData::POLICY_BITS + u32::from(net.prefix_len()),
+                SourceData {
+                    policy: *id,
+                    addr: net.network().octets(),
+                },
+            );
             let verdict = match verdict {
                 SourceVerdict::Admit => source_verdict::ADMIT,
                 SourceVerdict::Refuse => source_verdict::REFUSE,
@@ -56,6 +62,25 @@ pub fn source_entries(sources: &GateSources) -> BTreeMap<SourceKey, SourceValue>
         }
     }
     out
+}
+
+/// Pure: the SOURCES operations that move `current` to `desired`: upserts (applied before
+/// HOSTS changes) and removals (applied after them).
+pub fn plan_sources(
+    current: &BTreeMap<SourceKey, SourceValue>,
+    desired: &BTreeMap<SourceKey, SourceValue>,
+) -> (Vec<(SourceKey, SourceValue)>, Vec<SourceKey>) {
+    let upserts = desired
+        .iter()
+        .filter(|(key, value)| current.get(key) != Some(value))
+        .map(|(key, value)| (*key, *value))
+        .collect();
+    let removals = current
+        .keys()
+        .filter(|key| !desired.contains_key(key))
+        .copied()
+        .collect();
+    (upserts, removals)
 }
 
 /// The CONFIG entry for `policy`, published as snapshot `generation`.
@@ -135,7 +160,7 @@ mod tests {
     }
 
     fn value(action: u32) -> HostValue {
-        HostValue { action }
+        HostValue { action, policy: 0 }
     }
 
     fn map(entries: &[(&str, u32)]) -> BTreeMap<HostKey, HostValue> {
@@ -212,11 +237,11 @@ mod tests {
         let bit = |b: &[u8; 20], i: u32| (b[(i / 8) as usize] >> (7 - i % 8)) & 1;
         entries
             .iter()
-            .filter(|(key, _)| {
-                let have = bytes(key.policy, key.addr);
-                (0..key.prefixlen).all(|i| bit(&have, i) == bit(&want, i))
+            .filter(|((prefixlen, data), _)| {
+                let have = bytes(data.policy, data.addr);
+                (0..*prefixlen).all(|i| bit(&have, i) == bit(&want, i))
             })
-            .max_by_key(|(key, _)| key.prefixlen)
+            .max_by_key(|((prefixlen, _), _)| *prefixlen)
             .map(|(_, value)| value.verdict)
     }
 
@@ -242,7 +267,7 @@ mod tests {
         assert!(
             entries
                 .keys()
-                .all(|k| k.prefixlen >= SourceKey::POLICY_BITS)
+                .all(|(prefix, _)| *prefix >= SourceData::POLICY_BITS)
         );
         let clients = [
             "10.2.0.1",

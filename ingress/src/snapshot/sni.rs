@@ -128,6 +128,23 @@ pub fn decide(policy: &SniPolicy, hello: &Result<ClientHello<'_>, Reject>) -> (A
     }
 }
 
+/// [`decide`] for a connection from `client`: a known name whose host's source ranges refuse
+/// it is dropped (reason source_refused), as the kernel's SOURCES lookup does.
+pub fn decide_for(
+    policy: &SniPolicy,
+    hello: &Result<ClientHello<'_>, Reject>,
+    client: IpAddr,
+) -> (Action, Reason) {
+    let (action, reason) = decide(policy, hello);
+    if matches!(reason, Reason::Pass | Reason::Passthrough)
+        && let Ok(name) = client_hello::gate(hello)
+        && policy.source_refuses(name.as_str(), client)
+    {
+        return (Action::Drop, Reason::SourceRefused);
+    }
+    (action, reason)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
