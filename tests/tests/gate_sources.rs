@@ -16,13 +16,16 @@
 // Setup helpers fail the test with a message, as the test bodies do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
 
 use ingress_tests::bpftool;
-use ingress_tests::gate_site::{KNOWN, MAIN, Site, scrape_until};
+use ingress_tests::gate_site::{KNOWN, MAIN, STEP, Site, scrape_until, server};
 use ingress_tests::netns::CLIENT_IP;
 use ingress_tests::scrape::Scrape;
+use ingress_tests::tls_client::{Outcome, Pieces, https_get};
 use ingress_tests::{Mode, both_modes};
+use tokio::net::TcpStream;
 
 /// The client namespace's second address: outside every allow-list below.
 const OTHER_IP: Ipv4Addr = Ipv4Addr::new(10, 231, 0, 3);
@@ -179,4 +182,55 @@ async fn clients_outside_a_hosts_ranges_are_refused_at_the_gate(mode: Mode) {
         assert!(hosts.contains("\"policy\""), "{hosts}");
     }
     assert!(!proxy.logs().contains("ERROR"), "{}", proxy.logs());
+}
+
+/// A connection to the HTTPS port from the client namespace's address `from`.
+async fn connect_from(site: &Site, from: Ipv4Addr) -> TcpStream {
+    let socket = site.pair.client.tcp_sockets(1).pop().expect("a socket");
+    socket
+        .bind(SocketAddr::new(IpAddr::V4(from), 0))
+        .expect("bind the client address");
+    let stream = tokio::time::timeout(STEP, socket.connect(server(MAIN.https)))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+both_modes!(a_split_client_hello_is_judged_by_source_on_the_socket_path);
+
+/// A ClientHello in pieces is not judged by the TC program but by the stream verdict, after
+/// the kernel reassembled it: the same ranges apply there, with the socket's remote address.
+async fn a_split_client_hello_is_judged_by_source_on_the_socket_path(mode: Mode) {
+    let Some(site) = site(&format!("srcsplit-{}", mode.flag())) else {
+        return;
+    };
+    let proxy = site.start(mode, &[]);
+    let split = |stream| Pieces::new(stream, &[5, 150], Duration::from_millis(100));
+
+    let before = proxy.scrape();
+    let stream = split(connect_from(&site, CLIENT_IP).await);
+    let outcome = https_get(stream, &site.clients, Some(ALLOWED), ALLOWED).await;
+    assert_eq!(outcome, Outcome::Served(200), "logs:\n{}", proxy.logs());
+
+    let stream = split(connect_from(&site, OTHER_IP).await);
+    let outcome = https_get(stream, &site.clients, Some(ALLOWED), ALLOWED).await;
+    assert_eq!(outcome, Outcome::Reset, "logs:\n{}", proxy.logs());
+    let after = scrape_until(&proxy, "one source refusal", |s| {
+        s.gate("source_refused") > before.gate("source_refused")
+    })
+    .await;
+    assert_eq!(
+        after.gate("source_refused") - before.gate("source_refused"),
+        1.0
+    );
+    assert_eq!(after.gate("pass") - before.gate("pass"), 1.0);
+    if mode == Mode::Ebpf {
+        let delta = |name: &str| after.kernel(name) - before.kernel(name);
+        assert_eq!(delta("source_refused"), 1.0, "{}", after.0);
+        // Judged after reassembly, by the stream verdict: not before accept.
+        assert_eq!(delta("reset_before_accept_source_refused"), 0.0);
+        assert!(delta("parser_waited") >= 2.0, "the hellos arrived whole");
+    }
 }
