@@ -3,7 +3,8 @@
 //! nested in the allow-list, is reset before any handshake: in eBPF mode before accept, by the
 //! TC program's SOURCES lookup (the kernel's counter moves, the proxy accepts nothing), in
 //! userspace mode after accept with the same reason. A host whose paths differ in policy is not
-//! judged by the gate: the access phase's 403 answers.
+//! judged by the gate: the access phase's 403 answers. A split ClientHello is judged by the
+//! stream verdict, and a passthrough host's allow-list (set live) by the gate too.
 //!
 //! ```text
 //!   client ns 10.231.0.2 (allowed) ─┐
@@ -233,4 +234,89 @@ async fn a_split_client_hello_is_judged_by_source_on_the_socket_path(mode: Mode)
         assert_eq!(delta("reset_before_accept_source_refused"), 0.0);
         assert!(delta("parser_waited") >= 2.0, "the hellos arrived whole");
     }
+}
+
+both_modes!(a_passthrough_hosts_ranges_refuse_at_the_gate);
+
+/// An `ssl-passthrough` host with an allow-list: its one route decides, so the gate judges it.
+/// The allowed client reaches the backend's own TLS; the other address is reset without the
+/// backend ever being dialled.
+async fn a_passthrough_hosts_ranges_refuse_at_the_gate(mode: Mode) {
+    use ingress_tests::netns::NetChain;
+    use ingress_tests::passthrough::{DB, HTTPS, Site as PassSite};
+    use ingress_tests::tls_client::{client_hello, send_raw};
+
+    let Some(site) = PassSite::start(&format!("srcpt-{}", mode.flag()), mode, &[]).await else {
+        return;
+    };
+    let other = Ipv4Addr::new(10, 241, 0, 3);
+    site.net
+        .client
+        .ip(&["addr", "add", &format!("{other}/24"), "dev", "c0"])
+        .expect("a second client address");
+    // The db Ingress is the first passthrough one in the site's manifests: give it an
+    // allow-list of the client's main address, live.
+    let file = site.dir.path().join("manifests/site.yaml");
+    let yaml = std::fs::read_to_string(&file).expect("read manifests");
+    let plain = "annotations: {nginx.ingress.kubernetes.io/ssl-passthrough: \"true\"}";
+    let ranged = format!(
+        "annotations: {{nginx.ingress.kubernetes.io/ssl-passthrough: \"true\", nginx.ingress.kubernetes.io/whitelist-source-range: \"{}/32\"}}",
+        NetChain::CLIENT_IP
+    );
+    assert!(yaml.contains(plain), "{yaml}");
+    let tmp = site.dir.path().join("manifests/.site.yaml.tmp");
+    std::fs::write(&tmp, yaml.replacen(plain, &ranged, 1)).expect("write manifests");
+    std::fs::rename(&tmp, &file).expect("rename manifests");
+
+    let hello = client_hello(DB);
+    let refused = || site.metric("ingress_sni_gate_total", &[("reason", "source_refused")]);
+    let kernel = |counter: &str| site.metric("ingress_ebpf_gate_total", &[("counter", counter)]);
+    let before_kernel = kernel("source_refused");
+    // Until the new snapshot is published the other address still gets through; then it is
+    // reset at the gate.
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let socket = site.net.client.tcp_sockets(1).pop().expect("a socket");
+        socket
+            .bind(SocketAddr::new(IpAddr::V4(other), 0))
+            .expect("bind the other address");
+        let stream = tokio::time::timeout(
+            STEP,
+            socket.connect(SocketAddr::from((NetChain::PROXY_IP, HTTPS))),
+        )
+        .await
+        .expect("connect in time")
+        .expect("connect");
+        send_raw(stream, &[&hello], Duration::ZERO).await;
+        if refused() >= 1.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never refused by source:\n{}",
+            site.proxy.metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(refused(), 1.0);
+    if mode == Mode::Ebpf {
+        // rustls' hello (with its post-quantum key share) takes two segments on this link, so
+        // the stream verdict decides it rather than the TC program.
+        assert_eq!(
+            kernel("source_refused") - before_kernel,
+            1.0,
+            "{}",
+            site.proxy.metrics()
+        );
+    }
+    assert_eq!(
+        site.passthrough_metric("ingress_passthrough_failures_total"),
+        0.0,
+        "the access phase was reached"
+    );
+    // The allowed client still reaches the backend's own TLS.
+    let mut tls = site.tls(DB).await;
+    use tokio::io::AsyncWriteExt;
+    tls.write_all(b"E").await.expect("command");
+    tls.flush().await.expect("flush");
 }
