@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   sock_ops ──insert──► SOCKS (cookie → socket) ──► stream parser / verdict
-//!                                                      │  reads CONFIG, HOSTS
+//!                                                      │  reads CONFIG, HOSTS, SOURCES
 //!                                                      ├─► VERDICTS (cookie → VerdictRecord)
 //!                                                      ├─► EVENTS   (GateEvent, ring buffer)
 //!                                                      └─► COUNTERS (per-CPU, by `counter::*`)
@@ -122,16 +122,19 @@ pub enum Reason {
     Malformed = 5,
     /// Not TLS at all (plain HTTP, SSLv2, noise).
     NotTls = 6,
+    /// A known name whose host's source ranges refuse the client's address.
+    SourceRefused = 7,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::Pass,
         Reason::Unknown,
         Reason::NoSni,
         Reason::Malformed,
         Reason::NotTls,
         Reason::Passthrough,
+        Reason::SourceRefused,
     ];
 
     pub const fn from_u32(value: u32) -> Option<Reason> {
@@ -142,6 +145,7 @@ impl Reason {
             reason::NO_SNI => Some(Reason::NoSni),
             reason::MALFORMED => Some(Reason::Malformed),
             reason::NOT_TLS => Some(Reason::NotTls),
+            reason::SOURCE_REFUSED => Some(Reason::SourceRefused),
             _ => None,
         }
     }
@@ -155,6 +159,7 @@ impl Reason {
             Reason::NoSni => "no_sni",
             Reason::Malformed => "malformed",
             Reason::NotTls => "not_tls",
+            Reason::SourceRefused => "source_refused",
         }
     }
 }
@@ -175,6 +180,7 @@ pub mod reason {
     pub const NO_SNI: u32 = Reason::NoSni as u32;
     pub const MALFORMED: u32 = Reason::Malformed as u32;
     pub const NOT_TLS: u32 = Reason::NotTls as u32;
+    pub const SOURCE_REFUSED: u32 = Reason::SourceRefused as u32;
 
     /// A stable label for a stored reason.
     pub const fn as_str(value: u32) -> &'static str {
@@ -256,8 +262,13 @@ pub mod counter {
     /// Admitted first records the kernel could not hand userspace in their event (the ring
     /// buffer was full, or the message was not a lone record): left in the socket instead.
     pub const UNDELIVERED: u32 = 28;
+    /// Verdicts with reason source_refused (a slot of its own: the reasons' slots above are
+    /// followed by DROPPED).
+    pub const SOURCE_REFUSED: u32 = 29;
+    /// Connections the TC program reset before accept because of their source address.
+    pub const RESET_BEFORE_ACCEPT_SOURCE_REFUSED: u32 = 30;
     /// Slots in the array.
-    pub const LEN: u32 = 29;
+    pub const LEN: u32 = 31;
 
     /// The before-accept counter for a dropped verdict's reason.
     pub const fn reset_before_accept(reason: u32) -> Option<u32> {
@@ -266,13 +277,18 @@ pub mod counter {
             super::reason::NO_SNI => Some(RESET_BEFORE_ACCEPT_NO_SNI),
             super::reason::MALFORMED => Some(RESET_BEFORE_ACCEPT_MALFORMED),
             super::reason::NOT_TLS => Some(RESET_BEFORE_ACCEPT_NOT_TLS),
+            super::reason::SOURCE_REFUSED => Some(RESET_BEFORE_ACCEPT_SOURCE_REFUSED),
             _ => None,
         }
     }
 
     /// The counter for a verdict's reason.
     pub const fn for_reason(reason: u32) -> u32 {
-        reason.wrapping_sub(1)
+        if reason == super::reason::SOURCE_REFUSED {
+            SOURCE_REFUSED
+        } else {
+            reason.wrapping_sub(1)
+        }
     }
 
     /// A stable label for each index, for `/metrics`.
@@ -307,6 +323,8 @@ pub mod counter {
             OTHER_LISTENER => "other_listener",
             DEFERRED => "deferred",
             UNDELIVERED => "undelivered",
+            SOURCE_REFUSED => "source_refused",
+            RESET_BEFORE_ACCEPT_SOURCE_REFUSED => "reset_before_accept_source_refused",
             _ => "invalid",
         }
     }
@@ -328,6 +346,47 @@ pub struct HostKey {
 pub struct HostValue {
     /// [`action::PASS`] or [`action::PASSTHROUGH`].
     pub action: u32,
+    /// The host's source policy in SOURCES; 0: the gate does not judge its clients by source
+    /// (the proxy's access phase does).
+    pub policy: u32,
+}
+
+/// Entries the SOURCES trie can hold: every judged policy's ranges, plus two defaults each.
+pub const MAX_SOURCE_ENTRIES: u32 = 65536;
+
+/// The data of a SOURCES key (an LPM trie, keyed `{prefixlen: u32, data: SourceData}`): a
+/// source policy id, then a client address. The prefix length counts bits from the start of
+/// `policy`, so it is always at least [`SourceData::POLICY_BITS`]: a lookup never crosses from
+/// one policy into another. IPv4 addresses are keyed v4-mapped (`::ffff:a.b.c.d`, their prefix
+/// + 96), as [`FlowKey`] holds them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceData {
+    /// The policy id from the host's [`HostValue`]; never 0 (0 means "not judged").
+    pub policy: u32,
+    /// Network byte order.
+    pub addr: [u8; 16],
+}
+
+impl SourceData {
+    /// The bits of `policy` every key's prefix covers.
+    pub const POLICY_BITS: u32 = 32;
+    /// A lookup's prefix length: the policy and the whole address.
+    pub const FULL_BITS: u32 = 32 + 128;
+}
+
+/// A SOURCES value: what the longest matching range says.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SourceValue {
+    /// [`source_verdict::ADMIT`] or [`source_verdict::REFUSE`].
+    pub verdict: u32,
+}
+
+/// [`SourceValue::verdict`]'s values.
+pub mod source_verdict {
+    pub const ADMIT: u32 = 1;
+    pub const REFUSE: u32 = 2;
 }
 
 /// The single CONFIG entry (index 0).
@@ -456,6 +515,9 @@ pub struct Workspace {
     pub key: HostKey,
     /// The `*.parent` lookup key.
     pub wild: HostKey,
+    /// The client's address (v4-mapped, network byte order), set by the caller before each
+    /// decision, for the SOURCES lookup.
+    pub client: [u8; 16],
     /// The extension types recorded in `seen`, in order, to clear them afterwards.
     pub types: [u16; MAX_EXTENSIONS as usize],
     /// One bit per extension type; all zero between runs.
@@ -582,6 +644,8 @@ mod pod {
     pod!(
         HostKey,
         HostValue,
+        SourceData,
+        SourceValue,
         GateConfig,
         VerdictRecord,
         GateEvent,
@@ -602,9 +666,11 @@ mod tests {
     /// The sum of the field sizes equals the type's size, so there is no padding anywhere.
     #[test]
     fn types_have_no_padding() {
-        let cases: [(&str, usize, usize, usize); 9] = [
+        let cases: [(&str, usize, usize, usize); 11] = [
             ("HostKey", size_of::<HostKey>(), HOST_KEY_LEN, 1),
-            ("HostValue", size_of::<HostValue>(), 4, 4),
+            ("HostValue", size_of::<HostValue>(), 4 + 4, 4),
+            ("SourceData", size_of::<SourceData>(), 4 + 16, 4),
+            ("SourceValue", size_of::<SourceValue>(), 4, 4),
             (
                 "GateConfig",
                 size_of::<GateConfig>(),
@@ -625,6 +691,7 @@ mod tests {
                 "Workspace",
                 size_of::<Workspace>(),
                 2 * HOST_KEY_LEN
+                    + 16
                     + 2 * MAX_EXTENSIONS as usize
                     + 8 * SEEN_WORDS
                     + size_of::<GateEvent>()
@@ -635,6 +702,8 @@ mod tests {
         let aligns = [
             align_of::<HostKey>(),
             align_of::<HostValue>(),
+            align_of::<SourceData>(),
+            align_of::<SourceValue>(),
             align_of::<GateConfig>(),
             align_of::<VerdictRecord>(),
             align_of::<GateEvent>(),

@@ -45,7 +45,7 @@ use ingress_common::{VerdictRecord, action, counter};
 
 use crate::hello::{self, Frame, Packet as _};
 use crate::segment::{self, L3, Payload, Segment};
-use crate::{CONFIG, LISTENERS, PASSED_EARLY, count, decide, port_gated, work};
+use crate::{CONFIG, LISTENERS, PASSED_EARLY, address_bytes, count, decide, port_gated, work};
 
 /// `offsetof(struct tcp_request_sock, rcv_isn)` and `snt_isn` on the running kernel, from its
 /// BTF, written by userspace at load. Until then (`u32::MAX`) nothing is judged here.
@@ -108,7 +108,7 @@ pub fn judge(ctx: &TcContext) -> Option<()> {
         record_len: 0,
         delivered: 0,
     };
-    if !decide_segment(&seg.payload, &mut record) {
+    if !decide_segment(&seg.payload, seg.flow.remote_ip, &mut record) {
         return None;
     }
     match record.action {
@@ -145,12 +145,15 @@ pub fn judge(ctx: &TcContext) -> Option<()> {
 /// The decision on the segment's payload, in `record` (`record_len` left 0); `false` if there
 /// is none (no free workspace, no config). A frame of its own, as `first_of_ours`.
 #[inline(never)]
-fn decide_segment(payload: &Payload, record: &mut VerdictRecord) -> bool {
+fn decide_segment(payload: &Payload, client: [u32; 4], record: &mut VerdictRecord) -> bool {
     let Some(claim) = work::claim() else {
         return false;
     };
     // SAFETY: the claimed slot is this run's alone until it is released below.
-    let decision = decide(*payload, unsafe { &mut *claim.work });
+    let work = unsafe { &mut *claim.work };
+    // The flow holds the client v4-mapped, as SOURCES keys it.
+    work.client = address_bytes(client);
+    let decision = decide(*payload, work);
     work::release(claim);
     let Some(decision) = decision else {
         return false;

@@ -71,7 +71,9 @@ use aya_ebpf::{
         BPF_TCP_CLOSE, TC_ACT_UNSPEC, bpf_map_type::BPF_MAP_TYPE_SK_STORAGE, bpf_sock, sk_action,
         xdp_action,
     },
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SockHash},
+    btf_maps::{
+        Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SockHash, lpm_trie::Key,
+    },
     helpers::{
         bpf_probe_read_kernel,
         generated::{
@@ -87,7 +89,8 @@ use core::ptr::{null_mut, read_volatile};
 use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
     FlowKey, GateConfig, GateEvent, HostKey, HostValue, MAX_CONNECTIONS, MAX_RECORD_LEN,
-    SpliceEntry, SpliceState, VerdictRecord, action, counter, reason,
+    MAX_SOURCE_ENTRIES, SourceData, SourceValue, SpliceEntry, SpliceState, VerdictRecord, action,
+    counter, reason, source_verdict,
 };
 
 const AF_INET: u32 = 2;
@@ -97,6 +100,10 @@ const CONNS: usize = MAX_CONNECTIONS as usize;
 
 #[btf_map]
 static HOSTS: HashMap<HostKey, HostValue, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+/// Each judged host's source ranges, by policy id (the id in its HostValue): one
+/// longest-prefix lookup per connection decides, with no loop over ranges.
+#[btf_map]
+static SOURCES: LpmTrie<SourceData, SourceValue, { MAX_SOURCE_ENTRIES as usize }> = LpmTrie::new();
 #[btf_map]
 static CONFIG: Array<GateConfig, 1> = Array::new();
 #[btf_map]
@@ -424,6 +431,7 @@ pub fn gate_verdict(ctx: SkBuffContext) -> u32 {
 #[inline(always)]
 fn judge_message(ctx: &SkBuffContext, cookie: u64, work: &mut Workspace) -> u32 {
     let skb = ctx.skb.skb;
+    client_of(skb, work);
     let Some(decision) = decide(Skb(skb), work) else {
         return sk_action::SK_PASS;
     };
@@ -732,6 +740,9 @@ pub fn gate_probe(ctx: XdpContext) -> u32 {
     };
     // SAFETY: the claimed slot is this run's alone until it is released below.
     let work = unsafe { &mut *claim.work };
+    // The corpus judges names, not addresses: `::`, which no source range admits or refuses
+    // unless it names it.
+    work.client = [0; 16];
     if let Some(decision) = ProbeBuffer::new(ctx.ctx).and_then(|buffer| decide(buffer, work))
         && let Some(slot) = PROBE.get_ptr_mut(0)
     {
@@ -785,7 +796,10 @@ pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision
         Some(host) => {
             // SAFETY: a live map value, copied out at once.
             let host = unsafe { *host };
-            if host.action == action::PASSTHROUGH {
+            if host.policy != 0 && source_refused(host.policy, work) {
+                decision.action = action::DROP;
+                decision.reason = reason::SOURCE_REFUSED;
+            } else if host.action == action::PASSTHROUGH {
                 decision.action = action::PASSTHROUGH;
                 decision.reason = reason::PASSTHROUGH;
             } else {
@@ -801,6 +815,23 @@ pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision
         }
     }
     Some(decision)
+}
+
+/// Whether the client in `work.client` is refused by source policy `policy`. Every policy has
+/// a `/0` entry, so a lookup without a match (a policy userspace is still writing) admits: the
+/// access phase judges such a connection after accept.
+#[inline(always)]
+fn source_refused(policy: u32, work: &Workspace) -> bool {
+    let key = Key::new(
+        SourceData::FULL_BITS,
+        SourceData {
+            policy,
+            addr: work.client,
+        },
+    );
+    SOURCES
+        .get(&key)
+        .is_some_and(|value| value.verdict == source_verdict::REFUSE)
 }
 
 /// The configured action for a case without a name: only an explicit drop drops.
@@ -887,6 +918,45 @@ fn fill_addresses(event: *mut GateEvent, skb: *mut __sk_buff) {
             e.remote_ip[3] = read_volatile(&raw const (*skb).remote_ip6[3]);
         }
     }
+}
+
+/// The socket's remote address into `work.client`, v4-mapped for IPv4 as SOURCES keys it.
+/// Every field is read whatever the family, and the choice made on the values: reads chosen by
+/// a branch get merged by the compiler into one load at a variable context offset, which the
+/// verifier refuses.
+#[inline(always)]
+fn client_of(skb: *mut __sk_buff, work: &mut Workspace) {
+    // SAFETY: fixed-offset reads of the program's context, as in `fill_addresses`.
+    let (family, v4, v6) = unsafe {
+        (
+            read_volatile(&raw const (*skb).family),
+            read_volatile(&raw const (*skb).remote_ip4),
+            [
+                read_volatile(&raw const (*skb).remote_ip6[0]),
+                read_volatile(&raw const (*skb).remote_ip6[1]),
+                read_volatile(&raw const (*skb).remote_ip6[2]),
+                read_volatile(&raw const (*skb).remote_ip6[3]),
+            ],
+        )
+    };
+    let ip = if family == AF_INET {
+        FlowKey::v4_mapped(v4)
+    } else {
+        v6
+    };
+    work.client = address_bytes(ip);
+}
+
+/// Four network-order words as the sixteen bytes they hold in memory.
+#[inline(always)]
+pub(crate) fn address_bytes(ip: [u32; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    let [a, b, c, d] = ip.map(u32::to_ne_bytes);
+    out[..4].copy_from_slice(&a);
+    out[4..8].copy_from_slice(&b);
+    out[8..12].copy_from_slice(&c);
+    out[12..].copy_from_slice(&d);
+    out
 }
 
 #[inline(always)]

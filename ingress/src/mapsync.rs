@@ -8,7 +8,9 @@
 //! ```
 //!
 //! Within each sync the gate writes additions before removals, so a name valid in both
-//! snapshots is present at every instant (see `gate::policy`).
+//! snapshots is present at every instant (see `gate::policy`); a host's source ranges
+//! (SOURCES) are written before any name points at them and removed after none does, and a
+//! name whose ranges change is not judged by the kernel until the swap (`GateSources::union`).
 //!
 //! A snapshot not built from synced sources (generation 0, what `Published` holds before the
 //! first publish) is never written: the pinned HOSTS of a previous run stay as they are until
@@ -24,6 +26,7 @@ use prometheus_client::registry::Registry;
 use crate::gate::{Gate, GateError, SyncReport};
 use crate::publish::PublishHook;
 use crate::snapshot::Snapshot;
+use crate::snapshot::gate_sources::GateSources;
 use crate::snapshot::sni::SniPolicy;
 
 /// Where the kernel's host map is written: the gate, or a recording stand-in in tests.
@@ -103,13 +106,16 @@ impl<M: HostMap> PublishHook for MapSync<M> {
 
 /// What the kernel must admit while a publish from `old` to `new` is under way: both
 /// snapshots' names (a name in both keeps the action `new` gives it), a catch-all if either
-/// has one, and `new`'s answer for connections that name no host.
+/// has one, `new`'s answer for connections that name no host, and the source policies of both
+/// (a name whose policy changes is not judged by source until the swap: see
+/// [`GateSources::union`]).
 pub fn union_policy(new: &SniPolicy, old: &SniPolicy) -> SniPolicy {
     let mut union = new.clone();
     for (name, action) in &old.names {
         union.names.entry(name.clone()).or_insert(*action);
     }
     union.catch_all |= old.catch_all;
+    union.sources = GateSources::union(&new.sources, &old.sources);
     union
 }
 

@@ -172,10 +172,23 @@ impl Site {
 
     /// `curl` against the HTTPS listener on `port`.
     pub async fn curl_port(&self, name: &str, port: u16) -> Result<u16, Option<i32>> {
-        let out = self
-            .pair
-            .client
-            .command("curl")
+        self.curl_from(name, port, "/", None).await
+    }
+
+    /// `curl https://<name>:<port><path>`, from the client namespace's `source` address
+    /// (`--interface`) when given, else its main one.
+    pub async fn curl_from(
+        &self,
+        name: &str,
+        port: u16,
+        path: &str,
+        source: Option<IpAddr>,
+    ) -> Result<u16, Option<i32>> {
+        let mut cmd = self.pair.client.command("curl");
+        if let Some(source) = source {
+            cmd.arg("--interface").arg(source.to_string());
+        }
+        let out = cmd
             .args([
                 "-s",
                 "-o",
@@ -189,7 +202,7 @@ impl Site {
             .arg(&self.ca_file)
             .arg("--resolve")
             .arg(format!("{name}:{port}:{SERVER_IP}"))
-            .arg(format!("https://{name}:{port}/"))
+            .arg(format!("https://{name}:{port}{path}"))
             .kill_on_drop(true)
             .output();
         let out = tokio::time::timeout(STEP * 2, out)

@@ -5,13 +5,14 @@
 use crate::client::metric_value;
 
 /// The reasons the gate decides for, as the metrics label them.
-pub const REASONS: [&str; 6] = [
+pub const REASONS: [&str; 7] = [
     "pass",
     "unknown",
     "no_sni",
     "malformed",
     "not_tls",
     "passthrough",
+    "source_refused",
 ];
 
 /// The text of one scrape.

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{
-    Array, HashMap as BpfHashMap, Map, MapData, MapInfo, PerCpuArray, RingBuf, SkStorage, SockHash,
+    Array, HashMap as BpfHashMap, LpmTrie, Map, MapData, MapInfo, PerCpuArray, RingBuf, SkStorage,
+    SockHash,
 };
 use aya::programs::{CgroupAttachMode, ProgramError, SchedClassifier, SkSkb, SockOps, Xdp};
 use aya::sys::SyscallError;
@@ -23,8 +24,9 @@ use super::{
 };
 
 /// Maps pinned by name: (map symbol, pin file, kept across restarts).
-const PINNED: [(&str, &str, bool); 11] = [
+const PINNED: [(&str, &str, bool); 12] = [
     ("HOSTS", pins::HOSTS, true),
+    ("SOURCES", pins::SOURCES, true),
     ("CONFIG", pins::CONFIG, true),
     ("COUNTERS", pins::COUNTERS, true),
     ("VERDICTS", pins::VERDICTS, false),
@@ -105,6 +107,14 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         .iter()
         .filter_map(|entry| entry.ok())
         .collect::<BTreeMap<_, _>>();
+    let sources: LpmTrie<MapData, ingress_common::SourceData, ingress_common::SourceValue> =
+        take(&mut ebpf, "SOURCES")?;
+    // What a previous run left (kept with HOSTS, whose ids point into it), diffed against.
+    let current_sources = sources
+        .iter()
+        .filter_map(|entry| entry.ok())
+        .map(|(key, value)| ((key.prefix_len(), key.data()), value))
+        .collect::<BTreeMap<_, _>>();
     let socks: SockHash<MapData, u64> = take(&mut ebpf, "SOCKS")?;
     let socks_fd = socks.fd().try_clone().map_err(GateError::Socket)?;
     let splice_socks: SockHash<MapData, u64> = take(&mut ebpf, "SPLICE_SOCKS")?;
@@ -127,6 +137,8 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
             map: hosts,
             current,
             config: None,
+            sources,
+            current_sources,
         }),
         config: Mutex::new(take(&mut ebpf, "CONFIG")?),
         verdicts: Mutex::new(take(&mut ebpf, "VERDICTS")?),

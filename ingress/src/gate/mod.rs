@@ -128,6 +128,8 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ingress";
 pub mod pins {
     /// Kept across restarts: the policy and the counters.
     pub const HOSTS: &str = "hosts";
+    /// Each judged host's source ranges (an LPM trie), by the policy id in its HOSTS value.
+    pub const SOURCES: &str = "sources";
     pub const CONFIG: &str = "config";
     pub const COUNTERS: &str = "counters";
     /// Replaced on every load: per-socket state of the previous process means nothing now.
@@ -384,6 +386,8 @@ struct HostsState {
     map: BpfHashMap<MapData, HostKey, HostValue>,
     current: std::collections::BTreeMap<HostKey, HostValue>,
     config: Option<ingress_common::GateConfig>,
+    sources: aya::maps::LpmTrie<MapData, ingress_common::SourceData, ingress_common::SourceValue>,
+    current_sources: std::collections::BTreeMap<policy::SourceKey, ingress_common::SourceValue>,
 }
 
 impl Gate {
@@ -489,18 +493,33 @@ impl Shared {
             );
         }
         let config = policy::config(desired, generation, self.netns_cookie, &self.ports);
-        self.write_hosts(generation, &entries, config, &rejected)
+        let sources = policy::source_entries(&desired.sources);
+        self.write_hosts(generation, &entries, &sources, config, &rejected)
     }
 
     fn write_hosts(
         &self,
         generation: u64,
         entries: &std::collections::BTreeMap<HostKey, HostValue>,
+        sources: &std::collections::BTreeMap<policy::SourceKey, ingress_common::SourceValue>,
         config: ingress_common::GateConfig,
         rejected: &[String],
     ) -> Result<SyncReport> {
         let mut hosts = lock(&self.hosts);
         let steps = plan(&hosts.current, entries);
+        let (source_upserts, source_removals) =
+            policy::plan_sources(&hosts.current_sources, sources);
+        let sources_err = |source| GateError::Map {
+            name: "SOURCES",
+            source,
+        };
+        // A policy's entries before any host points at its id, and removed only after none
+        // does: a lookup always finds the policy's `/0` entry at least.
+        for ((prefix, data), value) in &source_upserts {
+            let key = aya::maps::lpm_trie::Key::new(*prefix, *data);
+            hosts.sources.insert(&key, *value, 0).map_err(sources_err)?;
+            hosts.current_sources.insert((*prefix, *data), *value);
+        }
         let map_err = |source| GateError::Map {
             name: "HOSTS",
             source,
@@ -524,6 +543,14 @@ impl Shared {
                 Err(source) => return Err(map_err(source)),
             }
             hosts.current.remove(key);
+        }
+        for (prefix, data) in &source_removals {
+            let key = aya::maps::lpm_trie::Key::new(*prefix, *data);
+            match hosts.sources.remove(&key) {
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(source) => return Err(sources_err(source)),
+            }
+            hosts.current_sources.remove(&(*prefix, *data));
         }
         if !steps.is_empty() {
             tracing::debug!(

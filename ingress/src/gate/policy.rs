@@ -8,8 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use ingress_common::{GateConfig, HostKey, HostValue, MAX_PORTS};
+use ingress_common::{
+    GateConfig, HostKey, HostValue, MAX_PORTS, SourceData, SourceValue, source_verdict,
+};
 
+use crate::snapshot::gate_sources::{self, GateSources, SourceVerdict};
 use crate::snapshot::sni::{Admit, SniPolicy, UnnamedPolicy};
 
 /// The HOSTS entries for `policy`, and the names that cannot be keys (empty, NUL, 256 bytes or
@@ -24,6 +27,7 @@ pub fn entries(policy: &SniPolicy) -> (BTreeMap<HostKey, HostValue>, Vec<String>
                     key,
                     HostValue {
                         action: *action as u32,
+                        policy: policy.sources.ids.get(name).copied().unwrap_or(0),
                     },
                 );
             }
@@ -31,6 +35,52 @@ pub fn entries(policy: &SniPolicy) -> (BTreeMap<HostKey, HostValue>, Vec<String>
         }
     }
     (entries, rejected)
+}
+
+/// A SOURCES key as userspace keeps it: (prefix length from the start of the data, data).
+pub type SourceKey = (u32, SourceData);
+
+/// The SOURCES entries for the judged names' policies: each policy's LPM entries
+/// ([`gate_sources::entries`]) under its id. The kernel's longest match for (id, client) is
+/// then `SourcePolicy::admits` for that client (see the tests).
+pub fn source_entries(sources: &GateSources) -> BTreeMap<SourceKey, SourceValue> {
+    let mut out = BTreeMap::new();
+    for (id, policy) in &sources.policies {
+        for (net, verdict) in gate_sources::entries(policy) {
+            let key = (
+                SourceData::POLICY_BITS + u32::from(net.prefix_len()),
+                SourceData {
+                    policy: *id,
+                    addr: net.network().octets(),
+                },
+            );
+            let verdict = match verdict {
+                SourceVerdict::Admit => source_verdict::ADMIT,
+                SourceVerdict::Refuse => source_verdict::REFUSE,
+            };
+            out.insert(key, SourceValue { verdict });
+        }
+    }
+    out
+}
+
+/// Pure: the SOURCES operations that move `current` to `desired`: upserts (applied before
+/// HOSTS changes) and removals (applied after them).
+pub fn plan_sources(
+    current: &BTreeMap<SourceKey, SourceValue>,
+    desired: &BTreeMap<SourceKey, SourceValue>,
+) -> (Vec<(SourceKey, SourceValue)>, Vec<SourceKey>) {
+    let upserts = desired
+        .iter()
+        .filter(|(key, value)| current.get(key) != Some(value))
+        .map(|(key, value)| (*key, *value))
+        .collect();
+    let removals = current
+        .keys()
+        .filter(|key| !desired.contains_key(key))
+        .copied()
+        .collect();
+    (upserts, removals)
 }
 
 /// The CONFIG entry for `policy`, published as snapshot `generation`.
@@ -110,7 +160,7 @@ mod tests {
     }
 
     fn value(action: u32) -> HostValue {
-        HostValue { action }
+        HostValue { action, policy: 0 }
     }
 
     fn map(entries: &[(&str, u32)]) -> BTreeMap<HostKey, HostValue> {
@@ -168,6 +218,80 @@ mod tests {
         );
         assert_eq!(entries.len(), 2);
         assert_eq!(rejected, vec![String::new(), long]);
+    }
+
+    /// The kernel's LPM lookup over SOURCES keys, emulated bit by bit: the longest key whose
+    /// first `prefixlen` bits of (policy, address) equal the lookup's.
+    fn lpm(
+        entries: &BTreeMap<SourceKey, SourceValue>,
+        policy: u32,
+        client: std::net::IpAddr,
+    ) -> Option<u32> {
+        let bytes = |policy: u32, addr: [u8; 16]| {
+            let mut out = [0u8; 20];
+            out[..4].copy_from_slice(&policy.to_ne_bytes());
+            out[4..].copy_from_slice(&addr);
+            out
+        };
+        let want = bytes(policy, gate_sources::mapped_addr(client).octets());
+        let bit = |b: &[u8; 20], i: u32| (b[(i / 8) as usize] >> (7 - i % 8)) & 1;
+        entries
+            .iter()
+            .filter(|((prefixlen, data), _)| {
+                let have = bytes(data.policy, data.addr);
+                (0..*prefixlen).all(|i| bit(&have, i) == bit(&want, i))
+            })
+            .max_by_key(|((prefixlen, _), _)| *prefixlen)
+            .map(|(_, value)| value.verdict)
+    }
+
+    #[test]
+    fn source_entries_give_the_access_phase_verdict_per_policy() {
+        use crate::snapshot::sources::{SourcePolicy, parse_ranges};
+        let policy = |allow: Option<&str>, deny: &str| SourcePolicy {
+            allow: allow.map(|a| parse_ranges(a).unwrap().unwrap()),
+            deny: parse_ranges(deny).unwrap().unwrap_or_else(|| [].into()),
+        };
+        let names = [
+            ("a.test", policy(Some("10.0.0.0/8"), "10.1.0.0/16")),
+            ("b.test", policy(None, "192.0.2.0/24, 2001:db8::/32")),
+            ("c.test", policy(Some("2001:db8::/32"), "")),
+        ];
+        let sources = GateSources::assign(
+            names
+                .iter()
+                .map(|(n, p)| (n.to_string(), p.clone()))
+                .collect(),
+        );
+        let entries = source_entries(&sources);
+        assert!(
+            entries
+                .keys()
+                .all(|(prefix, _)| *prefix >= SourceData::POLICY_BITS)
+        );
+        let clients = [
+            "10.2.0.1",
+            "10.1.0.1",
+            "11.0.0.1",
+            "192.0.2.9",
+            "2001:db8::1",
+            "2001:db9::1",
+        ];
+        for (name, policy) in &names {
+            let id = sources.ids[*name];
+            for client in clients {
+                let client = client.parse().unwrap();
+                let want = if policy.admits(client) {
+                    source_verdict::ADMIT
+                } else {
+                    source_verdict::REFUSE
+                };
+                assert_eq!(lpm(&entries, id, client), Some(want), "{name} {client}");
+            }
+        }
+        // An id no policy has matches nothing: never judged by another policy's ranges.
+        let unused = (1..).find(|id| !sources.policies.contains_key(id)).unwrap();
+        assert_eq!(lpm(&entries, unused, "10.2.0.1".parse().unwrap()), None);
     }
 
     #[test]

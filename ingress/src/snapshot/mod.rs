@@ -18,6 +18,7 @@ pub mod backend;
 pub mod certs;
 pub mod class;
 pub mod client_auth;
+pub mod gate_sources;
 pub mod global;
 pub mod host;
 pub mod path;
@@ -303,32 +304,57 @@ impl Snapshot {
                 built.insert(name, vhost);
             }
         }
+        // The kernel judges sources only where it sees the real client.
+        let kernel_sees_client = !global.proxy_protocol && !global.forwarded.enabled;
+        let mut gate_sources = BTreeMap::new();
         for (pattern, vhost) in built {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Pass);
+            let key = match &pattern {
+                HostPattern::Exact(name) => Some(name.clone()),
+                HostPattern::Wildcard(parent) => Some(format!("*.{parent}")),
+                HostPattern::Any => {
+                    sni.catch_all = true;
+                    None
                 }
-                HostPattern::Wildcard(parent) => {
-                    sni.names.insert(format!("*.{parent}"), sni::Action::Pass);
+            };
+            if let Some(key) = key {
+                // Every route a request for this host can reach: its paths, then its own
+                // fallback or, without one, the snapshot's.
+                let fallback = vhost
+                    .default_backend
+                    .as_ref()
+                    .or(builder.default_backend.as_ref());
+                let routes = vhost.paths.rules().iter().map(|rule| &rule.target);
+                let policy =
+                    gate_sources::uniform(routes.chain(fallback).map(|route| &route.policy.access));
+                if let Some(policy) = policy.filter(|_| kernel_sees_client) {
+                    gate_sources.insert(key.clone(), policy);
                 }
-                HostPattern::Any => sni.catch_all = true,
+                sni.names.insert(key, sni::Action::Pass);
             }
             hosts.insert(pattern, vhost);
         }
         let mut passthrough = HostTable::default();
         for (pattern, route) in builder.passthrough {
-            match &pattern {
-                HostPattern::Exact(name) => {
-                    sni.names.insert(name.clone(), sni::Action::Passthrough);
+            let key = match &pattern {
+                HostPattern::Exact(name) => Some(name.clone()),
+                HostPattern::Wildcard(parent) => Some(format!("*.{parent}")),
+                HostPattern::Any => None,
+            };
+            if let Some(key) = key {
+                // The passthrough route replaces the HTTP host of the same name at the gate.
+                match gate_sources::uniform(std::iter::once(&route.policy.access)) {
+                    Some(policy) if kernel_sees_client => {
+                        gate_sources.insert(key.clone(), policy);
+                    }
+                    _ => {
+                        gate_sources.remove(&key);
+                    }
                 }
-                HostPattern::Wildcard(parent) => {
-                    sni.names
-                        .insert(format!("*.{parent}"), sni::Action::Passthrough);
-                }
-                HostPattern::Any => {}
+                sni.names.insert(key, sni::Action::Passthrough);
             }
             passthrough.insert(pattern, route);
         }
+        sni.sources = gate_sources::GateSources::assign(gate_sources);
         diagnostics.sort();
         diagnostics.dedup();
         Snapshot {

@@ -13,7 +13,9 @@
 //! their map values once, in `gate::policy`.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
+use super::gate_sources::GateSources;
 use crate::client_hello::{self, ClientHello, Reject};
 pub use ingress_common::{Action, Reason};
 
@@ -28,19 +30,35 @@ pub struct SniPolicy {
     pub catch_all: bool,
     /// What happens when there is no name to look up.
     pub unnamed: UnnamedPolicy,
+    /// The names whose clients are also judged by source address before accept.
+    pub sources: GateSources,
 }
 
 impl SniPolicy {
     /// Exact name first, then the wildcard one label up.
     pub fn lookup(&self, name: &str) -> Option<Action> {
-        if let Some(action) = self.names.get(name) {
-            return Some(*action);
+        self.lookup_entry(name).map(|(_, action)| action)
+    }
+
+    /// The entry [`SniPolicy::lookup`] matches: its key (the name, or `*.parent`) and action.
+    pub fn lookup_entry<'a>(&'a self, name: &str) -> Option<(&'a str, Action)> {
+        if let Some((key, action)) = self.names.get_key_value(name) {
+            return Some((key, *action));
         }
         let (first, parent) = name.split_once('.')?;
         if first.is_empty() {
             return None;
         }
-        self.names.get(&format!("*.{parent}")).copied()
+        let (key, action) = self.names.get_key_value(&format!("*.{parent}"))?;
+        Some((key, *action))
+    }
+
+    /// Whether the gate refuses `client` for `name` by source address before accept: the name's
+    /// host has one source policy for all its routes, and it does not admit `client`.
+    pub fn source_refuses(&self, name: &str, client: IpAddr) -> bool {
+        self.lookup_entry(name)
+            .and_then(|(key, _)| self.sources.policy(key))
+            .is_some_and(|policy| !policy.admits(client))
     }
 
     /// The policy with `name` (lower-cased) added: for tests and callers building by hand.
@@ -110,6 +128,23 @@ pub fn decide(policy: &SniPolicy, hello: &Result<ClientHello<'_>, Reject>) -> (A
     }
 }
 
+/// [`decide`] for a connection from `client`: a known name whose host's source ranges refuse
+/// it is dropped (reason source_refused), as the kernel's SOURCES lookup does.
+pub fn decide_for(
+    policy: &SniPolicy,
+    hello: &Result<ClientHello<'_>, Reject>,
+    client: IpAddr,
+) -> (Action, Reason) {
+    let (action, reason) = decide(policy, hello);
+    if matches!(reason, Reason::Pass | Reason::Passthrough)
+        && let Ok(name) = client_hello::gate(hello)
+        && policy.source_refuses(name.as_str(), client)
+    {
+        return (Action::Drop, Reason::SourceRefused);
+    }
+    (action, reason)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +154,7 @@ mod tests {
             names: names.iter().map(|(n, a)| (n.to_string(), *a)).collect(),
             catch_all,
             unnamed: UnnamedPolicy::default(),
+            sources: GateSources::default(),
         }
     }
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 /// Who may reach a route, by source address.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Ordered only so that the gate can number distinct policies deterministically.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct SourcePolicy {
     /// `None`: no allow-list (everyone not denied).
     pub allow: Option<Arc<[IpNet]>>,

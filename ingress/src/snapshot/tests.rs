@@ -2123,3 +2123,89 @@ spec:
         assert_eq!(invalid, i == 4, "case {i}: {:?}", snap.diagnostics);
     }
 }
+
+/// The gate judges a name's sources only when every route of its host has the same judgeable,
+/// non-empty source policy, and only where the kernel sees the real client.
+#[test]
+fn the_gate_judges_sources_per_host_only_when_the_kernel_can_decide() {
+    let allow = ("whitelist-source-range", "10.0.0.0/8");
+    let other = ("whitelist-source-range", "10.0.0.0/16");
+    let deny = ("denylist-source-range", "10.9.0.0/16");
+    let pass = ("ssl-passthrough", "true");
+    let any = ("satisfy", "any");
+    let url = ("auth-url", "http://auth.shop.svc.cluster.local/check");
+    let root = [("Prefix", "/", "web")];
+    let admin = [("Prefix", "/admin", "api")];
+    let plain = |trust: bool, proxy_protocol: bool| {
+        let mut s = settings();
+        s.global.proxy_protocol = proxy_protocol;
+        if trust {
+            let mut forwarded = (*s.global.forwarded).clone();
+            forwarded.enabled = true;
+            s.global.forwarded = Arc::new(forwarded);
+        }
+        s
+    };
+    let ingresses = [
+        // One Ingress, one policy: judged.
+        ingress_with("a", 1, "a.test", &[allow, deny], &root),
+        // Two Ingresses on one host with the same policy: judged; with different ones: not.
+        ingress_with("b1", 2, "b.test", &[allow], &root),
+        ingress_with("b2", 3, "b.test", &[allow], &admin),
+        ingress_with("c1", 4, "c.test", &[allow], &root),
+        ingress_with("c2", 5, "c.test", &[other], &admin),
+        // A path without ranges beside one with them: left to the 403.
+        ingress_with("d1", 6, "d.test", &[allow], &root),
+        ingress_with("d2", 7, "d.test", &[], &admin),
+        // satisfy any with authentication: a client outside may log in.
+        ingress_with("e", 8, "e.test", &[allow, any, url], &root),
+        // No ranges at all.
+        ingress_with("f", 9, "f.test", &[], &root),
+        // Passthrough: its one route decides.
+        ingress_with("g", 10, "g.test", &[allow, pass], &root),
+        ingress_with("h", 11, "\"*.h.test\"", &[deny], &root),
+    ]
+    .concat();
+    let yaml = format!("{SERVICES}{ingresses}");
+    // (trusted forwarded headers, PROXY protocol, names judged)
+    let cases: [(bool, bool, &[&str]); 4] = [
+        (false, false, &["*.h.test", "a.test", "b.test", "g.test"]),
+        (true, false, &[]),
+        (false, true, &[]),
+        (true, true, &[]),
+    ];
+    let inside: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+    let outside: std::net::IpAddr = "11.1.2.3".parse().unwrap();
+    let denied: std::net::IpAddr = "10.9.0.1".parse().unwrap();
+    for (trust, proxy_protocol, want) in cases {
+        let snap = build_with(&yaml, &plain(trust, proxy_protocol));
+        let got: Vec<&str> = snap.sni.sources.ids.keys().map(String::as_str).collect();
+        assert_eq!(got, want, "trust={trust} proxy_protocol={proxy_protocol}");
+        for name in want {
+            let id = snap.sni.sources.ids[*name];
+            assert_ne!(id, 0);
+            assert!(snap.sni.sources.policies.contains_key(&id));
+        }
+        assert_eq!(
+            snap.sni.sources.policies.len(),
+            if want.is_empty() { 0 } else { 3 },
+            "a.test, b.test and g.test share nothing but b.test and g.test's allow-list"
+        );
+    }
+    let snap = build_with(&yaml, &plain(false, false));
+    let refuses = |name: &str, client| snap.sni.source_refuses(name, client);
+    assert!(!refuses("a.test", inside));
+    assert!(refuses("a.test", outside));
+    assert!(refuses("a.test", denied));
+    assert!(refuses("g.test", outside));
+    assert!(refuses("x.h.test", denied) && !refuses("x.h.test", outside));
+    // Not judged by the gate: the access phase answers.
+    assert!(!refuses("c.test", outside) && !refuses("d.test", outside));
+    assert!(!refuses("e.test", outside) && !refuses("unknown.test", outside));
+    assert_eq!(
+        snap.sni.sources.ids["b.test"],
+        snap.sni.sources.ids["g.test"]
+    );
+    // Equal stores give equal maps.
+    assert_eq!(build_with(&yaml, &plain(false, false)).sni, snap.sni);
+}

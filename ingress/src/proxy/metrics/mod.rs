@@ -418,15 +418,19 @@ impl PublishHook for RouteTableHook {
 /// kernel reset before accept (counted since this process loaded the gate, as the proxy's are).
 struct SniGateTotals {
     after_accept: Family<ReasonLabels, Counter>,
-    gate: Option<(std::sync::Weak<Gate>, [u64; 4])>,
+    gate: Option<(std::sync::Weak<Gate>, [u64; BEFORE_ACCEPT.len()])>,
 }
 
 /// The reasons a connection can be reset before accept, with their kernel counters.
-const BEFORE_ACCEPT: [(Reason, u32); 4] = [
+const BEFORE_ACCEPT: [(Reason, u32); 5] = [
     (Reason::Unknown, counter::RESET_BEFORE_ACCEPT_UNKNOWN),
     (Reason::NoSni, counter::RESET_BEFORE_ACCEPT_NO_SNI),
     (Reason::Malformed, counter::RESET_BEFORE_ACCEPT_MALFORMED),
     (Reason::NotTls, counter::RESET_BEFORE_ACCEPT_NOT_TLS),
+    (
+        Reason::SourceRefused,
+        counter::RESET_BEFORE_ACCEPT_SOURCE_REFUSED,
+    ),
 ];
 
 impl SniGateTotals {
@@ -440,7 +444,7 @@ impl SniGateTotals {
 }
 
 /// The kernel's before-accept counts, in `BEFORE_ACCEPT` order (zeros if unreadable).
-fn before_accept(gate: &Gate) -> [u64; 4] {
+fn before_accept(gate: &Gate) -> [u64; BEFORE_ACCEPT.len()] {
     let counters = gate.counters().ok();
     BEFORE_ACCEPT.map(|(_, index)| counters.as_ref().map_or(0, |c| c.get(index)))
 }
@@ -459,12 +463,14 @@ impl Collector for SniGateTotals {
             .and_then(|(gate, baseline)| Some((gate.upgrade()?, baseline)))
             .map(|(gate, baseline)| {
                 let now = before_accept(&gate);
-                std::array::from_fn::<u64, 4, _>(|i| now[i].saturating_sub(baseline[i]))
+                std::array::from_fn::<u64, { BEFORE_ACCEPT.len() }, _>(|i| {
+                    now[i].saturating_sub(baseline[i])
+                })
             })
             .unwrap_or_default();
         let mut family = encoder.encode_descriptor(
             "sni_gate",
-            "HTTPS connections decided by the SNI gate, by reason (pass, unknown, no_sni, malformed, not_tls, passthrough); in eBPF mode this includes connections the kernel reset before accept",
+            "HTTPS connections decided by the SNI gate, by reason (pass, unknown, no_sni, malformed, not_tls, passthrough, source_refused); in eBPF mode this includes connections the kernel reset before accept",
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;

@@ -19,6 +19,7 @@
 //! Rejected connections are reset (SO_LINGER 0) rather than answered with a TLS alert, so a
 //! client sees the same thing whether the kernel gate or this code rejected it.
 
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,12 +105,16 @@ impl Handshake for TlsHandshake {
         mut conn: ConnInfo,
     ) -> Option<(Self::Io, ConnInfo)> {
         let first = match &self.gate {
-            Some(gate) => self.kernel_first_record(gate, &mut stream, screened).await,
-            None => {
-                tokio::time::timeout(self.handshake_timeout, self.read_first_record(&mut stream))
+            Some(gate) => {
+                self.kernel_first_record(gate, &mut stream, screened, conn.peer.ip())
                     .await
-                    .unwrap_or(FirstRecord::Closed)
             }
+            None => tokio::time::timeout(
+                self.handshake_timeout,
+                self.read_first_record(&mut stream, conn.peer.ip()),
+            )
+            .await
+            .unwrap_or(FirstRecord::Closed),
         };
         let (bytes, sni) = match first {
             FirstRecord::Closed => {
@@ -218,6 +223,7 @@ impl TlsHandshake {
         gate: &Gate,
         stream: &mut TcpStream,
         screened: Option<Screened>,
+        client: IpAddr,
     ) -> FirstRecord {
         let admission = match screened {
             Some(screened) => gate.admit_screened(stream, screened).await,
@@ -232,14 +238,16 @@ impl TlsHandshake {
                 if let Err(err) = gate.take_first_record(stream, &v).await {
                     tracing::debug!(%err, "releasing an early-passed connection's record");
                 }
-                return self.userspace_first_record(stream, Vec::new()).await;
+                return self
+                    .userspace_first_record(stream, Vec::new(), client)
+                    .await;
             }
             Ok(Admission::Pass(v)) => (Action::Pass, v),
             Ok(Admission::Passthrough(v)) => (Action::Passthrough, v),
             // The kernel could not decide: it holds the record like a pass; decide here.
             Ok(Admission::Deferred(v)) => {
                 return match gate.take_first_record(stream, &v).await {
-                    Ok(bytes) => self.userspace_first_record(stream, bytes).await,
+                    Ok(bytes) => self.userspace_first_record(stream, bytes, client).await,
                     Err(err) => {
                         tracing::debug!(%err, "reading a deferred first record failed");
                         FirstRecord::Closed
@@ -249,7 +257,9 @@ impl TlsHandshake {
             // The kernel did not take this socket (a map was full, or it arrived before the
             // listener was registered): decide here instead.
             Ok(Admission::Ungated) => {
-                return self.userspace_first_record(stream, Vec::new()).await;
+                return self
+                    .userspace_first_record(stream, Vec::new(), client)
+                    .await;
             }
             Ok(Admission::Timeout) => return FirstRecord::Closed,
             Err(err) => {
@@ -287,10 +297,15 @@ impl TlsHandshake {
     }
 
     /// `read_first_record` within the handshake timeout.
-    async fn userspace_first_record(&self, stream: &mut TcpStream, bytes: Vec<u8>) -> FirstRecord {
+    async fn userspace_first_record(
+        &self,
+        stream: &mut TcpStream,
+        bytes: Vec<u8>,
+        client: IpAddr,
+    ) -> FirstRecord {
         tokio::time::timeout(
             self.handshake_timeout,
-            self.read_first_record_from(stream, bytes),
+            self.read_first_record_from(stream, bytes, client),
         )
         .await
         .unwrap_or(FirstRecord::Closed)
@@ -298,8 +313,8 @@ impl TlsHandshake {
 
     /// Userspace mode: reads until the first record is whole (or decidable from its header),
     /// then decides with the same policy the kernel applies.
-    async fn read_first_record(&self, stream: &mut TcpStream) -> FirstRecord {
-        self.read_first_record_from(stream, Vec::with_capacity(2048))
+    async fn read_first_record(&self, stream: &mut TcpStream, client: IpAddr) -> FirstRecord {
+        self.read_first_record_from(stream, Vec::with_capacity(2048), client)
             .await
     }
 
@@ -308,13 +323,14 @@ impl TlsHandshake {
         &self,
         stream: &mut TcpStream,
         mut bytes: Vec<u8>,
+        client: IpAddr,
     ) -> FirstRecord {
         loop {
             let decision = match client_hello::peek(&bytes) {
                 Peek::NeedMore(_) => None,
                 Peek::Done(hello) => {
                     let snapshot = self.published.load();
-                    let (verdict, reason) = sni::decide(&snapshot.sni, &hello);
+                    let (verdict, reason) = sni::decide_for(&snapshot.sni, &hello, client);
                     let name = hello
                         .as_ref()
                         .ok()
