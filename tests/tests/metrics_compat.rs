@@ -2,7 +2,8 @@
 //! under HTTP/1.1 and HTTP/2 traffic (answered by a backend, by the proxy with 404, and 503 for
 //! a Service that does not exist), every PromQL expression of ingress-nginx's two Grafana
 //! dashboards (`tests/data/ingress-nginx/*.queries.json`) evaluates without error and returns
-//! series, and the request metrics carry exactly ingress-nginx's label names.
+//! series, so do its Helm chart's sample alerts (`alerts.json`), and the request metrics carry
+//! exactly ingress-nginx's label names.
 //!
 //! ```text
 //!   curl ──> ingress :http/:https ──> backend
@@ -262,4 +263,25 @@ fn ingress_nginx_dashboards_read_the_compat_metrics() {
     )
     .unwrap();
     assert!(last.to_string().contains("\"1\""), "{last}");
+
+    // The chart's sample alerts: each evaluates, and what its threshold compares has series.
+    let alerts = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/ingress-nginx/alerts.json"),
+    )
+    .unwrap();
+    let alerts: Vec<Value> = serde_json::from_str(&alerts).unwrap();
+    assert_eq!(alerts.len(), 4);
+    for alert in alerts {
+        let name = alert["alert"].as_str().unwrap();
+        for (what, expr) in [("expr", &alert["expr"]), ("series", &alert["series"])] {
+            let expr = expr.as_str().unwrap();
+            let result = query(port, expr).unwrap_or_else(|e| panic!("{name} {what}: {e}"));
+            if what == "series" {
+                assert!(
+                    result.as_array().is_some_and(|r| !r.is_empty()),
+                    "{name}: no series for {expr}"
+                );
+            }
+        }
+    }
 }
