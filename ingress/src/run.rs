@@ -316,10 +316,11 @@ pub fn check_flags(args: &RunArgs) -> Result<(), RunError> {
     }
     let identity = &args.identity;
     if !identity.use_forwarded_headers {
-        if identity.proxy_real_ip_cidr.is_some() {
+        // With PROXY protocol it says whose header is believed.
+        if identity.proxy_real_ip_cidr.is_some() && !args.listen.use_proxy_protocol {
             return Err(RunError::Flags {
                 flag: "--proxy-real-ip-cidr",
-                why: "has no effect without --use-forwarded-headers (or a --configmap that sets use-forwarded-headers)",
+                why: "has no effect without --use-forwarded-headers or --use-proxy-protocol (or a --configmap that sets use-forwarded-headers)",
             });
         }
         if identity.forwarded_for_header != "x-forwarded-for" {

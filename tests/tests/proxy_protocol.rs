@@ -218,6 +218,36 @@ async fn the_client_a_proxy_header_names_is_the_client() {
     );
 }
 
+/// With `proxy-real-ip-cidr`, only a peer inside it is believed (ingress-nginx's
+/// `set_real_ip_from`): a header from any other peer is still required, but the peer stays the
+/// client, so it can name no address of its choosing to pass a source range or to the backend.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_header_from_an_untrusted_peer_is_not_believed() {
+    let web = Backend::start("web");
+    let ca = Ca::new("proxy protocol trust CA");
+    let dir = Scratch::new("proxy-protocol-trust");
+    manifests(&dir, &web, &ca);
+    for (trusted, want_open, want_ranged) in [
+        // The test connects from 127.0.0.1: trusted, the header names the client.
+        ("127.0.0.0/8", Some("203.0.113.7"), "200"),
+        // Not trusted: the peer stays the client, and the range (203.0.113.0/24) refuses it.
+        ("10.0.0.0/8", Some("127.0.0.1"), "403"),
+    ] {
+        let ingress = Ingress::builder()
+            .manifests(dir.path())
+            .auto_mode()
+            .args(["--use-proxy-protocol", "--proxy-real-ip-cidr", trusted])
+            .start();
+        let (status, echo) = get(ingress.http, &v2([203, 0, 113, 7], 80), "open.test").await;
+        assert_eq!(status, "200", "{trusted}");
+        assert_eq!(forwarded_for(&echo).1, want_open, "{trusted}");
+        let (status, _) = get(ingress.http, &v2([203, 0, 113, 7], 80), "ranged.test").await;
+        assert_eq!(status, want_ranged, "{trusted}");
+        // Without a header the connection is still closed: the listener speaks PROXY protocol.
+        assert_eq!(get(ingress.http, b"", "open.test").await.0, "closed");
+    }
+}
+
 /// haproxy in front, as a load balancer: it accepts the test's header (the "real" client) and
 /// sends its own v2 header on, over HTTP and HTTPS.
 #[tokio::test(flavor = "multi_thread")]

@@ -72,11 +72,16 @@ async fn believe_proxy_header(
     timeout: Duration,
     listener: &'static str,
     metrics: &ProxyMetrics,
+    proxy: &Proxy,
 ) -> bool {
     match proxy_protocol::read_header(stream, timeout).await {
         Ok(source) => {
             if let Some(client) = source {
-                conn.believe(client);
+                if proxy.believes_proxy_header_from(conn.peer.ip()) {
+                    conn.believe(client);
+                } else {
+                    tracing::debug!(listener, peer = %conn.peer, named = %client, "PROXY protocol header from a peer outside proxy-real-ip-cidr: the peer stays the client");
+                }
             }
             match permit.claim_client(conn.peer.ip()) {
                 Ok(()) => true,
@@ -257,6 +262,7 @@ impl<H: Handshake> Listener<H> {
                             timeout,
                             name,
                             &metrics,
+                            &serving.proxy,
                         )
                         .await
                     }

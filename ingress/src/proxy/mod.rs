@@ -101,6 +101,22 @@ impl Proxy {
         }
     }
 
+    /// Whether the PROXY protocol header a connection from `peer` sent is believed: with
+    /// `proxy-real-ip-cidr` set, only from those ranges (ingress-nginx's `set_real_ip_from`
+    /// for `real_ip_header proxy_protocol`), else from any peer (ingress-nginx's default,
+    /// `0.0.0.0/0`). An unbelieved header is still required and read, and the peer stays the
+    /// client.
+    pub fn believes_proxy_header_from(&self, peer: std::net::IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.published
+            .load()
+            .global
+            .forwarded
+            .trusted
+            .as_ref()
+            .is_none_or(|nets| nets.iter().any(|net| net.contains(&peer)))
+    }
+
     /// Traces requests with `tracing` (W3C trace context and OpenTelemetry spans).
     pub fn with_tracing(mut self, tracing: Option<Arc<trace::Tracing>>) -> Self {
         self.tracing = tracing;
