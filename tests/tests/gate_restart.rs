@@ -23,9 +23,9 @@ use ingress_tests::gate_site::{KNOWN, MAIN, SECOND, STEP, Site, fallback_lines, 
 use ingress_tests::process::Ingress;
 use ingress_tests::tls_client::{Outcome, assert_fast_reset};
 
-/// The pins the policy and counters live in: kept across restarts. Every other pin belongs to
-/// one run.
-const KEPT_PINS: [&str; 3] = ["config", "counters", "hosts"];
+/// The pins the policy (names and source ranges) and counters live in: kept across restarts.
+/// Every other pin belongs to one run.
+const KEPT_PINS: [&str; 4] = ["config", "counters", "hosts", "sources"];
 
 #[tokio::test]
 async fn load_then_restart_on_the_same_pins_then_load_again() {

@@ -285,6 +285,7 @@ async fn a_restart_reuses_the_pinned_policy_and_replaces_per_socket_state() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     for (file, kept) in [
         ("hosts", true),
+        ("sources", true),
         ("config", true),
         ("counters", true),
         ("verdicts", false),
