@@ -315,7 +315,8 @@ fn compute_full_forwarded_for_appends_the_peer() {
 }
 
 /// With PROXY protocol the client the PROXY header names is the peer whose forwarded hops are
-/// judged.
+/// judged. Every hop believed must be in `proxy-real-ip-cidr`, the load balancer that sends the
+/// PROXY header (here, the test on 127.0.0.1) included.
 #[test]
 fn behind_proxy_protocol_the_named_client_is_the_peer() {
     let web = Backend::start("web");
@@ -327,7 +328,7 @@ fn behind_proxy_protocol_the_named_client_is_the_peer() {
             "--use-proxy-protocol",
             "--use-forwarded-headers",
             "--proxy-real-ip-cidr",
-            "10.0.0.0/8",
+            "10.0.0.0/8,127.0.0.1/32",
         ])
         .start();
     let via = |named: &str, host: &str| {
