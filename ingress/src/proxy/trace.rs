@@ -93,6 +93,10 @@ impl Tracing {
         route: Option<&Route>,
         decision: &'static str,
     ) {
+        // An unsampled request exports nothing: its child spans would be built for nothing.
+        if !trace.sampled() {
+            return;
+        }
         let mut attributes = vec![KeyValue::new("ingress.decision", decision)];
         if let Some(route) = route {
             attributes.push(KeyValue::new("ingress.ingress", route.ingress.to_string()));
@@ -119,6 +123,13 @@ impl Tracing {
         trace: &mut RequestTrace,
         upstream: &PoolKey,
     ) -> Vec<(&'static str, HeaderValue)> {
+        let mut headers = HeaderSink(Vec::with_capacity(2));
+        if !trace.sampled() {
+            // Nothing is recorded: the upstream is told the trace and the server span, with
+            // the caller's decision not to sample, and no upstream span is made.
+            self.propagator.inject_context(&trace.cx, &mut headers);
+            return headers.0;
+        }
         let span = self
             .tracer
             .span_builder("upstream")
@@ -128,7 +139,6 @@ impl Tracing {
         let cx = trace
             .cx
             .with_remote_span_context(span.span_context().clone());
-        let mut headers = HeaderSink(Vec::with_capacity(2));
         self.propagator.inject_context(&cx, &mut headers);
         trace.upstream = Some(span);
         headers.0
@@ -136,6 +146,11 @@ impl Tracing {
 }
 
 impl RequestTrace {
+    /// Whether this request's spans are recorded and exported.
+    fn sampled(&self) -> bool {
+        self.cx.span().span_context().is_sampled()
+    }
+
     /// Ends the spans once the response has ended: the upstream one when its response head
     /// came (or when it was given up on), the server one now.
     pub(crate) fn finish(mut self, status: u16, meter: &Meter) {

@@ -78,7 +78,13 @@ pub fn init(args: &LogSettings) -> Result<WorkerGuard, TelemetryError> {
     }
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
-        .finish(std::io::stdout());
+        // Buffered: under load the writer thread takes many lines per wake-up, and one write
+        // for all of them beats a syscall per line. It flushes whenever its queue runs dry, so
+        // a quiet proxy's lines are not held back.
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stdout(),
+        ));
     let general = |meta: &tracing::Metadata<'_>| meta.target() != ACCESS;
     let access = |meta: &tracing::Metadata<'_>| meta.target() == ACCESS;
     let logs = layer(args.format.into(), writer.clone(), FilterFn::new(general));
