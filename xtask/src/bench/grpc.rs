@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 
+use super::h2::Measured;
 use super::procs::{self, Running};
 use super::{Bench, h2, median, rig, tls, write};
 
@@ -41,12 +42,6 @@ impl Drop for Peer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-struct Measured {
-    calls_per_sec: f64,
-    p99_ms: f64,
-    per_cpu_second: f64,
 }
 
 pub fn run(bench: &Bench, workspace: &Path) -> Result<()> {
@@ -90,7 +85,7 @@ pub fn run(bench: &Bench, workspace: &Path) -> Result<()> {
         }
         let summary = |runs: &[Measured]| {
             (
-                median(runs.iter().map(|m| m.calls_per_sec).collect()),
+                median(runs.iter().map(|m| m.requests_per_sec).collect()),
                 median(runs.iter().map(|m| m.p99_ms).collect()),
                 median(runs.iter().map(|m| m.per_cpu_second).collect()),
             )
@@ -147,53 +142,15 @@ fn load(
     body: &Path,
     duration: Duration,
 ) -> Result<Measured> {
-    let log = dir.join(format!("h2load-{port}.log"));
-    let before = proxy.cpu_time()?;
-    let out = procs::pinned(1, "h2load")
-        .args([
-            "-t1",
-            &format!("-c{CONNECTIONS}"),
-            &format!("-m{STREAMS}"),
-            &format!("-D{}", duration.as_secs().max(1)),
-        ])
-        .arg(format!("-d{}", body.display()))
-        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
-        .arg(format!("--log-file={}", log.display()))
-        .arg(format!("https://{}:{port}{method}", rig::HOST))
-        .output()
-        .context("running h2load")?;
-    let cpu = proxy.cpu_time()?.saturating_sub(before);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let rate: f64 = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("finished in "))
-        .and_then(|l| l.split(", ").nth(1))
-        .and_then(|r| r.trim_end_matches(" req/s").parse().ok())
-        .with_context(|| format!("unexpected h2load output:\n{text}"))?;
-    let log_text = std::fs::read_to_string(&log).context("reading h2load's request log")?;
-    let mut latencies: Vec<f64> = Vec::new();
-    let mut failed = 0u64;
-    for line in log_text.lines() {
-        let mut columns = line.split('\t');
-        let (_, status, micros) = (columns.next(), columns.next(), columns.next());
-        match (status, micros.and_then(|m| m.trim().parse::<f64>().ok())) {
-            (Some("200"), Some(us)) => latencies.push(us / 1000.0),
-            _ => failed += 1,
-        }
-    }
-    ensure!(
-        !latencies.is_empty() && failed * 100 <= latencies.len() as u64,
-        "port {port} {method}: {failed} of {} calls failed:\n{text}",
-        latencies.len() as u64 + failed
-    );
-    latencies.sort_by(f64::total_cmp);
-    let p99 = latencies[(latencies.len() * 99 / 100).min(latencies.len() - 1)];
-    let _ = std::fs::remove_file(&log);
-    Ok(Measured {
-        calls_per_sec: rate,
-        p99_ms: p99,
-        per_cpu_second: latencies.len() as f64 / cpu.as_secs_f64().max(0.001),
-    })
+    let extra = [
+        format!("-d{}", body.display()),
+        "-H".into(),
+        "content-type: application/grpc".into(),
+        "-H".into(),
+        "te: trailers".into(),
+    ];
+    let url = format!("https://{}:{port}{method}", rig::HOST);
+    h2::h2load(dir, proxy, (CONNECTIONS, STREAMS), duration, &extra, &url)
 }
 
 fn start_peer(workspace: &Path) -> Result<Peer> {

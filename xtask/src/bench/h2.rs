@@ -29,10 +29,11 @@ const INGRESS_ADMIN: u16 = 19257;
 const CONNECTIONS: u32 = 64;
 const STREAMS: u32 = 10;
 
-struct Measured {
-    requests_per_sec: f64,
-    p99_ms: f64,
-    per_cpu_second: f64,
+/// One h2load run, as every HTTP/2 section reports it.
+pub(super) struct Measured {
+    pub(super) requests_per_sec: f64,
+    pub(super) p99_ms: f64,
+    pub(super) per_cpu_second: f64,
 }
 
 pub fn run(bench: &Bench) -> Result<()> {
@@ -113,17 +114,33 @@ pub fn run(bench: &Bench) -> Result<()> {
 
 /// One h2load run against `port`: its rate, its p99 and the proxy's CPU per request.
 fn load(dir: &Path, port: u16, proxy: &Running, duration: Duration) -> Result<Measured> {
-    let log = dir.join(format!("h2load-{port}.log"));
+    let url = format!("https://{}:{port}/", rig::HOST);
+    h2load(dir, proxy, (CONNECTIONS, STREAMS), duration, &[], &url)
+}
+
+/// One h2load run (`connections` × `streams`, on CPU 1) against `url` with `extra` arguments:
+/// its rate, its p99 (from h2load's per-request log) and `proxy`'s CPU per request. Fails when
+/// more than 1% of the requests failed, since a rate of failures measures nothing.
+pub(super) fn h2load(
+    dir: &Path,
+    proxy: &Running,
+    (connections, streams): (u32, u32),
+    duration: Duration,
+    extra: &[String],
+    url: &str,
+) -> Result<Measured> {
+    let log = dir.join("h2load-requests.log");
     let before = proxy.cpu_time()?;
     let out = procs::pinned(1, "h2load")
         .args([
             "-t1",
-            &format!("-c{CONNECTIONS}"),
-            &format!("-m{STREAMS}"),
+            &format!("-c{connections}"),
+            &format!("-m{streams}"),
             &format!("-D{}", duration.as_secs().max(1)),
         ])
+        .args(extra)
         .arg(format!("--log-file={}", log.display()))
-        .arg(format!("https://{}:{port}/", rig::HOST))
+        .arg(url)
         .output()
         .context("running h2load")?;
     let cpu = proxy.cpu_time()?.saturating_sub(before);
@@ -147,7 +164,7 @@ fn load(dir: &Path, port: u16, proxy: &Running, duration: Duration) -> Result<Me
     }
     ensure!(
         !latencies.is_empty() && failed * 100 <= latencies.len() as u64,
-        "port {port}: {failed} of {} requests failed:\n{text}",
+        "{url}: {failed} of {} requests failed:\n{text}",
         latencies.len() as u64 + failed
     );
     latencies.sort_by(f64::total_cmp);
