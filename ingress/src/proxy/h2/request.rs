@@ -77,7 +77,11 @@ impl Proxy {
             .is_none();
         if let (Some(route), Some(_), None, true) =
             (&route, &outcome.upstream, &outcome.error, upstreams)
-            && let Some(edits) = response::edits(&route.policy.response)
+            && let Some(edits) = response
+                .extensions_mut()
+                .remove::<response::RequestEdits>()
+                .map(|made| made.0)
+                .or_else(|| response::edits(&route.policy.response))
         {
             let status = response.status().as_u16();
             edits.apply(status, response.headers_mut());
@@ -418,6 +422,7 @@ impl Proxy {
             connect_timeout,
             next_upstream,
             request_headers,
+            response_headers,
             underscores,
             auth,
             limit_guard,
@@ -534,6 +539,11 @@ impl Proxy {
             };
             drop(in_flight);
             forward::strip_response_hop_by_hop(response.headers_mut());
+            if let Some(edits) = &response_headers {
+                response
+                    .extensions_mut()
+                    .insert(response::RequestEdits(edits.clone()));
+            }
             if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
                 response.headers_mut().append(header::SET_COOKIE, cookie);
             }
@@ -593,6 +603,11 @@ impl Proxy {
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_response_hop_by_hop(response.headers_mut());
+        if let Some(edits) = &response_headers {
+            response
+                .extensions_mut()
+                .insert(response::RequestEdits(edits.clone()));
+        }
         if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
             response.headers_mut().append(header::SET_COOKIE, cookie);
         }

@@ -50,7 +50,8 @@ use crate::proxy::Proxy;
 use crate::proxy::auth_client::{AuthClient, Endpoint, Timeouts};
 use crate::proxy::connect::Connectors;
 use crate::snapshot::Route;
-use crate::snapshot::annotations::auth::{BasicAuth, ExternalAuth, Var};
+use crate::snapshot::annotations::auth::{BasicAuth, ExternalAuth, Template, Var};
+use crate::snapshot::annotations::configmap_headers::HeaderSetting;
 use crate::snapshot::annotations::htpasswd::PasswordHash;
 use crate::snapshot::backend::ExternalName;
 use crate::snapshot::policy::AuthPolicy;
@@ -133,6 +134,25 @@ impl RequestFacts {
 
     fn scheme(&self) -> &'static str {
         if self.https { "https" } else { "http" }
+    }
+
+    /// A ConfigMap header's value for this request; `None`: the header is not sent (an
+    /// empty value, or a variable's bytes that cannot be a header value).
+    pub(crate) fn header_value(&self, setting: &HeaderSetting) -> Option<HeaderValue> {
+        match setting {
+            HeaderSetting::Literal(value) => Some(value.clone()),
+            HeaderSetting::Clear => None,
+            HeaderSetting::Template(template) => self.expand_header(template),
+        }
+    }
+
+    /// A header value made from `template` for this request (`None`: empty, or bytes no
+    /// header may carry).
+    pub(crate) fn expand_header(&self, template: &Template) -> Option<HeaderValue> {
+        let value = template.expand(|v| self.var(v));
+        (!value.is_empty())
+            .then(|| HeaderValue::from_str(&value).ok())
+            .flatten()
     }
 
     /// The value of an nginx variable for this request (empty when it has none).
@@ -686,6 +706,14 @@ fn subrequest_headers(external: &ExternalAuth, facts: &RequestFacts, host: &str)
     if external.method.is_some() {
         set("x-original-uri", &facts.request_uri);
         set("x-scheme", facts.scheme());
+    }
+    // auth-proxy-set-headers: after nginx's own, as its `proxy_set_header` lines come after
+    // them in the auth location; an empty value (or one a variable made invalid) sends none.
+    for (name, setting) in &external.proxy_set_headers {
+        out.remove(name);
+        if let Some(value) = facts.header_value(setting) {
+            out.insert(name.clone(), value);
+        }
     }
     out
 }

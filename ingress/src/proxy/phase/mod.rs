@@ -491,6 +491,25 @@ impl Proxy {
                     forward.canary = canary;
                     forward.limit_guard = limit_guard;
                     forward.response_headers = response::edits(&route.policy.response);
+                    // add-headers and proxy-set-headers values with nginx variables: made
+                    // for this request, from it as the client sent it.
+                    let response_templates = route.policy.response.header_templates.as_deref();
+                    let request_templates = route.policy.upstream.request_templates.as_deref();
+                    if response_templates.is_some() || request_templates.is_some() {
+                        let facts = auth::RequestFacts::of(
+                            conn, method, host, authority, raw_target, &target, headers,
+                        );
+                        forward.response_headers = response::expand(
+                            forward.response_headers.take(),
+                            response_templates.unwrap_or_default(),
+                            &facts,
+                        );
+                        forward.request_headers = upstream::expand(
+                            forward.request_headers.take(),
+                            request_templates.unwrap_or_default(),
+                            &facts,
+                        );
+                    }
                     forward.response_rewrite = response::rewrites(&route.policy.response);
                     forward.underscores = snapshot.global.underscores;
                     if let Some(cert) = cert_headers {

@@ -406,7 +406,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 24, "{applied:?}");
+    assert_eq!(applied.len(), 27, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }
