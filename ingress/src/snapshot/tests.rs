@@ -2362,3 +2362,41 @@ fn configmap_headers_reach_routes_or_refuse_the_ingress() {
         .count();
     assert_eq!(missing, 2, "{:?}", snap.diagnostics);
 }
+
+/// The ConfigMaps a build reads, which the pipeline rebuilds for (and no other).
+#[test]
+fn referenced_config_maps_are_the_global_one_and_what_it_and_ingresses_name() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let pairs = [
+        (n("custom-headers"), "custom"),
+        (n("auth-url"), "http://auth/"),
+        (n("auth-proxy-set-headers"), "shop/auth"),
+    ];
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let cross = [(n("custom-headers"), "other/custom")];
+    let cross: Vec<(&str, &str)> = cross.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let global = "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: config, namespace: ingress}\ndata: {add-headers: add, proxy-set-headers: shop/set}\n";
+    let store = store_of(&format!(
+        "{SERVICES}{global}{}{}",
+        annotated("a", "a.example.com", &pairs, false),
+        annotated("b", "b.example.com", &cross, false),
+    ));
+    let names = |config_map: Option<&ObjectKey>| -> Vec<String> {
+        referenced_config_maps(&store, config_map)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    // Another namespace's ConfigMap is never read for an annotation, so it is not followed.
+    assert_eq!(names(None), ["shop/auth", "shop/custom"]);
+    assert_eq!(
+        names(Some(&ObjectKey::new("ingress", "config"))),
+        [
+            "ingress/add",
+            "ingress/config",
+            "shop/auth",
+            "shop/custom",
+            "shop/set"
+        ]
+    );
+}
