@@ -192,13 +192,19 @@ fn judge(key: &str, invalid: &[&str], unsupported: UnsupportedAccess) -> Option<
     })
 }
 
-/// The messages of the `InvalidAnnotation` diagnostics about one Ingress (each names its key).
+/// The messages of the `InvalidAnnotation` diagnostics about one Ingress (each names its key),
+/// and of the `ConfigMapNotFound` ones (an annotation naming a ConfigMap that is missing).
 fn invalid_messages<'s>(snapshot: &'s Snapshot, key: &ObjectKey) -> Vec<&'s str> {
     let subject = Subject::object(Kind::Ingress, key);
     snapshot
         .diagnostics
         .iter()
-        .filter(|d| d.kind == DiagnosticKind::InvalidAnnotation && d.subject == subject)
+        .filter(|d| {
+            matches!(
+                d.kind,
+                DiagnosticKind::InvalidAnnotation | DiagnosticKind::ConfigMapNotFound
+            ) && d.subject == subject
+        })
         .map(|d| d.message.as_str())
         .collect()
 }
@@ -282,6 +288,18 @@ mod tests {
             "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: t, annotations: {{{}}}}}\nspec:\n  ingressClassName: ingress\n  rules:\n  - host: {name}.example.com\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}\n",
             annotations.join(", ")
         )
+    }
+
+    #[test]
+    fn a_missing_configmap_of_headers_is_invalid_and_not_served() {
+        let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+        let yaml = SERVICE.to_string() + &ingress("headers", &[(&n("custom-headers"), "t/gone")]);
+        let got = migration(&yaml, UnsupportedAccess::Refuse);
+        let row = &got.ingresses[0];
+        assert!(!row.served);
+        assert_eq!(row.annotations[0].outcome, Outcome::Invalid);
+        let why = row.annotations[0].why.as_deref().unwrap_or_default();
+        assert!(why.contains("ConfigMap t/gone does not exist"), "{why}");
     }
 
     #[test]

@@ -125,7 +125,9 @@ pub(super) fn ingress(
 ) -> Result<Option<Arc<ConfigHeaders>>, Refusal> {
     let custom = match annotations.and_then(|a| annotations::lookup(a, "custom-headers")) {
         None => Vec::new(),
-        Some((_, value)) => read_strict(store, Use::CustomHeaders, key, value, allowed)?,
+        Some((written, value)) => {
+            read_strict(store, Use::CustomHeaders, key, written, value, allowed)?
+        }
     };
     if global.response.is_empty() && global.request.is_empty() && custom.is_empty() {
         return Ok(None);
@@ -144,15 +146,20 @@ pub(super) fn auth(
 ) -> Result<Headers, Refusal> {
     match annotations.and_then(|a| annotations::lookup(a, "auth-proxy-set-headers")) {
         None => Ok(Vec::new()),
-        Some((_, value)) => read_strict(store, Use::AuthProxySetHeaders, key, value, &[]),
+        Some((written, value)) => {
+            read_strict(store, Use::AuthProxySetHeaders, key, written, value, &[])
+        }
     }
 }
 
-/// An Ingress's ConfigMap of headers, in its own namespace, every entry valid.
+/// An Ingress's ConfigMap of headers, in its own namespace, every entry valid. `written`:
+/// the annotation's key as written, which the message names (the migration report finds the
+/// annotation by it).
 fn read_strict(
     store: &Store,
     setting: Use,
     ingress: &ObjectKey,
+    written: &str,
     value: &str,
     allowed: &[String],
 ) -> Result<Headers, Refusal> {
@@ -164,6 +171,11 @@ fn read_strict(
                 HeadersError::NotFound { .. } => DiagnosticKind::ConfigMapNotFound,
                 _ => DiagnosticKind::InvalidAnnotation,
             };
-            (kind, error.to_string())
+            let message = error.to_string();
+            let message = match message.strip_prefix(setting.as_str()) {
+                Some(rest) => format!("{written}{rest}"),
+                None => message,
+            };
+            (kind, message)
         })
 }
