@@ -1,6 +1,7 @@
 //! The ConfigMaps of headers through the real binary in manifests mode, over HTTP/1.1 and h2c
 //! with curl: the global ConfigMap's `add-headers` (every response) and `proxy-set-headers`
-//! (every upstream request, with nginx variables), an Ingress's `custom-headers` (gated by
+//! (every upstream request, with nginx variables; the proxy's own answers get add-headers'
+//! literal values too), an Ingress's `custom-headers` (gated by
 //! `global-allowed-response-headers`) and `auth-proxy-set-headers` (the auth service's
 //! request); a missing or refused ConfigMap keeps its Ingress from being served (503); an
 //! edited ConfigMap applies live.
@@ -159,11 +160,19 @@ fn headers_of_configmaps_reach_responses_upstreams_and_the_auth_service() {
 
         // A missing ConfigMap, or a header global-allowed-response-headers does not list:
         // the Ingress is not served, as ingress-nginx denies its location.
+        // The proxy's own answers carry add-headers' literal values (nginx's http-level
+        // more_set_headers reaches them), never the refused Ingress's.
         for host in ["missing.test", "denied.test"] {
             let reply = curl::get(ingress, host, "/", version, &[]);
             assert_eq!(reply.status, 503, "{version} {host}");
-            assert_eq!(reply.header("x-custom"), None, "{version} {host}");
+            assert_eq!(reply.header("x-custom"), Some("global"), "{version} {host}");
+            assert_eq!(reply.header("x-global"), Some("g"), "{version} {host}");
+            assert_eq!(reply.header("x-seen-scheme"), None, "{version} {host}");
         }
+        let reply = curl::get(ingress, "nowhere.test", "/", version, &[]);
+        assert_eq!(reply.status, 404, "{version}");
+        assert_eq!(reply.header("x-global"), Some("g"), "{version}");
+        assert_eq!(reply.header("server"), Some("ingress"), "{version}");
 
         // auth-proxy-set-headers: on the auth service's request, variables expanded.
         let before = site.auth.requests();
@@ -211,7 +220,12 @@ fn an_edited_configmap_applies_live() {
     );
     // The ConfigMap gone: refused, then served again once it is back.
     site.dir.replace("custom.yaml", "");
-    eventually("the ConfigMap removed", (503, None), || probe("--http1.1"));
+    // (The 503 is the proxy's own: it carries add-headers' X-Custom, not the Ingress's.)
+    eventually(
+        "the ConfigMap removed",
+        (503, Some("global".into())),
+        || probe("--http1.1"),
+    );
     site.dir.replace("custom.yaml", &custom("back"));
     eventually("the ConfigMap back", (200, Some("back".into())), || {
         probe("--http2-prior-knowledge")

@@ -77,6 +77,9 @@ pub struct GlobalSettings {
     pub limit_conn_status: u16,
     /// `add-headers`, `proxy-set-headers`, `global-allowed-response-headers`.
     pub headers: HeaderMaps,
+    /// `add-headers` with literal values, for the proxy's own answers (404, 503, redirects):
+    /// set by `Snapshot::build`, which reads that ConfigMap, never by `resolve`.
+    pub own_response_headers: Option<Arc<super::annotations::snippet::ResponseEdits>>,
 }
 
 /// The ConfigMap keys about headers listed in other ConfigMaps, which `Snapshot::build`
@@ -125,6 +128,7 @@ impl Default for GlobalSettings {
             limit_req_status: 503,
             limit_conn_status: 503,
             headers: HeaderMaps::default(),
+            own_response_headers: None,
         }
     }
 }

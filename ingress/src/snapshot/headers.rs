@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::annotations::configmap_headers::{self, ConfigHeaders, Headers, HeadersError, Use};
+use super::annotations::snippet::ResponseEdits;
 use super::annotations::{self, auth::Refusal};
 use super::global::HeaderMaps;
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Subject};
@@ -111,6 +112,19 @@ pub(super) fn global(
         response: read(Use::AddHeaders, maps.add_headers.as_ref()),
         request: read(Use::ProxySetHeaders, maps.proxy_set_headers.as_ref()),
     }
+}
+
+/// `add-headers` for the proxy's own answers: the literal values (a value with variables is
+/// made from a request the upstream phase reads, which those answers may not have reached).
+pub(super) fn own_responses(global: &ConfigHeaders) -> Option<Arc<ResponseEdits>> {
+    let (literal, _) = configmap_headers::split(&global.response);
+    let replace: Vec<_> = literal.into_iter().filter(|(_, v)| v.is_some()).collect();
+    (!replace.is_empty()).then(|| {
+        Arc::new(ResponseEdits {
+            replace,
+            add: Vec::new(),
+        })
+    })
 }
 
 /// The headers of an Ingress's routes: the global ones with its `custom-headers` over them.

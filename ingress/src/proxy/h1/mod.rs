@@ -526,6 +526,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),
+            own_headers: global.own_response_headers.as_deref(),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {

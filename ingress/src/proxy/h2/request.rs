@@ -75,8 +75,9 @@ impl Proxy {
             .extensions()
             .get::<error_page::Replaced>()
             .is_none();
-        if let (Some(route), Some(_), None, true) =
-            (&route, &outcome.upstream, &outcome.error, upstreams)
+        let from_upstream =
+            route.is_some() && outcome.upstream.is_some() && outcome.error.is_none() && upstreams;
+        if let (Some(route), true) = (&route, from_upstream)
             && let Some(edits) = response
                 .extensions_mut()
                 .remove::<response::RequestEdits>()
@@ -85,6 +86,11 @@ impl Proxy {
         {
             let status = response.status().as_u16();
             edits.apply(status, response.headers_mut());
+        }
+        // The proxy's own answers get the ConfigMap's add-headers (nginx's http-level
+        // more_set_headers reaches them); an error page keeps the error backend's headers.
+        if !from_upstream && upstreams {
+            response::add_own_headers(&global, response.headers_mut());
         }
         if let (Some(route), Some(_), None, true) =
             (&route, &outcome.upstream, &outcome.error, upstreams)

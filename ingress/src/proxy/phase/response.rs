@@ -44,6 +44,29 @@ pub(crate) fn edits(policy: &ResponsePolicy) -> Option<Arc<ResponseEdits>> {
     policy.headers.clone()
 }
 
+/// `add-headers` on one of the proxy's own answers (404, 503, a redirect, an upstream
+/// failure): each header the answer does not already carry (the proxy's framing, `Server`,
+/// `Location` and the like stay its own). The HTTP/2 path; HTTP/1.x writes the same with
+/// [`own_headers`] as it writes the head.
+pub(crate) fn add_own_headers(global: &GlobalSettings, headers: &mut http::HeaderMap) {
+    let own = global.own_response_headers.as_deref();
+    for (name, value) in own_headers(own, &|name| headers.contains_key(name)) {
+        headers.insert(name.clone(), value.clone());
+    }
+}
+
+/// The `add-headers` an own answer gets: those whose names `present` says it lacks.
+pub(crate) fn own_headers<'g>(
+    own: Option<&'g ResponseEdits>,
+    present: &dyn Fn(&HeaderName) -> bool,
+) -> Vec<(&'g HeaderName, &'g HeaderValue)> {
+    own.iter()
+        .flat_map(|edits| edits.replace.iter())
+        .filter_map(|(n, v)| v.as_ref().map(|v| (n, v)))
+        .filter(|(n, _)| !present(n))
+        .collect()
+}
+
 /// The response edits made for one request (a route's, with its templates expanded), carried
 /// from the upstream phase to where HTTP/2 applies them, in the response's extensions.
 #[derive(Clone)]

@@ -24,6 +24,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     set_headers: &[],
     edits: None,
     rewrite: None,
+    own_headers: None,
 };
 
 /// A complete head with everything but `head_len` (checked against the input separately).
