@@ -61,6 +61,7 @@ fn start() -> Site {
                 ("X-Global", "g"),
                 ("X-Custom", "global"),
                 ("X-Seen-Scheme", "$scheme"),
+                ("X-Request-Echo", "$request_id"),
             ],
         ),
         config_map(
@@ -140,6 +141,22 @@ fn headers_of_configmaps_reach_responses_upstreams_and_the_auth_service() {
         let upstream = |name: &str| echo.headers.get(name).map(String::as_str);
         assert_eq!(upstream("x-tenant"), Some("acme"), "{version}");
         assert_eq!(upstream("x-client"), Some("127.0.0.1"), "{version}");
+        // $request_id: the id the upstream was sent, made by the proxy or the client's.
+        let made = upstream("x-request-id").expect("an id upstream");
+        assert_eq!(made.len(), 32, "{version}");
+        assert_eq!(reply.header("x-request-echo"), Some(made), "{version}");
+        let reply = curl::get(
+            ingress,
+            "plain.test",
+            "/",
+            version,
+            &["-H", "X-Request-ID: client-chosen-id-1"],
+        );
+        assert_eq!(
+            reply.header("x-request-echo"),
+            Some("client-chosen-id-1"),
+            "{version}"
+        );
 
         // custom-headers over add-headers, and over the upstream's own header.
         let reply = curl::get(
@@ -182,6 +199,17 @@ fn headers_of_configmaps_reach_responses_upstreams_and_the_auth_service() {
         let seen = site.auth.seen().pop().expect("a subrequest");
         assert_eq!(seen.header("x-auth-extra"), Some("bob"), "{version}");
         assert_eq!(seen.header("x-static"), Some("s"), "{version}");
+        let upstream_id = reply
+            .echo()
+            .expect("echo")
+            .headers
+            .get("x-request-id")
+            .cloned();
+        assert_eq!(
+            seen.header("x-request-id").map(str::to_string),
+            upstream_id,
+            "{version}: the auth service and the upstream see one id"
+        );
 
         // Its ConfigMap missing: fail closed, and the auth service is never asked.
         let before = site.auth.requests();

@@ -312,6 +312,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     BodyFraming::None => Some(0),
                     BodyFraming::Chunked => None,
                 },
+                // What `write_upstream` sends: the client's usable id, else `fresh_id`.
+                request_id: req
+                    .headers
+                    .header("x-request-id")
+                    .filter(|id| usable_request_id(id))
+                    .unwrap_or(&fresh_id),
             },
         );
         let Phased {

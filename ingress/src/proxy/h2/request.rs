@@ -238,6 +238,16 @@ impl Proxy {
             };
             *trace = Some(tracing.start(&started, req.headers()));
         }
+        // `$request_id` is the id the upstream is sent: made now when the client sent none
+        // usable, so forwarding keeps it (as the access log does).
+        if !req
+            .headers()
+            .get(&forward::X_REQUEST_ID)
+            .is_some_and(|id| usable_request_id(id.as_bytes()))
+            && let Ok(id) = HeaderValue::from_bytes(&forward::new_request_id())
+        {
+            req.headers_mut().insert(forward::X_REQUEST_ID.clone(), id);
+        }
         let phases_at = Instant::now();
         let Phased {
             target,
@@ -255,6 +265,10 @@ impl Proxy {
                 target: &original,
                 headers: req.headers(),
                 body_len: hyper::body::Body::size_hint(req.body()).exact(),
+                request_id: req
+                    .headers()
+                    .get(&forward::X_REQUEST_ID)
+                    .map_or(&[][..], HeaderValue::as_bytes),
             },
         );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();

@@ -427,6 +427,14 @@ mod tests {
                 "$request_time",
                 Err("not a variable"),
             ),
+            (
+                Use::AddHeaders,
+                "X-Request-Echo",
+                "$request_id",
+                Ok(HeaderSetting::Template(
+                    Template::parse("$request_id").unwrap(),
+                )),
+            ),
             (Use::AddHeaders, "X-Bad", "a\nb", Err("control characters")),
             (
                 Use::AddHeaders,

@@ -43,6 +43,9 @@ pub enum Var {
     RemoteUser,
     /// `$server_port`: the port the request came in on.
     ServerPort,
+    /// `$request_id`: the request's id, the `X-Request-ID` the upstream is sent (the client's
+    /// when usable, else one the proxy made).
+    RequestId,
     /// `$http_NAME`: a request header (`_` for `-`).
     Header(String),
     /// `$cookie_NAME`.
@@ -132,6 +135,7 @@ impl Var {
             "request_method" => Var::Method,
             "remote_user" => Var::RemoteUser,
             "server_port" => Var::ServerPort,
+            "request_id" => Var::RequestId,
             _ => {
                 let named = |prefix: &str| {
                     name.strip_prefix(prefix)
