@@ -221,3 +221,90 @@ async fn custom_headers_follow_their_configmap_live() {
         .await;
     probe((503, None), "refused again once deleted").await;
 }
+
+/// With --watch-namespace, the ConfigMaps of that namespace are watched, and the global one
+/// outside it by name: both are read (the headers from one, the body limit from the other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_watch_namespace_the_global_configmap_is_watched_by_name() {
+    let web = Backend::start("web");
+    let scratch = Scratch::new("kube-configmap-namespace");
+    let body = scratch.write("body", &"x".repeat(9 * 1024));
+    let cluster = Cluster::start().await;
+    let annotated = ingress("app", "plain", &[("plain.test", "/", "Prefix", "web")]).replacen(
+        "metadata: {name: plain, namespace: app}",
+        "metadata:\n  name: plain\n  namespace: app\n  annotations: {nginx.ingress.kubernetes.io/custom-headers: headers}",
+        1,
+    );
+    cluster
+        .apply(
+            &[
+                CLASS.to_string(),
+                service("app", "web", &[&web]),
+                annotated,
+                headers_map("one"),
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ingress-config, namespace: ingress-system}\ndata: {proxy-body-size: 8k, global-allowed-response-headers: X-Custom}\n".to_string(),
+            ]
+            .join("---\n"),
+        )
+        .await;
+    let proc = cluster
+        .ingress()
+        .args(["--watch-namespace", "app"])
+        .args(["--configmap", "ingress-system/ingress-config"])
+        .start();
+    wait_ready(&proc).await;
+    wait_status(&proc, &body, 413, "the global ConfigMap's 8k").await;
+    assert_eq!(
+        header(&proc, "plain.test", "x-custom").await,
+        (200, Some("one".to_string()))
+    );
+    let requests = cluster.controller_requests(|r| r.path.contains("configmaps"));
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.path == "/api/v1/namespaces/app/configmaps"
+                && r.param("fieldSelector").is_none()),
+        "{requests:?}"
+    );
+    for r in requests
+        .iter()
+        .filter(|r| r.path.contains("ingress-system"))
+    {
+        assert_eq!(
+            r.param("fieldSelector").as_deref(),
+            Some("metadata.name=ingress-config"),
+            "{r:?}"
+        );
+    }
+    // Every watch expires: both ConfigMap watches relist, and neither relist drops what the
+    // other one holds.
+    let lists = |ns: &str| {
+        cluster
+            .controller_requests(|r| {
+                r.path == format!("/api/v1/namespaces/{ns}/configmaps")
+                    && r.param("watch").is_none()
+            })
+            .len()
+    };
+    let before = (lists("app"), lists("ingress-system"));
+    cluster.server.faults().expire_next_watches(7);
+    cluster.server.faults().drop_watches();
+    eventually("both relisted", TIMEOUT, async || {
+        let now = (lists("app"), lists("ingress-system"));
+        if now.0 > before.0 && now.1 > before.1 {
+            Ok(())
+        } else {
+            Err(format!("{before:?} -> {now:?}"))
+        }
+    })
+    .await;
+    cluster.apply(&headers_map("two")).await;
+    eventually("the edited header", TIMEOUT, async || {
+        match header(&proc, "plain.test", "x-custom").await {
+            (200, Some(v)) if v == "two" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    wait_status(&proc, &body, 413, "the global ConfigMap kept").await;
+}
