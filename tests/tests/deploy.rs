@@ -368,6 +368,19 @@ fn rbac_is_least_privilege() {
             "{verb} configmaps"
         );
     }
+    // The global one by name in the controller's namespace too, for --watch-namespace installs
+    // (where the ClusterRole grants no ConfigMap).
+    assert!(allows(&lease_rules, "", "configmaps", "watch"));
+    for rule in lease_rules
+        .iter()
+        .filter(|r| r.resources.iter().flatten().any(|x| x == "configmaps"))
+    {
+        assert_eq!(
+            rule.resource_names.as_deref(),
+            Some(&["ingress-config".to_string()][..]),
+            "{rule:?}"
+        );
+    }
 }
 
 #[test]
@@ -613,6 +626,7 @@ fn namespaced_component_on(overlay: &str) {
     assert_eq!(
         resources_of(&rules),
         [
+            "configmaps",
             "endpointslices",
             "events",
             "ingresses",
