@@ -1235,7 +1235,20 @@ impl Builder<'_> {
             })
         });
         match policy {
-            Ok(policy) => policy,
+            Ok(policy) => {
+                // As in ingress-nginx, whose auth-url parser reads it: alone it does nothing.
+                if policy.external.is_none()
+                    && let Some((written, _)) =
+                        annotations.and_then(|a| annotations::lookup(a, "auth-proxy-set-headers"))
+                {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        format!("{written}: has no effect without auth-url"),
+                    ));
+                }
+                policy
+            }
             Err((kind, message)) => {
                 self.diagnostics.push(Diagnostic::error(
                     kind,

@@ -2353,6 +2353,25 @@ fn configmap_headers_reach_routes_or_refuse_the_ingress() {
             }
         }
     }
+    // auth-proxy-set-headers without auth-url: nothing to send them to, a warning.
+    let pairs = [(n("auth-proxy-set-headers"), "shop/auth")];
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let snap = build(&format!(
+        "{SERVICES}{}",
+        annotated("alone", "shop.example.com", &pairs, false)
+    ));
+    let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+    assert_eq!(route.policy.access.refused, None);
+    let warnings: Vec<&str> = snap
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == DiagnosticKind::InvalidAnnotation)
+        .map(|d| d.message.as_str())
+        .collect();
+    assert_eq!(
+        warnings,
+        ["nginx.ingress.kubernetes.io/auth-proxy-set-headers: has no effect without auth-url"]
+    );
     // Without the referenced ConfigMaps: a warning on the global one each, and nothing set.
     let snap = build_with(&format!("{SERVICES}{global}"), &settings);
     let missing = snap
