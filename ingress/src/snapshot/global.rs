@@ -6,7 +6,8 @@
 //!                            │ resolve(ConfigMap data)      pure: each key applied, or a
 //!                            v                              diagnostic on the ConfigMap saying
 //!   Snapshot::global ──> builder (body size, ssl-redirect,  why not (unsupported, startup
-//!                        source ranges, snippets)           only, invalid: the default stays)
+//!                        source ranges, snippets, global    only, invalid: the default stays)
+//!                        auth)
 //!                   ──> proxy (HSTS, timeouts, forwarded
 //!                        headers, underscores, Server)
 //!   annotations override the result route by route, as in ingress-nginx

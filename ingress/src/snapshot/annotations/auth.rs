@@ -8,6 +8,9 @@
 //!   auth-request-redirect, auth-cache-key, auth-cache-duration, auth-keepalive*,
 //!   auth-always-set-cookie) ─> ExternalAuth, its URLs and keys as Templates of nginx variables
 //!   satisfy: all | any        how the source ranges and authentication combine
+//!   ConfigMap global-auth-NAME ─> the same parser as auth-NAME ─> GlobalAuth, attached by
+//!       the builder to routes without their own auth-url or enable-global-auth: "false";
+//!       no-auth-locations (rule path prefixes) drop the external auth of their routes
 //! ```
 //!
 //! Everything that cannot be honoured as written is an error, and the builder refuses the
