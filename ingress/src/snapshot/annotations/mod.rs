@@ -693,6 +693,16 @@ pub fn sets_source_ranges(annotations: Option<&BTreeMap<String, String>>) -> (bo
     )
 }
 
+/// A boolean as ingress-nginx reads one (Go's `strconv.ParseBool`), in annotations and in the
+/// ConfigMap.
+pub fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
 fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
     [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
         annotations
