@@ -28,6 +28,25 @@ fn pair(set_cookie: &str) -> String {
     set_cookie.split(';').next().unwrap_or_default().to_string()
 }
 
+/// The `Set-Cookie` headers of a GET of `/` on `host` that sends `cookie` (curl's `Reply`
+/// keeps only the last of a repeated header).
+fn set_cookies(ingress: &Ingress, host: &str, version: &str, cookie: &str) -> Vec<String> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-D", "-", version, "-b", cookie])
+        .args(["-H", &format!("Host: {host}")])
+        .arg(ingress.url("/"))
+        .output()
+        .expect("curl runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("set-cookie")
+                .then(|| value.trim().to_string())
+        })
+        .collect()
+}
+
 /// An address nothing listens on.
 fn closed_port() -> std::net::SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -99,6 +118,9 @@ fn a_failed_sessions_retry_stays_or_moves_with_its_cookie() {
                     .unwrap_or_else(|| panic!("{label}: the cookie did not move: {reply:?}")),
             );
             assert_ne!(&moved, cookie, "{label}");
+            // One cookie: the first attempt's is replaced, not sent beside the new one.
+            let cookies = set_cookies(&ingress, host, version, cookie);
+            assert_eq!(cookies.len(), 1, "{label}: {cookies:?}");
             for _ in 0..3 {
                 let again = curl::get(&ingress, host, "/", version, &["-b", &moved]);
                 assert_eq!(again.backend(), moved_to, "{label} {moved}");

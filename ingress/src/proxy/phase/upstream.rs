@@ -152,8 +152,9 @@ pub(crate) struct Attempt {
 }
 
 /// Another endpoint for a failed request (`proxy-next-upstream`) after the attempts on `tried`
-/// (the last one last); `None` when there is none to try.
-pub(crate) fn next_endpoint(reselect: &Reselect, tried: &[PoolKey]) -> Option<Attempt> {
+/// (the last one last), with `tries` the route's `proxy-next-upstream-tries`; `None` when there
+/// is none to try.
+pub(crate) fn next_endpoint(reselect: &Reselect, tried: &[PoolKey], tries: u32) -> Option<Attempt> {
     let backend = reselect.backend.as_ref()?;
     let endpoints = backend.endpoints();
     let balance = reselect.balance;
@@ -168,9 +169,9 @@ pub(crate) fn next_endpoint(reselect: &Reselect, tried: &[PoolKey]) -> Option<At
             None,
         ),
         Repick::Sticky(sticky) => {
-            // A session kept on its endpoint is tried there as many times as the route allows,
-            // but never more often than there are endpoints (`proxy-next-upstream-tries: 0`).
-            if tried.len() >= endpoints.len().max(1) {
+            // A session kept on its endpoint is tried there as many times as the route allows;
+            // `proxy-next-upstream-tries: 0` ("as many as there are endpoints") bounds it too.
+            if tries == 0 && tried.len() >= endpoints.len().max(1) {
                 return None;
             }
             affinity::repick(backend, sticky, balance, tried)?
@@ -198,7 +199,7 @@ pub(crate) fn retry(
     if !in_time || !next.allows_another(attempts) || !retries_on(next, error) {
         return None;
     }
-    next_endpoint(reselect, tried)
+    next_endpoint(reselect, tried, next.tries)
 }
 
 /// Whether `error` failed before anything of the request reached the upstream (no connection
@@ -296,31 +297,37 @@ mod tests {
         } else {
             "10.0.1.1:80"
         };
-        let cases: Vec<(&Reselect, Vec<PoolKey>, Option<PoolKey>)> = vec![
+        // (how, tried, proxy-next-upstream-tries) -> the next endpoint
+        let cases: Vec<(&Reselect, Vec<PoolKey>, u32, Option<PoolKey>)> = vec![
             // The backend the first attempt came from (a canary's), not another.
             (
                 &balanced,
                 vec![key("10.0.1.1:80")],
+                3,
                 Some(key("10.0.1.2:80")),
             ),
             (
                 &balanced,
                 vec![key("10.0.1.2:80")],
+                3,
                 Some(key("10.0.1.1:80")),
             ),
             (
                 &balanced,
                 vec![key("10.0.1.1:80"), key("10.0.1.2:80")],
+                0,
                 None,
             ),
-            (&sticky, vec![key(&at)], Some(key(&at))),
-            // Never more attempts on one endpoint than there are endpoints.
-            (&sticky, vec![key(&at), key(&at)], None),
-            (&Reselect::NONE, vec![key(other)], None),
+            (&sticky, vec![key(&at)], 3, Some(key(&at))),
+            // The tries limit is `retry`'s to apply; 0 ("as many as there are endpoints")
+            // bounds attempts on the one endpoint too.
+            (&sticky, vec![key(&at), key(&at)], 3, Some(key(&at))),
+            (&sticky, vec![key(&at), key(&at)], 0, None),
+            (&Reselect::NONE, vec![key(other)], 3, None),
         ];
-        for (reselect, tried, want) in cases {
-            let got = next_endpoint(reselect, &tried).map(|a| a.key);
-            assert_eq!(got, want, "{reselect:?} {tried:?}");
+        for (reselect, tried, tries, want) in cases {
+            let got = next_endpoint(reselect, &tried, tries).map(|a| a.key);
+            assert_eq!(got, want, "{reselect:?} {tried:?} {tries}");
         }
     }
 
