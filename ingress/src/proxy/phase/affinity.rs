@@ -12,8 +12,8 @@
 //!   a retry: the same endpoint when the cookie named it (unless change-on-failure), else a new
 //!            session on an endpoint not tried, whose Set-Cookie replaces the first one
 //!
-//!   upstream-hash-by key → its endpoint (rendezvous); with -subset: key → subset "setN"
-//!            (rendezvous over the names), a random member per request, retries within it
+//!   upstream-hash-by key → its endpoint (rendezvous); with -subset: key → subset N
+//!            (rendezvous over the subsets), a random member per request, retries within it
 //! ```
 
 use std::fmt::Write as _;
@@ -235,7 +235,7 @@ pub(crate) struct Subset {
 
 impl Subset {
     /// The subset `key` maps to among `endpoints`, `None` when there is none. The key picks the
-    /// subset's name (`set1`, `set2`, …) by rendezvous hashing, so that a change in the number
+    /// subset (ingress-nginx's `set1`, `set2`, …) by rendezvous hashing, so that a change in the number
     /// of subsets moves only the keys of the subsets that came or went; which endpoints a subset
     /// holds follows their order (by address), as ingress-nginx's follows its endpoint list.
     pub(crate) fn of(endpoints: &[Arc<Endpoint>], size: usize, key: &[u8]) -> Option<Subset> {
@@ -244,8 +244,9 @@ impl Subset {
         }
         let size = size.max(1);
         let sets = endpoints.len().div_ceil(size);
+        // The subset's number stands for its name; no allocation per subset and request.
         let set =
-            (0..sets).max_by_key(|i| stable_hash(&[key, format!("set{}", i + 1).as_bytes()]))?;
+            (0..sets).max_by_key(|&i| stable_hash(&[key, b"set", &(i as u64).to_le_bytes()]))?;
         Some(Subset { set, size })
     }
 
@@ -263,10 +264,8 @@ impl Subset {
 
     /// A random member: each request of a key goes to one of its subset's endpoints.
     pub(crate) fn pick(self, endpoints: &[Arc<Endpoint>]) -> Option<&Arc<Endpoint>> {
-        let members: Vec<&Arc<Endpoint>> = self.members(endpoints).collect();
-        members
-            .get(fastrand::usize(..members.len().max(1)))
-            .copied()
+        self.members(endpoints)
+            .nth(fastrand::usize(..self.size.max(1)))
     }
 
     /// A random member not in `tried`, for a retry: a key stays in its subset, as it does in

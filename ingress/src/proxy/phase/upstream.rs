@@ -5,6 +5,11 @@
 //! random ones); an ExternalName is resolved, and its address judged, when the connection is
 //! made. A backend with no endpoint falls back to the route's `default-backend` Service, when
 //! it has one.
+//!
+//! A retry (`proxy-next-upstream`) picks again from the backend the first attempt used (the
+//! route's, its canary's, or the `default-backend`), the way the first was picked: by
+//! `load-balance`, by the affinity session (`session-cookie-change-on-failure`), or within the
+//! key's `upstream-hash-by-subset`; [`Reselect`] carries what it needs in the [`Forward`].
 
 use std::sync::Arc;
 use std::time::Duration;
