@@ -121,6 +121,38 @@ pub async fn read_header(
     Ok(source)
 }
 
+/// Reads the header from `taken` (bytes already taken off the socket, as the kernel gate hands
+/// over the header with the first record behind it) and, while it is incomplete, from the
+/// socket into `taken`; removes the header from `taken`, leaving whatever followed it there.
+/// Returns the client it names (`None`: keep the TCP peer).
+pub async fn take_header(
+    stream: &mut TcpStream,
+    taken: &mut Vec<u8>,
+    timeout: Duration,
+) -> Result<Option<SocketAddr>, ProxyHeaderError> {
+    let (len, source) = tokio::time::timeout(timeout, async {
+        loop {
+            match parse(taken) {
+                Parse::Header { len, source } => return Ok((len, source)),
+                Parse::Invalid(_) if taken.len() >= MAX_HEADER => {
+                    return Err(ProxyHeaderError::TooLong);
+                }
+                Parse::Invalid(reason) => return Err(ProxyHeaderError::Invalid(reason)),
+                Parse::Incomplete => {}
+            }
+            // Bounded: `parse` refuses anything still incomplete at MAX_HEADER bytes.
+            match stream.read_buf(taken).await {
+                Ok(0) | Err(_) => return Err(ProxyHeaderError::Closed),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .map_err(|_| ProxyHeaderError::Timeout)??;
+    taken.drain(..len.min(taken.len()));
+    Ok(source)
+}
+
 async fn peek_header(
     stream: &mut TcpStream,
 ) -> Result<(usize, Option<SocketAddr>), ProxyHeaderError> {
