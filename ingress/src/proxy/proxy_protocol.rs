@@ -285,6 +285,38 @@ mod tests {
         }
     }
 
+    /// The gate's path: the header comes in bytes already taken off the socket, whole or cut
+    /// short (the rest then read from the socket); what follows it stays for TLS.
+    #[tokio::test]
+    async fn take_header_leaves_what_follows() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let header = b"PROXY TCP4 203.0.113.7 10.0.0.1 50000 443\r\n";
+        let wait = Duration::from_secs(1);
+
+        let mut taken = [&header[..], b"\x16\x03\x01"].concat();
+        let source = take_header(&mut server, &mut taken, wait).await;
+        assert_eq!(source, Ok(Some("203.0.113.7:50000".parse().unwrap())));
+        assert_eq!(taken, b"\x16\x03\x01");
+
+        let mut taken = header[..10].to_vec();
+        tokio::io::AsyncWriteExt::write_all(&mut client, &[&header[10..], b"\x16"].concat())
+            .await
+            .unwrap();
+        let source = take_header(&mut server, &mut taken, wait).await;
+        assert_eq!(source, Ok(Some("203.0.113.7:50000".parse().unwrap())));
+        assert_eq!(taken, b"\x16");
+
+        let mut taken = b"\x16\x03\x01\x00\x05".to_vec();
+        let refused = take_header(&mut server, &mut taken, wait).await;
+        assert!(
+            matches!(refused, Err(ProxyHeaderError::Invalid(_))),
+            "{refused:?}"
+        );
+    }
+
     #[test]
     fn anything_else_is_refused() {
         let cases: [(&str, &[u8]); 6] = [
