@@ -308,8 +308,12 @@ impl Snapshot {
                 built.insert(name, vhost);
             }
         }
-        // The kernel judges sources only where it sees the real client.
-        let kernel_sees_client = !global.proxy_protocol && !global.forwarded.enabled;
+        // The kernel judges sources only where it sees the real client: the peer, or behind
+        // PROXY protocol the client the header names when every header is believed (with
+        // proxy-real-ip-cidr set, believing depends on the peer, which the kernel leaves to
+        // the access phase after accept).
+        let kernel_sees_client = !global.forwarded.enabled
+            && (!global.proxy_protocol || global.forwarded.trusted.is_none());
         let mut gate_sources = BTreeMap::new();
         for (pattern, vhost) in built {
             let key = match &pattern {

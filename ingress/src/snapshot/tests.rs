@@ -2136,16 +2136,18 @@ fn the_gate_judges_sources_per_host_only_when_the_kernel_can_decide() {
     let url = ("auth-url", "http://auth.shop.svc.cluster.local/check");
     let root = [("Prefix", "/", "web")];
     let admin = [("Prefix", "/admin", "api")];
-    let plain = |trust: bool, proxy_protocol: bool| {
+    let with = |trust: bool, proxy_protocol: bool, real_ip_cidr: bool| {
         let mut s = settings();
         s.global.proxy_protocol = proxy_protocol;
-        if trust {
-            let mut forwarded = (*s.global.forwarded).clone();
-            forwarded.enabled = true;
-            s.global.forwarded = Arc::new(forwarded);
+        let mut forwarded = (*s.global.forwarded).clone();
+        forwarded.enabled = trust;
+        if real_ip_cidr {
+            forwarded.trusted = Some(Arc::from(vec!["192.0.2.0/24".parse().unwrap()]));
         }
+        s.global.forwarded = Arc::new(forwarded);
         s
     };
+    let plain = |trust: bool, proxy_protocol: bool| with(trust, proxy_protocol, false);
     let ingresses = [
         // One Ingress, one policy: judged.
         ingress_with("a", 1, "a.test", &[allow, deny], &root),
@@ -2167,20 +2169,28 @@ fn the_gate_judges_sources_per_host_only_when_the_kernel_can_decide() {
     ]
     .concat();
     let yaml = format!("{SERVICES}{ingresses}");
-    // (trusted forwarded headers, PROXY protocol, names judged)
-    let cases: [(bool, bool, &[&str]); 4] = [
-        (false, false, &["*.h.test", "a.test", "b.test", "g.test"]),
-        (true, false, &[]),
-        (false, true, &[]),
-        (true, true, &[]),
+    let judged: &[&str] = &["*.h.test", "a.test", "b.test", "g.test"];
+    // (trusted forwarded headers, PROXY protocol, proxy-real-ip-cidr, names judged): behind
+    // PROXY protocol the kernel reads the client from the header, but only when every
+    // header is believed.
+    let cases: [(bool, bool, bool, &[&str]); 6] = [
+        (false, false, false, judged),
+        (true, false, false, &[]),
+        (false, true, false, judged),
+        (false, true, true, &[]),
+        (true, true, false, &[]),
+        (true, true, true, &[]),
     ];
     let inside: std::net::IpAddr = "10.1.2.3".parse().unwrap();
     let outside: std::net::IpAddr = "11.1.2.3".parse().unwrap();
     let denied: std::net::IpAddr = "10.9.0.1".parse().unwrap();
-    for (trust, proxy_protocol, want) in cases {
-        let snap = build_with(&yaml, &plain(trust, proxy_protocol));
+    for (trust, proxy_protocol, real_ip_cidr, want) in cases {
+        let snap = build_with(&yaml, &with(trust, proxy_protocol, real_ip_cidr));
         let got: Vec<&str> = snap.sni.sources.ids.keys().map(String::as_str).collect();
-        assert_eq!(got, want, "trust={trust} proxy_protocol={proxy_protocol}");
+        assert_eq!(
+            got, want,
+            "trust={trust} proxy_protocol={proxy_protocol} real_ip_cidr={real_ip_cidr}"
+        );
         for name in want {
             let id = snap.sni.sources.ids[*name];
             assert_ne!(id, 0);
