@@ -418,7 +418,7 @@ pub(super) fn report(
     );
     writeln!(
         out,
-        " refusal latency: to the reset from the hello written, or to the 403's status line from the TCP connect, handshake included;"
+        " refusal latency: to the reset from the hello written, or to the 403's status line from the TCP connect, the handshake and the client's own share of it (on its one thread) included;"
     );
     writeln!(
         out,
@@ -455,7 +455,7 @@ pub(super) fn report(
     }
     writeln!(
         out,
-        "(kept: requests/s with the flood / without, per round)"
+        "(kept: requests/s with the flood / without, per round; wrk shares CPU 1 with the flood client, whose handshakes against the 403 targets take that CPU from wrk too)"
     );
     for (mode, runs) in results {
         let list = |f: &dyn Fn(&SourceRound) -> f64| runs.iter().map(f).collect::<Vec<_>>();
