@@ -267,8 +267,11 @@ pub mod counter {
     pub const SOURCE_REFUSED: u32 = 29;
     /// Connections the TC program reset before accept because of their source address.
     pub const RESET_BEFORE_ACCEPT_SOURCE_REFUSED: u32 = 30;
+    /// Connections refused because they did not start with a valid PROXY protocol header
+    /// (`GateConfig::proxy_protocol`); their verdicts also count as malformed and dropped.
+    pub const PROXY_HEADER_REFUSED: u32 = 31;
     /// Slots in the array.
-    pub const LEN: u32 = 31;
+    pub const LEN: u32 = 32;
 
     /// The before-accept counter for a dropped verdict's reason.
     pub const fn reset_before_accept(reason: u32) -> Option<u32> {
@@ -325,6 +328,7 @@ pub mod counter {
             UNDELIVERED => "undelivered",
             SOURCE_REFUSED => "source_refused",
             RESET_BEFORE_ACCEPT_SOURCE_REFUSED => "reset_before_accept_source_refused",
+            PROXY_HEADER_REFUSED => "proxy_header_refused",
             _ => "invalid",
         }
     }
@@ -410,6 +414,13 @@ pub struct GateConfig {
     pub port_count: u32,
     /// Local ports whose passively established sockets are gated, host byte order.
     pub ports: [u16; MAX_PORTS],
+    /// Non-zero: every connection starts with a PROXY protocol header (`--use-proxy-protocol`),
+    /// which the programs skip to reach the ClientHello. The client address it names replaces
+    /// the peer's for SOURCES (userspace only writes source ranges when it believes every
+    /// header, i.e. `proxy-real-ip-cidr` is unset).
+    pub proxy_protocol: u32,
+    /// Unused; keeps the size a multiple of 8 with no implicit padding.
+    pub _reserved: u32,
 }
 
 /// The per-socket VERDICTS value, keyed by socket cookie.
@@ -575,8 +586,17 @@ pub struct GateEvent {
 
 /// The largest first record: a header and a maximal fragment.
 pub const MAX_RECORD_LEN: u32 = RECORD_HEADER_LEN + MAX_FRAGMENT_LEN;
-/// [`Delivery::record`]'s size: [`MAX_RECORD_LEN`] rounded up to 8 bytes.
-pub const DELIVERY_BYTES: usize = (MAX_RECORD_LEN as usize + 7) & !7;
+/// The longest PROXY protocol header the kernel hands userspace with the record behind it: a
+/// v1 line is at most 107 bytes, a v2 header 16 plus its addresses (216 for AF_UNIX) and TLVs.
+/// A longer (valid) header is still skipped and judged; its bytes then stay in the socket.
+pub const MAX_DELIVERED_PROXY_HEADER: u32 = 256;
+/// The longest PROXY protocol header either parser accepts (`proxy_protocol::MAX_HEADER` in
+/// userspace): a v2 length field past `MAX_PROXY_HEADER - 16` is refused.
+pub const MAX_PROXY_HEADER: u32 = 4096;
+/// The longest message the verdict delivers in its event: a PROXY header and a maximal record.
+pub const MAX_DELIVERY_LEN: u32 = MAX_DELIVERED_PROXY_HEADER + MAX_RECORD_LEN;
+/// [`Delivery::record`]'s size: [`MAX_DELIVERY_LEN`] rounded up to 8 bytes.
+pub const DELIVERY_BYTES: usize = (MAX_DELIVERY_LEN as usize + 7) & !7;
 
 impl HostKey {
     pub const EMPTY: HostKey = HostKey {
@@ -674,7 +694,7 @@ mod tests {
             (
                 "GateConfig",
                 size_of::<GateConfig>(),
-                8 + 4 * 6 + 2 * MAX_PORTS,
+                8 + 4 * 6 + 2 * MAX_PORTS + 4 * 2,
                 8,
             ),
             ("VerdictRecord", size_of::<VerdictRecord>(), 4 * 5, 4),

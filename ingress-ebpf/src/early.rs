@@ -44,6 +44,7 @@ use core::ptr::{null_mut, read_volatile};
 use ingress_common::{VerdictRecord, action, counter};
 
 use crate::hello::{self, Frame, Packet as _};
+use crate::proxy::After;
 use crate::segment::{self, L3, Payload, Segment};
 use crate::{CONFIG, LISTENERS, PASSED_EARLY, address_bytes, count, decide, port_gated, work};
 
@@ -88,15 +89,8 @@ pub fn judge(ctx: &TcContext) -> Option<()> {
     {
         return None;
     }
-    // Only a segment that starts a whole TLS handshake record can be a judgeable first
-    // segment. Established connections' records (application data) are skipped before any
-    // socket lookup.
-    if seg.payload.load_u8(0) != Some(22) {
+    if !judgeable(&seg.payload) {
         return None;
-    }
-    match hello::frame(seg.payload) {
-        Frame::Record(total) if total <= seg.payload.len() => {}
-        _ => return None,
     }
     if !first_of_ours(skb, &mut seg) {
         return None;
@@ -140,6 +134,30 @@ pub fn judge(ctx: &TcContext) -> Option<()> {
             None
         }
     }
+}
+
+/// Whether the payload can be a judgeable first segment: a whole TLS handshake record at its
+/// start (behind its PROXY protocol header, when the listener expects one). Established
+/// connections' records (application data) are skipped before any socket lookup. A frame of
+/// its own, as `first_of_ours`: the header reader's buffers would not fit in `judge`'s.
+#[inline(never)]
+fn judgeable(payload: &Payload) -> bool {
+    let base = crate::proxy_header_len(*payload);
+    if base == crate::FRAME_NEED_MORE {
+        return false;
+    }
+    // An invalid header is refused (decide says so) if this is a connection's first segment.
+    if base == crate::FRAME_NOW {
+        return true;
+    }
+    let record = After {
+        pkt: *payload,
+        base,
+    };
+    if record.load_u8(0) != Some(22) {
+        return false;
+    }
+    matches!(hello::frame(record), Frame::Record(total) if base + total <= payload.len())
 }
 
 /// The decision on the segment's payload, in `record` (`record_len` left 0); `false` if there

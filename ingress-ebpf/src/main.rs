@@ -60,6 +60,7 @@
 
 mod early;
 mod hello;
+mod proxy;
 mod segment;
 mod work;
 
@@ -88,10 +89,11 @@ use aya_log_ebpf::debug;
 use core::ptr::{null_mut, read_volatile};
 use hello::{Frame, Outcome, Packet, ProbeBuffer, Skb, Workspace};
 use ingress_common::{
-    FlowKey, GateConfig, GateEvent, HostKey, HostValue, MAX_CONNECTIONS, MAX_RECORD_LEN,
+    FlowKey, GateConfig, GateEvent, HostKey, HostValue, MAX_CONNECTIONS, MAX_DELIVERY_LEN,
     MAX_SOURCE_ENTRIES, SourceData, SourceValue, SpliceEntry, SpliceState, VerdictRecord, action,
     counter, reason, source_verdict,
 };
+use proxy::After;
 
 const AF_INET: u32 = 2;
 
@@ -389,13 +391,26 @@ pub fn gate_parser(ctx: SkBuffContext) -> u32 {
     if decided(cookie).is_some() {
         return rest_of_skb(skb, cookie, len);
     }
-    match hello::frame(Skb(skb)) {
+    // Behind PROXY protocol the message is the header and the first record behind it.
+    let base = proxy_header_len(Skb(skb));
+    if base == FRAME_NEED_MORE {
+        count(counter::PARSER_WAITED);
+        return 0;
+    }
+    if base == FRAME_NOW {
+        return len;
+    }
+    match hello::frame(After {
+        pkt: Skb(skb),
+        base,
+    }) {
         Frame::NeedMore => {
             count(counter::PARSER_WAITED);
             0
         }
         Frame::Now => len,
         Frame::Record(total) => {
+            let total = base + total;
             // The strparser asks again only once it holds `total` bytes, so a split record is
             // seen here exactly once, short.
             if total > len {
@@ -403,6 +418,29 @@ pub fn gate_parser(ctx: SkBuffContext) -> u32 {
             }
             total
         }
+    }
+}
+
+/// `proxy_header_len`: too few bytes to find where the first record starts.
+pub(crate) const FRAME_NEED_MORE: u32 = u32::MAX - 1;
+/// `proxy_header_len`: the header is invalid: whatever arrived is the message, and the verdict
+/// refuses it.
+pub(crate) const FRAME_NOW: u32 = u32::MAX;
+
+/// Where the first record starts: 0 without PROXY protocol (`GateConfig`), else after the
+/// header; or one of the two values above.
+#[inline(always)]
+pub(crate) fn proxy_header_len<P: Packet>(pkt: P) -> u32 {
+    let expected = CONFIG.get(0).is_some_and(|c| c.proxy_protocol != 0);
+    if !expected {
+        return 0;
+    }
+    let mut client = [0u8; 16];
+    let header = proxy::header(pkt, &mut client);
+    match header.status {
+        proxy::SKIP => header.len,
+        proxy::NEED_MORE => FRAME_NEED_MORE,
+        _ => FRAME_NOW,
     }
 }
 
@@ -491,7 +529,7 @@ fn deliver(skb: *mut __sk_buff, cookie: u64, decision: &Decision, work: &mut Wor
     let message = unsafe { (*skb).len };
     // The message is exactly the record (the parser framed it); anything else stays with the
     // socket.
-    if len == 0 || len != message || len > MAX_RECORD_LEN {
+    if len == 0 || len != message || len > MAX_DELIVERY_LEN {
         return false;
     }
     let delivery = &raw mut work.delivery;
@@ -769,12 +807,34 @@ pub(crate) struct Decision {
 )]
 pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision> {
     let config = CONFIG.get(0)?;
-    let classified = hello::classify(pkt, work);
+    // Behind PROXY protocol: the header must be there and valid (userspace closes a
+    // connection without one, whatever its policy for unnamed ClientHellos), and the client
+    // it names is the one source ranges judge.
+    let mut base = 0;
+    let mut sources_known = true;
+    if config.proxy_protocol != 0 {
+        let header = proxy::header(pkt, &mut work.client);
+        if header.status == proxy::SKIP {
+            base = header.len;
+            sources_known = header.known != 0 || header.named == 0;
+        } else {
+            count(counter::PROXY_HEADER_REFUSED);
+            return Some(Decision {
+                action: action::DROP,
+                reason: reason::MALFORMED,
+                generation: config.generation,
+                record_len: pkt.len(),
+                name_len: 0,
+                key: &raw const work.key,
+            });
+        }
+    }
+    let classified = hello::classify(After { pkt, base }, work);
     let mut decision = Decision {
         action: action::PASS,
         reason: reason::UNKNOWN,
         generation: config.generation,
-        record_len: classified.record_len,
+        record_len: base + classified.record_len,
         name_len: 0,
         key: &raw const work.key,
     };
@@ -796,7 +856,9 @@ pub(crate) fn decide<P: Packet>(pkt: P, work: &mut Workspace) -> Option<Decision
         Some(host) => {
             // SAFETY: a live map value, copied out at once.
             let host = unsafe { *host };
-            if host.policy != 0 && source_refused(host.policy, work) {
+            // A client the kernel could not read from the header (v1 TCP6): the access
+            // phase judges its source after accept.
+            if host.policy != 0 && sources_known && source_refused(host.policy, work) {
                 decision.action = action::DROP;
                 decision.reason = reason::SOURCE_REFUSED;
             } else if host.action == action::PASSTHROUGH {

@@ -303,6 +303,27 @@ mod tests {
     }
 
     #[test]
+    fn enable_global_auth_is_applied_and_its_typos_are_invalid() {
+        let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+        let yaml = SERVICE.to_string()
+            + &ingress("opted", &[(&n("enable-global-auth"), "false")])
+            + &ingress("typo", &[(&n("enable-global-auth"), "nope")]);
+        let got = migration(&yaml, UnsupportedAccess::Refuse);
+        let rows: Vec<(&str, bool, Outcome)> = got
+            .ingresses
+            .iter()
+            .map(|r| (r.ingress.as_str(), r.served, r.annotations[0].outcome))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("t/opted", true, Outcome::Applied),
+                ("t/typo", true, Outcome::Invalid)
+            ]
+        );
+    }
+
+    #[test]
     fn each_annotation_is_judged_as_the_snapshot_judged_it() {
         let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
         let yaml = SERVICE.to_string()

@@ -50,10 +50,6 @@ pub enum RunError {
     Kube(#[from] crate::source::kube::KubeError),
     #[error("--mode ebpf: the kernel gate did not load: {0}")]
     Gate(crate::gate::GateError),
-    #[error(
-        "--mode ebpf with --use-proxy-protocol: the kernel gate cannot read a ClientHello behind a PROXY protocol header yet; use --mode auto or userspace"
-    )]
-    GateBehindProxyProtocol,
     #[error("{flag}: {why}")]
     Flags {
         flag: &'static str,
@@ -430,15 +426,6 @@ fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
         tracing::info!("userspace mode (--mode userspace): the SNI gate runs after accept");
         return Ok(None);
     }
-    if args.listen.use_proxy_protocol {
-        if args.kernel.mode == Mode::Ebpf {
-            return Err(RunError::GateBehindProxyProtocol);
-        }
-        tracing::info!(
-            "userspace mode (--use-proxy-protocol): the kernel gate cannot read past a PROXY protocol header yet; the SNI gate runs after accept"
-        );
-        return Ok(None);
-    }
     let options = GateOptions {
         pin_dir: args.kernel.bpf_pin_dir.clone(),
         cgroup: args.kernel.bpf_cgroup.clone(),
@@ -448,6 +435,8 @@ fn load_gate(args: &RunArgs) -> Result<Option<Arc<Gate>>, RunError> {
         policy: None,
         verdict_timeout: args.kernel.gate_timeout,
         early_reset: args.kernel.gate_interfaces.clone(),
+        // The programs skip the header to reach the ClientHello.
+        proxy_protocol: args.listen.use_proxy_protocol,
         ..GateOptions::default()
     };
     match Gate::load(options) {

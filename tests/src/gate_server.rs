@@ -93,6 +93,31 @@ impl GateServer {
         kernel_log: KernelLog,
         kind: Server,
     ) -> Option<GateServer> {
+        Self::start_with(tag, policy, pins, kernel_log, kind, false).await
+    }
+
+    /// As [`start`](Self::start), for a listener whose connections start with a PROXY
+    /// protocol header (`GateOptions::proxy_protocol`).
+    pub async fn start_behind_proxy_protocol(tag: &str, policy: SniPolicy) -> Option<GateServer> {
+        Self::start_with(
+            tag,
+            policy,
+            PinDir::new(tag),
+            KernelLog::Off,
+            Server::Report,
+            true,
+        )
+        .await
+    }
+
+    async fn start_with(
+        tag: &str,
+        policy: SniPolicy,
+        pins: PinDir,
+        kernel_log: KernelLog,
+        kind: Server,
+        proxy_protocol: bool,
+    ) -> Option<GateServer> {
         if !preflight(Needs::Kernel) {
             return None;
         }
@@ -102,7 +127,7 @@ impl GateServer {
         // This test's thread (and its current-thread runtime) now lives in the server namespace:
         // the listener is created here, and the gate gates this namespace only.
         pair.server.enter().expect("enter the server namespace");
-        let gate = match load(pins.path(), policy, kernel_log) {
+        let gate = match load_with(pins.path(), policy, kernel_log, proxy_protocol) {
             Ok(gate) => gate,
             Err(GateError::NotEmbedded) => {
                 skip_or_fail(
@@ -196,7 +221,18 @@ pub fn register(gate: &Gate, listener: &TcpListener) {
 
 /// Loads a gate for [`PORT`] pinned in `pins`.
 pub fn load(pins: &Path, policy: SniPolicy, kernel_log: KernelLog) -> Result<Gate, GateError> {
+    load_with(pins, policy, kernel_log, false)
+}
+
+/// As [`load`], expecting a PROXY protocol header in front of every ClientHello when told.
+pub fn load_with(
+    pins: &Path,
+    policy: SniPolicy,
+    kernel_log: KernelLog,
+    proxy_protocol: bool,
+) -> Result<Gate, GateError> {
     Gate::load(GateOptions {
+        proxy_protocol,
         pin_dir: pins.to_path_buf(),
         https_ports: vec![PORT],
         policy: Some(policy),

@@ -246,6 +246,70 @@ impl<S: AsyncRead + Unpin> AsyncRead for Pieces<S> {
     }
 }
 
+/// A stream whose first write goes out with `prefix` in front of it, in one write: a PROXY
+/// protocol header and the ClientHello in the same segment, as a load balancer sends them.
+pub struct Prefixed<S> {
+    inner: S,
+    prefix: Vec<u8>,
+    /// The first write's bytes, behind the prefix, still to go out; and how many were the
+    /// caller's.
+    pending: Vec<u8>,
+    theirs: usize,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(inner: S, prefix: &[u8]) -> Prefixed<S> {
+        Prefixed {
+            inner,
+            prefix: prefix.to_vec(),
+            pending: Vec::new(),
+            theirs: 0,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if !this.prefix.is_empty() {
+            this.pending = std::mem::take(&mut this.prefix);
+            this.pending.extend_from_slice(buf);
+            this.theirs = buf.len();
+        }
+        if this.pending.is_empty() {
+            return Pin::new(&mut this.inner).poll_write(cx, buf);
+        }
+        // The caller writes the same bytes again after a Pending, as AsyncWrite requires.
+        while !this.pending.is_empty() {
+            let n = ready!(Pin::new(&mut this.inner).poll_write(cx, &this.pending))?;
+            this.pending.drain(..n);
+        }
+        Poll::Ready(Ok(this.theirs))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
 /// A real ClientHello for `name`, as rustls writes it.
 pub fn client_hello(name: &str) -> Vec<u8> {
     let config = Ca::new("unused").client_config(&[]);

@@ -2,7 +2,7 @@
 //! header names (v1 text or v2 binary, sent as exact bytes, and by Debian's haproxy with
 //! `send-proxy-v2` in front, as a cloud load balancer sends it) is the client the backend is
 //! told about and the client source ranges judge, on HTTP and HTTPS; a connection without a
-//! valid header is closed and counted; `--mode ebpf` refuses the combination at startup.
+//! valid header is closed and counted. The kernel gate's side is in gate_proxy_protocol.rs.
 //!
 //! ```text
 //!   test client ──"PROXY TCP4 203.0.113.9 …"──> haproxy (accept-proxy) ──v2──> ingress :http/:https
@@ -109,7 +109,8 @@ async fn the_client_a_proxy_header_names_is_the_client() {
     let ca = Ca::new("proxy protocol test CA");
     let dir = Scratch::new("proxy-protocol");
     manifests(&dir, &web, &ca);
-    // --mode auto: the gate is not even tried, with a line saying why.
+    // --mode auto: the kernel gate, where it loads, judges the ClientHello behind the header
+    // (gate_proxy_protocol.rs tests that path in a network namespace).
     let ingress = Ingress::builder()
         .manifests(dir.path())
         .auto_mode()
@@ -119,13 +120,6 @@ async fn the_client_a_proxy_header_names_is_the_client() {
             "1s",
         ])
         .start();
-    assert!(
-        ingress
-            .logs()
-            .contains("the kernel gate cannot read past a PROXY protocol header"),
-        "{}",
-        ingress.logs()
-    );
 
     // Exact bytes, both versions: the backend is told the named client, and source ranges
     // judge it.
@@ -197,11 +191,12 @@ async fn the_client_a_proxy_header_names_is_the_client() {
         );
     }
 
-    // HTTPS: the header comes before the ClientHello.
+    // HTTPS: the header comes before the ClientHello, and the SNI gate judges the client it
+    // names by the host's ranges: refused before any handshake, as without PROXY protocol.
     let clients = Clients::new(&ca);
     for (client, want) in [
         ([203, 0, 113, 7], Outcome::Served(200)),
-        ([198, 51, 100, 20], Outcome::Served(403)),
+        ([198, 51, 100, 20], Outcome::Reset),
     ] {
         let mut stream = TcpStream::connect(ingress.https).await.unwrap();
         stream.write_all(&v2(client, 443)).await.unwrap();
@@ -305,32 +300,13 @@ async fn behind_haproxy_send_proxy_v2() {
         "403"
     );
     let clients = Clients::new(&ca);
-    for (client, want) in [
-        ("203.0.113.9", Outcome::Served(200)),
-        ("198.51.100.20", Outcome::Served(403)),
-    ] {
-        let mut stream = TcpStream::connect(front_https).await.unwrap();
-        stream.write_all(&v1(client, 443)).await.unwrap();
-        let got = https_get(stream, &clients, Some("ranged.test"), "ranged.test").await;
-        assert_eq!(got, want, "{client}");
-    }
-}
-
-#[test]
-fn ebpf_mode_refuses_the_proxy_protocol_at_startup() {
-    let dir = Scratch::new("proxy-protocol-ebpf");
-    dir.write("empty.yaml", "");
-    let mut ingress = Ingress::builder()
-        .manifests(dir.path())
-        .ebpf()
-        .args(["--use-proxy-protocol"])
-        .no_wait()
-        .start();
-    let status = ingress.exit_status(WAIT);
-    assert!(!status.success());
-    let logs = ingress.logs();
-    assert!(
-        logs.contains("--mode ebpf with --use-proxy-protocol"),
-        "{logs}"
-    );
+    let mut stream = TcpStream::connect(front_https).await.unwrap();
+    stream.write_all(&v1("203.0.113.9", 443)).await.unwrap();
+    let got = https_get(stream, &clients, Some("ranged.test"), "ranged.test").await;
+    assert_eq!(got, Outcome::Served(200));
+    // Refused at the SNI gate by the named client: haproxy then ends its client's connection.
+    let mut stream = TcpStream::connect(front_https).await.unwrap();
+    stream.write_all(&v1("198.51.100.20", 443)).await.unwrap();
+    let got = https_get(stream, &clients, Some("ranged.test"), "ranged.test").await;
+    assert!(!matches!(got, Outcome::Served(_)), "{got:?}");
 }

@@ -3,7 +3,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
-use ingress_common::{MAX_FRAGMENT_LEN, RECORD_HEADER_LEN};
+use ingress_common::{MAX_PROXY_HEADER, MAX_RECORD_LEN};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
@@ -145,7 +145,8 @@ impl Gate {
         }
         let want = usize::try_from(verdict.record_len)
             .unwrap_or(usize::MAX)
-            .min((RECORD_HEADER_LEN + MAX_FRAGMENT_LEN) as usize);
+            // With PROXY protocol the message is the header and the record behind it.
+            .min((MAX_PROXY_HEADER + MAX_RECORD_LEN) as usize);
         let mut buf = if verdict.delivered {
             let bytes = self.delivered_record(cookie).await?;
             // Nothing has been read from the socket, so tokio may not have seen its first

@@ -154,6 +154,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         events: Mutex::new(events),
         netns_cookie,
         ports: options.https_ports.clone(),
+        proxy_protocol: options.proxy_protocol,
         timeout: options.verdict_timeout,
         pin_dir: options.pin_dir.clone(),
     });

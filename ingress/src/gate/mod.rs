@@ -246,6 +246,9 @@ pub struct GateOptions {
     pub kernel_log: KernelLog,
     /// Where the TC program resets connections before accept.
     pub early_reset: EarlyReset,
+    /// `--use-proxy-protocol`: every connection on the gated ports starts with a PROXY
+    /// protocol header, which the programs skip (and whose client they judge source ranges by).
+    pub proxy_protocol: bool,
 }
 
 /// Kernel-side logging, fixed at load: disabled log calls are removed by the verifier.
@@ -270,6 +273,7 @@ impl Default for GateOptions {
             verdict_timeout: Duration::from_secs(10),
             kernel_log: KernelLog::default(),
             early_reset: EarlyReset::default(),
+            proxy_protocol: false,
         }
     }
 }
@@ -376,6 +380,8 @@ struct Shared {
     events: Mutex<RingBuf<MapData>>,
     netns_cookie: u64,
     ports: Vec<u16>,
+    /// `GateOptions::proxy_protocol`, for every CONFIG written.
+    proxy_protocol: bool,
     timeout: Duration,
     pin_dir: PathBuf,
 }
@@ -492,7 +498,8 @@ impl Shared {
                 "host name cannot be a kernel key and can never match; left out"
             );
         }
-        let config = policy::config(desired, generation, self.netns_cookie, &self.ports);
+        let mut config = policy::config(desired, generation, self.netns_cookie, &self.ports);
+        config.proxy_protocol = u32::from(self.proxy_protocol);
         let sources = policy::source_entries(&desired.sources);
         self.write_hosts(generation, &entries, &sources, config, &rejected)
     }
@@ -590,6 +597,7 @@ impl Shared {
         current.netns_cookie = fresh.netns_cookie;
         current.ports = fresh.ports;
         current.port_count = fresh.port_count;
+        current.proxy_protocol = u32::from(self.proxy_protocol);
         config.set(0, current, 0).map_err(|source| GateError::Map {
             name: "CONFIG",
             source,

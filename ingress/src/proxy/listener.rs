@@ -74,7 +74,22 @@ async fn believe_proxy_header(
     metrics: &ProxyMetrics,
     proxy: &Proxy,
 ) -> bool {
-    match proxy_protocol::read_header(stream, timeout).await {
+    let result = proxy_protocol::read_header(stream, timeout).await;
+    believe(result, conn, permit, listener, metrics, proxy)
+}
+
+/// Acts on a PROXY protocol header read: the client it names becomes the connection's client
+/// when the peer is trusted to name it, counted against its own cap. `false`: the connection
+/// is to be closed (logged and counted here).
+fn believe(
+    result: Result<Option<std::net::SocketAddr>, proxy_protocol::ProxyHeaderError>,
+    conn: &mut ConnInfo,
+    permit: &mut Permit,
+    listener: &'static str,
+    metrics: &ProxyMetrics,
+    proxy: &Proxy,
+) -> bool {
+    match result {
         Ok(source) => {
             if let Some(client) = source {
                 if proxy.believes_proxy_header_from(conn.peer.ip()) {
@@ -112,6 +127,38 @@ async fn believe_proxy_header(
     }
 }
 
+/// The PROXY protocol step for a handshake that reads the header itself (see
+/// [`Handshake::reads_proxy_header`]).
+pub struct ProxyHeaderStep<'a> {
+    permit: &'a mut Permit,
+    timeout: Duration,
+    listener: &'static str,
+    metrics: &'a ProxyMetrics,
+    proxy: &'a Proxy,
+}
+
+impl ProxyHeaderStep<'_> {
+    /// Takes the header off `taken` (bytes already read, which start with it) or, when they
+    /// hold none of it yet, off the socket; whatever followed it stays in `taken`. Then as
+    /// `believe_proxy_header`: `false` closes the connection.
+    pub async fn run(
+        self,
+        stream: &mut TcpStream,
+        taken: &mut Vec<u8>,
+        conn: &mut ConnInfo,
+    ) -> bool {
+        let result = proxy_protocol::take_header(stream, taken, self.timeout).await;
+        believe(
+            result,
+            conn,
+            self.permit,
+            self.listener,
+            self.metrics,
+            self.proxy,
+        )
+    }
+}
+
 /// Turns an accepted TCP connection into the stream HTTP is spoken over (plain, or TLS).
 pub trait Handshake: Send + Sync + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
@@ -124,12 +171,20 @@ pub trait Handshake: Send + Sync + 'static {
         stream: std::net::TcpStream,
         conn: &ConnInfo,
     ) -> Option<(std::net::TcpStream, Self::Screened)>;
+    /// With `--use-proxy-protocol`: whether `handshake` reads the PROXY protocol header
+    /// itself, with the step it is then given. The kernel gate frames the header together
+    /// with the first record, so nothing may read it off the socket before the verdict.
+    fn reads_proxy_header(&self) -> bool {
+        false
+    }
     /// `None` closes the connection (the reason is logged and counted by the implementation).
+    /// `header` is `Some` only when `reads_proxy_header` and the listener expects one.
     fn handshake(
         &self,
         stream: TcpStream,
         screened: Self::Screened,
         conn: ConnInfo,
+        header: Option<ProxyHeaderStep<'_>>,
     ) -> impl Future<Output = Option<(Self::Io, ConnInfo)>> + Send;
 }
 
@@ -151,6 +206,7 @@ impl Handshake for Plain {
         stream: TcpStream,
         (): (),
         conn: ConnInfo,
+        _: Option<ProxyHeaderStep<'_>>,
     ) -> Option<(Self::Io, ConnInfo)> {
         Some((stream, conn))
     }
@@ -253,8 +309,9 @@ impl<H: Handshake> Listener<H> {
                 active.inc();
                 let mut stream = stream;
                 let mut conn = conn;
+                let reads_header = handshake.reads_proxy_header();
                 let believed = match proxy_protocol {
-                    Some(timeout) => {
+                    Some(timeout) if !reads_header => {
                         believe_proxy_header(
                             &mut stream,
                             &mut conn,
@@ -266,10 +323,21 @@ impl<H: Handshake> Listener<H> {
                         )
                         .await
                     }
-                    None => true,
+                    _ => true,
+                };
+                let step = match proxy_protocol {
+                    Some(timeout) if reads_header => Some(ProxyHeaderStep {
+                        permit: &mut permit,
+                        timeout,
+                        listener: name,
+                        metrics: &metrics,
+                        proxy: &serving.proxy,
+                    }),
+                    _ => None,
                 };
                 if believed
-                    && let Some((io, conn)) = handshake.handshake(stream, screened, conn).await
+                    && let Some((io, conn)) =
+                        handshake.handshake(stream, screened, conn, step).await
                 {
                     serving.serve(io, conn, &stop).await;
                 }

@@ -121,6 +121,38 @@ pub async fn read_header(
     Ok(source)
 }
 
+/// Reads the header from `taken` (bytes already taken off the socket, as the kernel gate hands
+/// over the header with the first record behind it) and, while it is incomplete, from the
+/// socket into `taken`; removes the header from `taken`, leaving whatever followed it there.
+/// Returns the client it names (`None`: keep the TCP peer).
+pub async fn take_header(
+    stream: &mut TcpStream,
+    taken: &mut Vec<u8>,
+    timeout: Duration,
+) -> Result<Option<SocketAddr>, ProxyHeaderError> {
+    let (len, source) = tokio::time::timeout(timeout, async {
+        loop {
+            match parse(taken) {
+                Parse::Header { len, source } => return Ok((len, source)),
+                Parse::Invalid(_) if taken.len() >= MAX_HEADER => {
+                    return Err(ProxyHeaderError::TooLong);
+                }
+                Parse::Invalid(reason) => return Err(ProxyHeaderError::Invalid(reason)),
+                Parse::Incomplete => {}
+            }
+            // Bounded: `parse` refuses anything still incomplete at MAX_HEADER bytes.
+            match stream.read_buf(taken).await {
+                Ok(0) | Err(_) => return Err(ProxyHeaderError::Closed),
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .map_err(|_| ProxyHeaderError::Timeout)??;
+    taken.drain(..len.min(taken.len()));
+    Ok(source)
+}
+
 async fn peek_header(
     stream: &mut TcpStream,
 ) -> Result<(usize, Option<SocketAddr>), ProxyHeaderError> {
@@ -251,6 +283,38 @@ mod tests {
         for (what, bytes, want) in cases {
             assert_eq!(parse(&bytes), want, "{what}");
         }
+    }
+
+    /// The gate's path: the header comes in bytes already taken off the socket, whole or cut
+    /// short (the rest then read from the socket); what follows it stays for TLS.
+    #[tokio::test]
+    async fn take_header_leaves_what_follows() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let header = b"PROXY TCP4 203.0.113.7 10.0.0.1 50000 443\r\n";
+        let wait = Duration::from_secs(1);
+
+        let mut taken = [&header[..], b"\x16\x03\x01"].concat();
+        let source = take_header(&mut server, &mut taken, wait).await;
+        assert_eq!(source, Ok(Some("203.0.113.7:50000".parse().unwrap())));
+        assert_eq!(taken, b"\x16\x03\x01");
+
+        let mut taken = header[..10].to_vec();
+        tokio::io::AsyncWriteExt::write_all(&mut client, &[&header[10..], b"\x16"].concat())
+            .await
+            .unwrap();
+        let source = take_header(&mut server, &mut taken, wait).await;
+        assert_eq!(source, Ok(Some("203.0.113.7:50000".parse().unwrap())));
+        assert_eq!(taken, b"\x16");
+
+        let mut taken = b"\x16\x03\x01\x00\x05".to_vec();
+        let refused = take_header(&mut server, &mut taken, wait).await;
+        assert!(
+            matches!(refused, Err(ProxyHeaderError::Invalid(_))),
+            "{refused:?}"
+        );
     }
 
     #[test]

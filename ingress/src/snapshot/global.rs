@@ -6,7 +6,8 @@
 //!                            │ resolve(ConfigMap data)      pure: each key applied, or a
 //!                            v                              diagnostic on the ConfigMap saying
 //!   Snapshot::global ──> builder (body size, ssl-redirect,  why not (unsupported, startup
-//!                        source ranges, snippets)           only, invalid: the default stays)
+//!                        source ranges, snippets, global    only, invalid: the default stays)
+//!                        auth)
 //!                   ──> proxy (HSTS, timeouts, forwarded
 //!                        headers, underscores, Server)
 //!   annotations override the result route by route, as in ingress-nginx
@@ -20,6 +21,7 @@ use std::time::Duration;
 use http::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 
+use super::annotations::auth::GlobalAuth;
 use super::sources::{self, SourcePolicy};
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Subject};
 use crate::object::{Kind, ObjectKey};
@@ -75,6 +77,9 @@ pub struct GlobalSettings {
     pub limit_req_status: u16,
     /// `limit-conn-status-code`: the answer to a request over `limit-connections`.
     pub limit_conn_status: u16,
+    /// `global-auth-*` and `no-auth-locations`: the external auth of every route whose
+    /// Ingress has no `auth-url` and does not set `enable-global-auth: "false"`.
+    pub auth: GlobalAuth,
     /// `add-headers`, `proxy-set-headers`, `global-allowed-response-headers`.
     pub headers: HeaderMaps,
     /// `add-headers` with literal values, for the proxy's own answers (404, 503, redirects):
@@ -129,6 +134,7 @@ impl Default for GlobalSettings {
             limit_conn_status: 503,
             headers: HeaderMaps::default(),
             own_response_headers: None,
+            auth: GlobalAuth::default(),
         }
     }
 }
@@ -355,7 +361,17 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
         | "denylist-source-range"
         | "add-headers"
         | "proxy-set-headers"
-        | "global-allowed-response-headers" => Applied,
+        | "global-allowed-response-headers"
+        | "global-auth-url"
+        | "global-auth-method"
+        | "global-auth-signin"
+        | "global-auth-signin-redirect-param"
+        | "global-auth-response-headers"
+        | "global-auth-request-redirect"
+        | "global-auth-cache-key"
+        | "global-auth-cache-duration"
+        | "global-auth-always-set-cookie"
+        | "no-auth-locations" => Applied,
         "use-proxy-protocol" => StartupOnly(
             "the listeners and the kernel gate are set up for PROXY protocol at startup: use --use-proxy-protocol",
         ),
@@ -562,12 +578,7 @@ const KNOWN_OTHER: &[&str] = &[
 /// The global access controls of ingress-nginx's ConfigMap that are not applied here: like an
 /// access-control annotation, one that is set refuses what it would protect (here: every
 /// route) unless `--unsupported-access-annotations=ignore`.
-const ACCESS_KEYS: &[&str] = &[
-    "global-auth-url",
-    "block-cidrs",
-    "block-user-agents",
-    "block-referers",
-];
+const ACCESS_KEYS: &[&str] = &["block-cidrs", "block-user-agents", "block-referers"];
 
 /// The settings a ConfigMap (its `data`) makes of `defaults`, with a diagnostic on the
 /// ConfigMap for every key not applied as written. `None`: `--configmap` names one that does
@@ -748,7 +759,27 @@ pub fn resolve(
         ));
     }
     diagnostics.append(&mut problems);
+    // Read as a whole (the url decides what its companions mean), by the annotations' parser.
+    let (auth, auth_problems) = super::annotations::auth::global(data, refuse_access);
+    for problem in auth_problems {
+        let make: fn(DiagnosticKind, Subject, String) -> Diagnostic = if problem.error {
+            Diagnostic::error
+        } else {
+            Diagnostic::warning
+        };
+        let kind = if problem.message.starts_with("global-auth-snippet") {
+            DiagnosticKind::UnsupportedConfigKey
+        } else {
+            DiagnosticKind::InvalidConfigValue
+        };
+        diagnostics.push(make(kind, subject(), problem.message));
+    }
+    let snippet_judged = auth.external.is_some();
+    out.auth = auth;
     for (name, value, status) in unapplied {
+        if name == "global-auth-snippet" && snippet_judged {
+            continue;
+        }
         if ACCESS_KEYS.contains(&name.as_str()) && !value.trim().is_empty() {
             let diagnostic = if refuse_access {
                 out.access_refused.get_or_insert_with(|| {
@@ -813,14 +844,8 @@ fn set_bool(
     }
 }
 
-/// A boolean as ingress-nginx reads one (Go's `strconv.ParseBool`).
-pub fn parse_bool(value: &str) -> Option<bool> {
-    match value.trim() {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
-    }
-}
+/// A boolean as ingress-nginx reads one (Go's `strconv.ParseBool`); the annotations' too.
+pub use super::annotations::parse_bool;
 
 /// Whole seconds, 1 to a day, as ingress-nginx's ConfigMap timeouts are written.
 fn seconds(value: &str) -> Option<Duration> {

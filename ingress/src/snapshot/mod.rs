@@ -38,6 +38,7 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity, Subject};
 use crate::store::{Kind, ObjectKey, Store};
 use annotations::UnsupportedAccess;
+use annotations::auth::GlobalAuth;
 use annotations::registry::Category;
 use backend::{Backend, BackendPolicy, PortRef, Resolver, Target};
 use class::ClassSelector;
@@ -226,6 +227,11 @@ impl Snapshot {
             settings.config_map.as_ref(),
             &mut diagnostics,
         );
+        let auth_addresses = address::AddressPolicy {
+            host_addresses: Arc::default(),
+            ..settings.backends.addresses.clone()
+        };
+        global.auth = global.auth.with_addresses(&auth_addresses);
         let mut builder = Builder {
             config_headers,
             allowed_response_headers: global.headers.allowed_response_headers.clone(),
@@ -235,10 +241,8 @@ impl Snapshot {
             sources_invalid: global.sources_invalid.clone(),
             access_refused: global.access_refused.clone(),
             ssl_redirect: global.ssl_redirect,
-            auth_addresses: address::AddressPolicy {
-                host_addresses: Arc::default(),
-                ..settings.backends.addresses.clone()
-            },
+            auth_addresses,
+            global_auth: global.auth.clone(),
             rank: 0,
             store,
             diagnostics,
@@ -315,8 +319,12 @@ impl Snapshot {
                 built.insert(name, vhost);
             }
         }
-        // The kernel judges sources only where it sees the real client.
-        let kernel_sees_client = !global.proxy_protocol && !global.forwarded.enabled;
+        // The kernel judges sources only where it sees the real client: the peer, or behind
+        // PROXY protocol the client the header names when every header is believed (with
+        // proxy-real-ip-cidr set, believing depends on the peer, which the kernel leaves to
+        // the access phase after accept).
+        let kernel_sees_client = !global.forwarded.enabled
+            && (!global.proxy_protocol || global.forwarded.trusted.is_none());
         let mut gate_sources = BTreeMap::new();
         for (pattern, vhost) in built {
             let key = match &pattern {
@@ -511,6 +519,36 @@ fn nginx_regex_rules(
         .collect()
 }
 
+/// A route's policy at the Ingress path `path`: under `no_auth_locations` (a string prefix of
+/// the path as written, ingress-nginx's `isLocationInLocationList`) the external auth is
+/// dropped, global or the Ingress's own, as ingress-nginx's template drops its
+/// `auth_request` (basic auth stays); elsewhere a global auth that cannot be honoured
+/// (`global_refused`) refuses the route (the `bool`).
+fn path_auth(
+    policy: &Arc<RoutePolicy>,
+    path: &str,
+    no_auth_locations: &[String],
+    global_refused: Option<&Arc<str>>,
+) -> (Arc<RoutePolicy>, bool) {
+    if annotations::auth::is_no_auth_location(path, no_auth_locations) {
+        if policy.access.auth.external.is_none() {
+            return (policy.clone(), false);
+        }
+        let mut open = (**policy).clone();
+        open.access.auth.external = None;
+        return (Arc::new(open), false);
+    }
+    match global_refused {
+        Some(reason) if policy.access.refused.is_none() => {
+            let mut refused = (**policy).clone();
+            refused.access.refused = Some(reason.clone());
+            (Arc::new(refused), true)
+        }
+        Some(_) => (policy.clone(), true),
+        None => (policy.clone(), false),
+    }
+}
+
 /// Our Ingresses, oldest first: on a conflict the older definition wins, as in ingress-nginx.
 fn owned_ingresses<'s>(
     store: &'s Store,
@@ -547,6 +585,9 @@ struct Builder<'s> {
     /// node's own addresses allowed, since `https://$host/oauth2/auth` comes back through the
     /// proxy itself.
     auth_addresses: address::AddressPolicy,
+    /// The ConfigMap's global external auth (its auth service held to `auth_addresses`, as an
+    /// `auth-url`'s) and `no-auth-locations`.
+    global_auth: GlobalAuth,
     /// The age rank of the Ingress being added (0 is the oldest).
     rank: usize,
     store: &'s Store,
@@ -666,7 +707,8 @@ impl Builder<'_> {
                 sources::SourcePolicy::default()
             }
         };
-        let auth = self.auth(&subject, key, ingress, &mut refused);
+        let mut auth = self.auth(&subject, key, ingress, &mut refused);
+        let global_refused = self.global_auth_of(&subject, ingress, &mut auth);
         let (client_auth, client_auth_error) =
             match self.client_auth(&subject, key, ingress, &options) {
                 Ok(auth) => (auth, None),
@@ -753,10 +795,22 @@ impl Builder<'_> {
         let Some(spec) = &ingress.spec else { return };
         let rules = spec.rules.as_deref().unwrap_or_default();
         let tls_hosts = self.tls.add_ingress(key, ingress, &mut self.diagnostics);
-        let default_route = spec
-            .default_backend
-            .as_ref()
-            .and_then(|b| self.route(key, b, "/", &policies[0], false, refused.is_some()));
+        let default_route = spec.default_backend.as_ref().and_then(|b| {
+            let (policy, path_refused) = path_auth(
+                &policies[0],
+                "/",
+                &self.global_auth.no_auth_locations,
+                global_refused.as_ref(),
+            );
+            self.route(
+                key,
+                b,
+                "/",
+                &policy,
+                false,
+                refused.is_some() || path_refused,
+            )
+        });
 
         if options.ssl_passthrough {
             self.add_passthrough(
@@ -884,7 +938,13 @@ impl Builder<'_> {
                     continue;
                 }
                 host.seen.insert(seen_key, key.clone());
-                let mut policy = policies[usize::from(tls)].for_path(&path);
+                let (policy, path_refused) = path_auth(
+                    &policies[usize::from(tls)],
+                    &path,
+                    &self.global_auth.no_auth_locations,
+                    global_refused.as_ref(),
+                );
+                let mut policy = policy.for_path(&path);
                 match Rewrite::for_path(&options, &path) {
                     None => {}
                     Some(Ok(rewrite)) => {
@@ -908,7 +968,7 @@ impl Builder<'_> {
                     &path,
                     &policy,
                     tls,
-                    refused.is_some(),
+                    refused.is_some() || path_refused,
                 ) else {
                     continue;
                 };
@@ -1258,6 +1318,38 @@ impl Builder<'_> {
                 refused.get_or_insert_with(|| Arc::from(format!("authentication: {message}")));
                 AuthPolicy::default()
             }
+        }
+    }
+
+    /// The ConfigMap's global external auth for an Ingress, as ingress-nginx's template
+    /// applies it: on every route unless the Ingress has its own `auth-url` (which wins) or
+    /// sets `enable-global-auth: "false"`. Set into `auth` when it applies; `Some(reason)`
+    /// when it applies but cannot be honoured (its routes are refused, path by path, so the
+    /// `no-auth-locations` ones stay up).
+    fn global_auth_of(
+        &mut self,
+        subject: &Subject,
+        ingress: &Ingress,
+        auth: &mut AuthPolicy,
+    ) -> Option<Arc<str>> {
+        let annotations = ingress.metadata.annotations.as_ref();
+        let (enabled, problem) = annotations::auth::enable_global_auth(annotations);
+        if let Some(message) = problem {
+            self.diagnostics.push(Diagnostic::warning(
+                DiagnosticKind::InvalidAnnotation,
+                subject.clone(),
+                message,
+            ));
+        }
+        if !enabled || annotations::auth::sets_auth_url(annotations) {
+            return None;
+        }
+        match self.global_auth.external.as_ref()? {
+            Ok(external) => {
+                auth.external = Some(external.clone());
+                None
+            }
+            Err(reason) => Some(reason.clone()),
         }
     }
 

@@ -2133,16 +2133,18 @@ fn the_gate_judges_sources_per_host_only_when_the_kernel_can_decide() {
     let url = ("auth-url", "http://auth.shop.svc.cluster.local/check");
     let root = [("Prefix", "/", "web")];
     let admin = [("Prefix", "/admin", "api")];
-    let plain = |trust: bool, proxy_protocol: bool| {
+    let with = |trust: bool, proxy_protocol: bool, real_ip_cidr: bool| {
         let mut s = settings();
         s.global.proxy_protocol = proxy_protocol;
-        if trust {
-            let mut forwarded = (*s.global.forwarded).clone();
-            forwarded.enabled = true;
-            s.global.forwarded = Arc::new(forwarded);
+        let mut forwarded = (*s.global.forwarded).clone();
+        forwarded.enabled = trust;
+        if real_ip_cidr {
+            forwarded.trusted = Some(Arc::from(vec!["192.0.2.0/24".parse().unwrap()]));
         }
+        s.global.forwarded = Arc::new(forwarded);
         s
     };
+    let plain = |trust: bool, proxy_protocol: bool| with(trust, proxy_protocol, false);
     let ingresses = [
         // One Ingress, one policy: judged.
         ingress_with("a", 1, "a.test", &[allow, deny], &root),
@@ -2164,20 +2166,28 @@ fn the_gate_judges_sources_per_host_only_when_the_kernel_can_decide() {
     ]
     .concat();
     let yaml = format!("{SERVICES}{ingresses}");
-    // (trusted forwarded headers, PROXY protocol, names judged)
-    let cases: [(bool, bool, &[&str]); 4] = [
-        (false, false, &["*.h.test", "a.test", "b.test", "g.test"]),
-        (true, false, &[]),
-        (false, true, &[]),
-        (true, true, &[]),
+    let judged: &[&str] = &["*.h.test", "a.test", "b.test", "g.test"];
+    // (trusted forwarded headers, PROXY protocol, proxy-real-ip-cidr, names judged): behind
+    // PROXY protocol the kernel reads the client from the header, but only when every
+    // header is believed.
+    let cases: [(bool, bool, bool, &[&str]); 6] = [
+        (false, false, false, judged),
+        (true, false, false, &[]),
+        (false, true, false, judged),
+        (false, true, true, &[]),
+        (true, true, false, &[]),
+        (true, true, true, &[]),
     ];
     let inside: std::net::IpAddr = "10.1.2.3".parse().unwrap();
     let outside: std::net::IpAddr = "11.1.2.3".parse().unwrap();
     let denied: std::net::IpAddr = "10.9.0.1".parse().unwrap();
-    for (trust, proxy_protocol, want) in cases {
-        let snap = build_with(&yaml, &plain(trust, proxy_protocol));
+    for (trust, proxy_protocol, real_ip_cidr, want) in cases {
+        let snap = build_with(&yaml, &with(trust, proxy_protocol, real_ip_cidr));
         let got: Vec<&str> = snap.sni.sources.ids.keys().map(String::as_str).collect();
-        assert_eq!(got, want, "trust={trust} proxy_protocol={proxy_protocol}");
+        assert_eq!(
+            got, want,
+            "trust={trust} proxy_protocol={proxy_protocol} real_ip_cidr={real_ip_cidr}"
+        );
         for name in want {
             let id = snap.sni.sources.ids[*name];
             assert_ne!(id, 0);
@@ -2417,5 +2427,231 @@ fn referenced_config_maps_are_the_global_one_and_what_it_and_ingresses_name() {
             "shop/custom",
             "shop/set"
         ]
+    );
+}
+
+/// ingress-nginx's global auth (`global-auth-url`): every route gets the ConfigMap's auth
+/// service unless its Ingress has its own `auth-url` (which wins) or sets
+/// `enable-global-auth: "false"`, or its path (as written) starts with a `no-auth-locations`
+/// entry, which drops the Ingress's own external auth too, as the template does. Settings that
+/// cannot be honoured refuse the routes that would get global auth, and only those.
+#[test]
+fn global_auth_reaches_every_route_but_the_ones_ingress_nginx_exempts() {
+    let config = |data: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: config, namespace: ingress}}\ndata: {data}\n"
+        )
+    };
+    const GLOBAL: &str = "http://global.example/check";
+    const OWN: &str = "http://own.example/check";
+    let ingresses = [
+        ingress_with(
+            "plain",
+            1,
+            "plain.example.com",
+            &[],
+            &[
+                ("Prefix", "/", "web"),
+                ("Prefix", "/bar", "web"),
+                ("Exact", "/.well-known/acme-challenge/tok", "web"),
+                ("Prefix", "/.well-known/acme-challenge-old", "web"),
+            ],
+        ),
+        ingress_with(
+            "own",
+            2,
+            "own.example.com",
+            &[("auth-url", OWN)],
+            &[
+                ("Prefix", "/", "web"),
+                ("Prefix", "/.well-known/acme-challenge", "web"),
+            ],
+        ),
+        ingress_with(
+            "off",
+            3,
+            "off.example.com",
+            &[("enable-global-auth", "false")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "typo",
+            4,
+            "typo.example.com",
+            &[("enable-global-auth", "nope")],
+            &[("Prefix", "/", "web")],
+        ),
+        ingress_with(
+            "on",
+            5,
+            "on.example.com",
+            &[("enable-global-auth", "true")],
+            &[("Prefix", "/", "web")],
+        ),
+    ]
+    .concat();
+    let mut settings = settings();
+    settings.config_map = Some(ObjectKey::new("ingress", "config"));
+    let url = format!("global-auth-url: {GLOBAL:?}");
+    // (ConfigMap data, [(host, request path, what the route gets)])
+    let cases: Vec<(String, Vec<(&str, &str, &str)>)> = vec![
+        (
+            "{}".into(),
+            vec![
+                ("plain.example.com", "/", "none"),
+                ("own.example.com", "/", "own"),
+                ("off.example.com", "/", "none"),
+            ],
+        ),
+        (
+            format!("{{{url}}}"),
+            vec![
+                ("plain.example.com", "/", "global"),
+                ("plain.example.com", "/bar/x", "global"),
+                // The ACME default: the rule's path is under it, not the request's.
+                (
+                    "plain.example.com",
+                    "/.well-known/acme-challenge/tok",
+                    "none",
+                ),
+                (
+                    "plain.example.com",
+                    "/.well-known/acme-challenge-old/x",
+                    "none",
+                ),
+                (
+                    "plain.example.com",
+                    "/.well-known/acme-challenge/other",
+                    "global",
+                ),
+                ("own.example.com", "/", "own"),
+                ("own.example.com", "/.well-known/acme-challenge/x", "none"),
+                ("off.example.com", "/", "none"),
+                ("typo.example.com", "/", "global"),
+                ("on.example.com", "/", "global"),
+            ],
+        ),
+        (
+            format!("{{{url}, no-auth-locations: \"/bar, ,/.well-known/acme-challenge-old\"}}"),
+            vec![
+                ("plain.example.com", "/", "global"),
+                ("plain.example.com", "/bar", "none"),
+                (
+                    "plain.example.com",
+                    "/.well-known/acme-challenge/tok",
+                    "global",
+                ),
+                (
+                    "plain.example.com",
+                    "/.well-known/acme-challenge-old",
+                    "none",
+                ),
+                ("own.example.com", "/.well-known/acme-challenge/x", "own"),
+            ],
+        ),
+        (
+            format!("{{{url}, no-auth-locations: \"\"}}"),
+            vec![(
+                "plain.example.com",
+                "/.well-known/acme-challenge/tok",
+                "global",
+            )],
+        ),
+        (
+            "{global-auth-url: \"\", global-auth-method: nonsense}".into(),
+            vec![("plain.example.com", "/", "none")],
+        ),
+        // Not honoured as written: refused, except where global auth would not apply.
+        (
+            "{global-auth-url: \"global.example/check\"}".into(),
+            vec![
+                ("plain.example.com", "/", "refused"),
+                (
+                    "plain.example.com",
+                    "/.well-known/acme-challenge/tok",
+                    "none",
+                ),
+                ("own.example.com", "/", "own"),
+                ("off.example.com", "/", "none"),
+            ],
+        ),
+        (
+            format!("{{{url}, global-auth-method: get}}"),
+            vec![("plain.example.com", "/", "refused")],
+        ),
+        (
+            format!("{{{url}, global-auth-cache-duration: forever}}"),
+            vec![("typo.example.com", "/", "refused")],
+        ),
+        (
+            format!("{{{url}, global-auth-snippet: \"proxy_set_header A b;\"}}"),
+            vec![
+                ("plain.example.com", "/", "refused"),
+                ("own.example.com", "/", "own"),
+            ],
+        ),
+    ];
+    for (data, routes) in cases {
+        let snap = build_with(
+            &format!("{SERVICES}{ingresses}{}", config(&data)),
+            &settings,
+        );
+        for (host, path, want) in routes {
+            let route = snap.route(Some(host), path).expect("routed");
+            let access = &route.policy.access;
+            let got = match (&access.refused, &access.auth.external) {
+                (Some(_), _) => "refused",
+                (None, None) => "none",
+                (None, Some(e)) if e.url.as_str() == GLOBAL => "global",
+                (None, Some(e)) if e.url.as_str() == OWN => "own",
+                (None, Some(e)) => panic!("{data} {host}{path}: {}", e.url.as_str()),
+            };
+            assert_eq!(got, want, "{data} {host}{path}: {:?}", snap.diagnostics);
+        }
+        let typo = snap.diagnostics.iter().any(|d| {
+            d.kind == DiagnosticKind::InvalidAnnotation && d.message.contains("enable-global-auth")
+        });
+        assert!(typo, "{data}: the typo is reported");
+    }
+    // The diagnostics on the ConfigMap: an error for what refuses, naming the key.
+    let snap = build_with(
+        &format!(
+            "{SERVICES}{ingresses}{}",
+            config(&format!("{{{url}, global-auth-method: get}}"))
+        ),
+        &settings,
+    );
+    let errors: Vec<_> = snap
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].kind, DiagnosticKind::InvalidConfigValue);
+    assert!(
+        errors[0].message.starts_with("global-auth-method: "),
+        "{errors:?}"
+    );
+    // With --unsupported-access-annotations=ignore, a snippet is a warning and global auth
+    // applies without it.
+    settings.unsupported_access = UnsupportedAccess::Ignore;
+    let snap = build_with(
+        &format!(
+            "{SERVICES}{ingresses}{}",
+            config(&format!("{{{url}, global-auth-snippet: x}}"))
+        ),
+        &settings,
+    );
+    let route = snap.route(Some("plain.example.com"), "/").expect("routed");
+    assert!(route.policy.access.refused.is_none());
+    assert_eq!(
+        route
+            .policy
+            .access
+            .auth
+            .external
+            .as_ref()
+            .map(|e| e.url.as_str()),
+        Some(GLOBAL)
     );
 }

@@ -2,16 +2,19 @@
 //! section creates and deletes:
 //!
 //! ```text
-//!   netns ingress-bench-gate-<pid>, loopback only
+//!   netns ingress-bench-gate-<pid>, loopback only, with 198.18.0.2 added to it (a refused source)
 //!   core 0: ingress --mode ebpf       :19744  (own cgroup v2 and pin dir: the gate sees only it)
 //!           ingress --mode userspace  :19745
+//!           ingress --mode userspace  :19746  the 403 path (see `sources`)
+//!           nginx                     :19747  allow/deny, ingress-nginx's 403 (see `sources`)
 //!   core 1: upstream nginx :19000, and one load at a time:
-//!           sni-flood  N new connections/s, each a real ClientHello with a random unknown name
+//!           sni-flood  N new connections/s, each a real ClientHello with a random unknown name,
+//!                      or with a known name from the refused source (`sources`)
 //!           wrk        known host (SNI localhost), HTTPS keep-alive
 //!           h2load     known host, new TLS connections at a fixed rate, one request each
 //! ```
 //!
-//! Per round and mode (the modes alternate which goes first):
+//! First the unknown-name flood, per round and mode (the modes alternate which goes first):
 //! 1. wrk alone: the known traffic's requests/s and p99 without a flood;
 //! 2. the flood alone: proxy CPU per 1000 rejected connections (ingress_sni_gate_total, which
 //!    counts the ones the kernel reset before accept too);
@@ -23,8 +26,12 @@
 //! flood client, not to the proxy. The flood client's CPU is printed beside the proxy's for that
 //! reason, and so is the two together: all the work the machine did per rejected connection.
 //!
+//! Then a known name flooded from a source outside its `whitelist-source-range`, refused by the
+//! kernel, by the userspace gate and on the 403 path: see [`sources`].
+//!
 //! The known name is `localhost` because wrk takes its SNI from the URL and has no way to
-//! connect elsewhere; that is also the one name that resolves without touching /etc/hosts.
+//! connect elsewhere; that is also the one name that resolves without touching /etc/hosts
+//! (`sources` uses the rig's `bench.local`, added there if missing, as the HTTPS section does).
 //! Numbers are printed, never judged.
 
 use std::path::{Path, PathBuf};
@@ -37,6 +44,8 @@ use serde_json::Value;
 use super::procs::{self, Running};
 use super::report::Report;
 use super::{Bench, median, write, wrk};
+
+mod sources;
 
 const HOST: &str = "localhost";
 const BEFORE_ACCEPT: &str = "ingress_ebpf_gate_total{counter=\"reset_before_accept_unknown\"}";
@@ -112,6 +121,8 @@ pub fn run(bench: &Bench, quick: bool) -> Result<()> {
         }
     }
     report(&bench.report, &plan, bench.rounds, &results);
+    let refused = sources::run(&site, &plan, bench.rounds)?;
+    sources::report(&bench.report, &plan, bench.rounds, &refused);
     drop(site);
     writeln!(
         bench.report,
@@ -223,6 +234,12 @@ struct FloodReport {
     launched: f64,
     reset: f64,
     not_reset: f64,
+    /// `--request`: answered 403.
+    forbidden: f64,
+    /// Neither reset nor answered 403.
+    not_refused: f64,
+    forbidden_p50_ms: f64,
+    forbidden_p99_ms: f64,
     cpu_ms: f64,
     reset_p50_ms: f64,
     reset_p99_ms: f64,
@@ -234,15 +251,26 @@ impl FloodReport {
         let value: Value = serde_json::from_str(text.trim())
             .with_context(|| format!("unexpected sni-flood output: {text}"))?;
         let number = |key: &str| value.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN);
-        let not_reset = ["closed", "answered", "silent", "connect_failed", "error"]
-            .iter()
-            .map(|k| number(k))
-            .sum::<f64>()
-            + number("unfinished");
+        let not_refused = [
+            "closed",
+            "answered",
+            "other_status",
+            "silent",
+            "connect_failed",
+            "error",
+            "unfinished",
+        ]
+        .iter()
+        .map(|k| number(k))
+        .sum::<f64>();
         Ok(FloodReport {
             launched: number("launched"),
             reset: number("reset"),
-            not_reset,
+            not_reset: not_refused + number("forbidden"),
+            forbidden: number("forbidden"),
+            not_refused,
+            forbidden_p50_ms: number("forbidden_p50_ms"),
+            forbidden_p99_ms: number("forbidden_p99_ms"),
             cpu_ms: number("cpu_ms"),
             reset_p50_ms: number("reset_p50_ms"),
             reset_p99_ms: number("reset_p99_ms"),
@@ -305,6 +333,11 @@ impl Site {
 struct Site {
     ebpf: Running,
     userspace: Running,
+    /// `sources`: ingress where the gate cannot judge the restricted host, so its access phase
+    /// answers 403.
+    forbidden: Running,
+    /// `sources`: nginx refusing the same clients with `allow`/`deny`, as ingress-nginx does.
+    nginx: Running,
     _upstream: Running,
     _cgroup: Cgroup,
     _pins: PinDir,
@@ -321,6 +354,16 @@ impl Site {
             std::process::id()
         )));
         let manifests = site_files(&dir, HOST, UPSTREAM_PORT)?;
+        let restricted = sources::site_files(&dir, &manifests)?;
+        ip(&[
+            "-n",
+            &ns.name,
+            "addr",
+            "add",
+            &format!("{}/32", sources::REFUSED_SOURCE),
+            "dev",
+            "lo",
+        ])?;
 
         write(
             &dir.join("upstream.conf"),
@@ -338,12 +381,19 @@ impl Site {
             .arg(dir.join("upstream.conf"));
         let upstream = Running::start("upstream", upstream_cmd, &dir.join("upstream.log"))?;
 
+        // `--mode` is the mode's name but for the 403 path's proxy, userspace with its own
+        // manifests.
         let proxy_args = |mode: Mode| -> Vec<String> {
+            let (flag, manifests) = if mode.name == sources::FORBIDDEN.name {
+                (USERSPACE.name, &restricted.forbidden_manifests)
+            } else {
+                (mode.name, &manifests)
+            };
             let mut args: Vec<String> = vec![
                 "--manifests".into(),
                 manifests.display().to_string(),
                 "--mode".into(),
-                mode.name.into(),
+                flag.into(),
                 "--bind".into(),
                 "127.0.0.1".into(),
                 "--http-port".into(),
@@ -387,10 +437,24 @@ impl Site {
             userspace_cmd,
             &dir.join("ingress-userspace.log"),
         )?;
+        let mut forbidden_cmd = ns.command(Some(0), &bench.ingress.to_string_lossy());
+        forbidden_cmd.args(proxy_args(sources::FORBIDDEN));
+        let forbidden = Running::start(
+            "ingress (403 path)",
+            forbidden_cmd,
+            &dir.join("ingress-403.log"),
+        )?;
+        let mut nginx_cmd = ns.command(Some(0), "nginx");
+        nginx_cmd
+            .args(["-p", &dir.to_string_lossy(), "-c"])
+            .arg(&restricted.nginx_conf);
+        let nginx = Running::start("nginx (403)", nginx_cmd, &dir.join("nginx-403.log"))?;
 
         let site = Site {
             ebpf,
             userspace,
+            forbidden,
+            nginx,
             _upstream: upstream,
             _cgroup: cgroup,
             _pins: pins,
@@ -403,6 +467,7 @@ impl Site {
             site.wait_ready(mode)
                 .with_context(|| format!("log {}", dir.join(log).display()))?;
         }
+        sources::wait_ready(&site, &dir)?;
         let enabled = |mode: Mode| -> Result<f64> {
             Ok(procs::metric(&site.scrape(mode)?, "ingress_ebpf_enabled").unwrap_or(f64::NAN))
         };
@@ -415,16 +480,22 @@ impl Site {
     }
 
     fn proxy(&self, mode: Mode) -> &Running {
-        if mode.name == EBPF.name {
-            &self.ebpf
-        } else {
-            &self.userspace
+        match mode.name {
+            name if name == EBPF.name => &self.ebpf,
+            name if name == sources::FORBIDDEN.name => &self.forbidden,
+            name if name == sources::NGINX.name => &self.nginx,
+            _ => &self.userspace,
         }
     }
 
     fn wait_ready(&self, mode: Mode) -> Result<()> {
+        self.wait_serving(mode, HOST)
+    }
+
+    /// Until `host` answers 200 on `mode`'s HTTPS port (from 127.0.0.1).
+    fn wait_serving(&self, mode: Mode, host: &str) -> Result<()> {
         let deadline = Instant::now() + READY;
-        let url = format!("https://{HOST}:{}/", mode.https);
+        let url = format!("https://{host}:{}/", mode.https);
         loop {
             let out = self
                 .ns
@@ -469,6 +540,16 @@ impl Site {
     }
 
     fn wrk(&self, mode: Mode, duration: Duration, connections: u32) -> Result<wrk::Load> {
+        self.wrk_host(mode, HOST, duration, connections)
+    }
+
+    fn wrk_host(
+        &self,
+        mode: Mode,
+        host: &str,
+        duration: Duration,
+        connections: u32,
+    ) -> Result<wrk::Load> {
         let out = self
             .ns
             .command(Some(1), "wrk")
@@ -478,7 +559,7 @@ impl Site {
                 &format!("-d{}s", duration.as_secs().max(1)),
                 "--latency",
             ])
-            .arg(format!("https://{HOST}:{}/", mode.https))
+            .arg(format!("https://{host}:{}/", mode.https))
             .output()
             .context("running wrk")?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -497,6 +578,11 @@ impl Site {
 
     /// Starts the flood (bounded by count and by time) against `mode`'s HTTPS port.
     fn flood(&self, mode: Mode, plan: &Plan) -> Result<Flood> {
+        self.flood_with(mode, plan, &[])
+    }
+
+    /// The same with more `sni-flood` arguments (a fixed name, a source, `--request`).
+    fn flood_with(&self, mode: Mode, plan: &Plan, extra: &[&str]) -> Result<Flood> {
         let count = plan.flood_count();
         // Time to launch everything, then for the last connections' timeouts, with room to
         // spare; the flood stops itself at this limit whatever happens.
@@ -510,6 +596,7 @@ impl Site {
             .args(["--count", &count.to_string()])
             .args(["--timeout", FLOOD_TIMEOUT])
             .args(["--limit", &format!("{limit}s")])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -592,7 +679,32 @@ impl Drop for Flood {
 /// A certificate for `host` and manifests routing it to the upstream on `upstream_port`; returns
 /// the manifests directory.
 pub(super) fn site_files(dir: &Path, host: &str, upstream_port: u16) -> Result<PathBuf> {
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let (cert, key) = certificate(dir, host, "")?;
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests)?;
+    write(
+        &manifests.join("gate.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: {upstream_port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
+             apiVersion: v1\nkind: Secret\nmetadata: {{name: gate-tls, namespace: bench}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{crt}  tls.key: |\n{key}---\n\
+             apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: gate, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/ssl-redirect: \"false\"}}}}\n\
+             spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{host}], secretName: gate-tls}}]\n  rules:\n  - host: {host}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
+            crt = indented(&cert)?,
+            key = indented(&key)?
+        ),
+    )?;
+    Ok(manifests)
+}
+
+/// A self-signed ECDSA P-256 certificate for `host`: `{stem}cert.pem` and `{stem}key.pem` in
+/// `dir`.
+fn certificate(dir: &Path, host: &str, stem: &str) -> Result<(PathBuf, PathBuf)> {
+    let (cert, key) = (
+        dir.join(format!("{stem}cert.pem")),
+        dir.join(format!("{stem}key.pem")),
+    );
     let out = Command::new("openssl")
         .args([
             "req",
@@ -617,28 +729,15 @@ pub(super) fn site_files(dir: &Path, host: &str, upstream_port: u16) -> Result<P
         .arg(&cert)
         .output()?;
     ensure!(out.status.success(), "openssl req failed");
-    let indent = |path: &Path| -> Result<String> {
-        Ok(std::fs::read_to_string(path)?
-            .lines()
-            .map(|l| format!("    {l}\n"))
-            .collect())
-    };
-    let manifests = dir.join("manifests");
-    std::fs::create_dir_all(&manifests)?;
-    write(
-        &manifests.join("gate.yaml"),
-        &format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream}}}}\n\
-             addressType: IPv4\nports: [{{name: http, port: {upstream_port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
-             apiVersion: v1\nkind: Secret\nmetadata: {{name: gate-tls, namespace: bench}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{crt}  tls.key: |\n{key}---\n\
-             apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: gate, namespace: bench, annotations: {{nginx.ingress.kubernetes.io/ssl-redirect: \"false\"}}}}\n\
-             spec:\n  ingressClassName: ingress\n  tls: [{{hosts: [{host}], secretName: gate-tls}}]\n  rules:\n  - host: {host}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: upstream, port: {{number: 80}}}}}}}}]}}\n",
-            crt = indent(&cert)?,
-            key = indent(&key)?
-        ),
-    )?;
-    Ok(manifests)
+    Ok((cert, key))
+}
+
+/// A PEM file's lines indented for a YAML block scalar under `stringData`.
+fn indented(path: &Path) -> Result<String> {
+    Ok(std::fs::read_to_string(path)?
+        .lines()
+        .map(|l| format!("    {l}\n"))
+        .collect())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             connect_timeout,
             send_timeout,
             next_upstream,
+            reselect,
             canary,
             bandwidth,
             ..
@@ -123,19 +124,24 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         let replayable =
             matches!(upload, Upload::WithHead) && (p.idempotent || next_upstream.non_idempotent);
         let mut tried = vec![key.clone()];
+        // An affinity session that moved to another endpoint: its cookie replaces the first
+        // attempt's in the response.
+        let mut moved_cookie: Option<String> = None;
         while let Err(Failure::Error(error)) = &result {
             if !replayable && !upstream::nothing_sent(error) {
                 break;
             }
-            let next =
-                upstream::retry(p.route.as_ref(), &next_upstream, &tried, p.forwarded, error);
-            let Some((next_key, next_in_flight)) = next else {
+            let next = upstream::retry(&reselect, &next_upstream, &tried, p.forwarded, error);
+            let Some(next) = next else {
                 break;
             };
-            tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");
+            tracing::debug!(upstream = %key, next = %next.key, %error, "trying the next upstream (proxy-next-upstream)");
             drop(in_flight);
-            in_flight = Some(next_in_flight);
-            key = next_key;
+            in_flight = Some(next.in_flight);
+            key = next.key;
+            if next.set_cookie.is_some() {
+                moved_cookie = next.set_cookie;
+            }
             tried.push(key.clone());
             self.upstream_due.set(Instant::now() + timeout);
             let up = tokio::select! {
@@ -143,7 +149,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 () = self.upstream_due.expired() => Err(UpstreamError::ResponseTimeout(timeout)),
             };
             result = match up {
-                Ok(up) => self.send(up, upload, p, timeout, max_body, ctx).await,
+                Ok(up) => {
+                    let mut attempt = *ctx;
+                    if let Some(cookie) = &moved_cookie {
+                        attempt.set_cookie = Some(cookie.as_bytes());
+                    }
+                    let sent = self
+                        .send(up, upload, p, timeout, max_body, &mut attempt)
+                        .await;
+                    ctx.close |= attempt.close;
+                    sent
+                }
                 Err(error) => Err(Failure::Error(error)),
             };
         }

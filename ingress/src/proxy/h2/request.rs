@@ -368,7 +368,6 @@ impl Proxy {
                         &forwarded_target,
                         &request,
                         client.as_deref().unwrap_or(conn),
-                        route.as_ref(),
                     )
                     .await;
                 meter.upstream = outcome.upstream.clone().map(|key| {
@@ -411,7 +410,6 @@ impl Proxy {
         target: &str,
         request: &forward::RequestSide<'_>,
         conn: &ConnInfo,
-        route: Option<&Arc<Route>>,
     ) -> (Response<ProxyBody>, Outcome) {
         let started = std::time::Instant::now();
         let grpc = respond::is_grpc(req.headers());
@@ -436,11 +434,12 @@ impl Proxy {
             mut in_flight,
             timeout,
             forwarded_prefix,
-            set_cookie,
+            mut set_cookie,
             set_headers,
             max_body,
             connect_timeout,
             next_upstream,
+            reselect,
             request_headers,
             response_headers,
             underscores,
@@ -455,11 +454,14 @@ impl Proxy {
         // unsent and goes to another endpoint.
         let mut tried = vec![key.clone()];
         let mut retry = |error: &UpstreamError, key: &mut PoolKey, in_flight: &mut Option<_>| {
-            let (next_key, next_in_flight) =
-                upstream::retry(route, &next_upstream, &tried, started, error)?;
-            tracing::debug!(upstream = %key, next = %next_key, %error, "trying the next upstream (proxy-next-upstream)");
-            *key = next_key;
-            *in_flight = Some(next_in_flight);
+            let next = upstream::retry(&reselect, &next_upstream, &tried, started, error)?;
+            tracing::debug!(upstream = %key, next = %next.key, %error, "trying the next upstream (proxy-next-upstream)");
+            *key = next.key;
+            *in_flight = Some(next.in_flight);
+            // An affinity session that moved: its cookie replaces the first attempt's.
+            if next.set_cookie.is_some() {
+                set_cookie = next.set_cookie;
+            }
             tried.push(key.clone());
             Some(())
         };

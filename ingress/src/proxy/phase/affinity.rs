@@ -7,8 +7,13 @@
 //!                                         checked, as ingress-nginx's balancer does not)
 //!     balanced:   endpoint = the key's by rendezvous hashing          (any key maps)
 //!     persistent: endpoint whose address hashes to the key, if any
-//!   otherwise: balanced → a random key and its endpoint; persistent → the usual pick and its
-//!              address's key; either way Set-Cookie
+//!   otherwise: balanced → a random key and its endpoint; persistent → the route's
+//!              load-balance pick and its address's key; either way Set-Cookie
+//!   a retry: the same endpoint when the cookie named it (unless change-on-failure), else a new
+//!            session on an endpoint not tried, whose Set-Cookie replaces the first one
+//!
+//!   upstream-hash-by key → its endpoint (rendezvous); with -subset: key → subset N
+//!            (rendezvous over the subsets), a random member per request, retries within it
 //! ```
 
 use std::fmt::Write as _;
@@ -18,20 +23,53 @@ use std::time::{Duration, SystemTime};
 use super::RequestHeaders;
 use super::identity::ConnInfo;
 use super::samesite;
+use crate::proxy::pool::PoolKey;
 use crate::snapshot::annotations::affinity::{Affinity, Mode, stable_hash};
 use crate::snapshot::annotations::hash::{HashKey, Piece};
 use crate::snapshot::backend::{Backend, Endpoint};
 use crate::snapshot::policy::Balance;
 
-/// The endpoint for a request with `affinity` on `backend`, and the `Set-Cookie` value when the
-/// client must be told (a new session); `None` when the backend has no endpoint.
+/// What the affinity phase chose for a request: the endpoint, the `Set-Cookie` when the client
+/// must be told (a new session), and what a retry of the request needs.
+pub(crate) struct Chosen {
+    pub(crate) endpoint: Arc<Endpoint>,
+    pub(crate) set_cookie: Option<String>,
+    pub(crate) sticky: Sticky,
+}
+
+/// What a retry (`proxy-next-upstream`) of a request on an affinity route needs: ingress-nginx's
+/// `sticky.lua` asks its balancer again on every attempt, and that answer depends on whether
+/// the request's cookie named a live endpoint and on `session-cookie-change-on-failure`.
+#[derive(Clone, Debug)]
+pub(crate) struct Sticky {
+    affinity: Arc<Affinity>,
+    /// The request's cookie named the endpoint of the first attempt.
+    from_cookie: bool,
+    https: bool,
+    samesite_none_ok: bool,
+}
+
+/// The endpoint for a request with `affinity` on `backend`, `None` when the backend has no
+/// endpoint. A new session's endpoint is chosen by `balance` (the route's `load-balance`) in
+/// persistent mode, by a random key in balanced mode.
 pub(crate) fn pick(
     backend: &Backend,
-    affinity: &Affinity,
+    affinity: &Arc<Affinity>,
+    balance: Balance,
     headers: &dyn RequestHeaders,
     https: bool,
-) -> Option<(Arc<Endpoint>, Option<String>)> {
+) -> Option<Chosen> {
     let endpoints = backend.endpoints();
+    let samesite_none_ok = !(affinity.conditional_samesite_none
+        && headers
+            .header("user-agent")
+            .is_some_and(samesite::incompatible));
+    let mut sticky = Sticky {
+        affinity: affinity.clone(),
+        from_cookie: false,
+        https,
+        samesite_none_ok,
+    };
     let key = headers
         .cookie(&affinity.name)
         .and_then(|v| v.split(|&b| b == b'|').next())
@@ -42,35 +80,85 @@ pub(crate) fn pick(
             Mode::Persistent => endpoints.iter().find(|e| endpoint_key(e).as_bytes() == key),
         };
         if let Some(endpoint) = found {
-            return Some((endpoint.clone(), None));
+            sticky.from_cookie = true;
+            return Some(Chosen {
+                endpoint: endpoint.clone(),
+                set_cookie: None,
+                sticky,
+            });
         }
     }
-    let (endpoint, key) = match affinity.mode {
-        Mode::Balanced => {
+    let (endpoint, set_cookie) = new_session(backend, &sticky, balance, &[])?;
+    Some(Chosen {
+        endpoint,
+        set_cookie: Some(set_cookie),
+        sticky,
+    })
+}
+
+/// The endpoint for another attempt of a request on an affinity route after the attempts on
+/// `tried` failed (the last one last), with the `Set-Cookie` that replaces the first attempt's
+/// when the session moves; `None` when there is no endpoint left to try.
+///
+/// As ingress-nginx's `sticky.lua`: a request whose cookie named its endpoint goes back to that
+/// endpoint, the cookie unchanged, unless `session-cookie-change-on-failure`; otherwise (that
+/// option, or a new session) a new session starts on an endpoint not tried yet.
+pub(crate) fn repick(
+    backend: &Backend,
+    sticky: &Sticky,
+    balance: Balance,
+    tried: &[PoolKey],
+) -> Option<(Arc<Endpoint>, Option<String>)> {
+    if sticky.from_cookie && !sticky.affinity.change_on_failure {
+        let last = tried.last()?;
+        let same = backend
+            .endpoints()
+            .iter()
+            .find(|e| PoolKey::Addr(e.addr) == *last)?;
+        return Some((same.clone(), None));
+    }
+    let (endpoint, cookie) = new_session(backend, sticky, balance, tried)?;
+    Some((endpoint, Some(cookie)))
+}
+
+/// How many random keys a balanced session draws to find one that maps to an endpoint not
+/// tried yet (ingress-nginx draws 20; with two endpoints and one failed, 64 draws all missing is
+/// 2^-64).
+const KEY_DRAWS: usize = 64;
+
+/// A new session on an endpoint not in `tried`: the endpoint and its `Set-Cookie`.
+fn new_session(
+    backend: &Backend,
+    sticky: &Sticky,
+    balance: Balance,
+    tried: &[PoolKey],
+) -> Option<(Arc<Endpoint>, String)> {
+    let untried = |e: &Arc<Endpoint>| !tried.contains(&PoolKey::Addr(e.addr));
+    let endpoints = backend.endpoints();
+    let (endpoint, key) = match sticky.affinity.mode {
+        Mode::Balanced => (0..KEY_DRAWS).find_map(|_| {
             let key = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-            (rendezvous(endpoints, key.as_bytes())?.clone(), key)
-        }
+            let endpoint = rendezvous(endpoints, key.as_bytes())?;
+            untried(endpoint).then(|| (endpoint.clone(), key))
+        })?,
         Mode::Persistent => {
-            let endpoint = backend.pick(Balance::default())?.clone();
+            let endpoint = backend
+                .pick(balance)
+                .filter(|e| untried(e))
+                .or_else(|| endpoints.iter().find(|e| untried(e)))?
+                .clone();
             let key = endpoint_key(&endpoint);
             (endpoint, key)
         }
     };
-    let backend_key = backend_key(backend);
-    let samesite_none_ok = !(affinity.conditional_samesite_none
-        && headers
-            .header("user-agent")
-            .is_some_and(samesite::incompatible));
-    Some((
-        endpoint,
-        Some(set_cookie(
-            affinity,
-            &key,
-            &backend_key,
-            https,
-            samesite_none_ok,
-        )),
-    ))
+    let cookie = set_cookie(
+        &sticky.affinity,
+        &key,
+        &backend_key(backend),
+        sticky.https,
+        sticky.samesite_none_ok,
+    );
+    Some((endpoint, cookie))
 }
 
 /// The second half of the cookie: which backend (Service and port) the session is on, so a
@@ -136,6 +224,69 @@ pub(crate) fn by_key<'b>(backend: &'b Backend, key: &[u8]) -> Option<&'b Arc<End
     rendezvous(backend.endpoints(), key)
 }
 
+/// One subset of a backend's endpoints (`upstream-hash-by-subset`), as ingress-nginx's
+/// `chashsubset.lua` makes them: the endpoints in order, cut into runs of `size`, the last run
+/// filled up from the first endpoints; `set` is the run's number from 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Subset {
+    set: usize,
+    size: usize,
+}
+
+impl Subset {
+    /// The subset `key` maps to among `endpoints`, `None` when there is none. The key picks the
+    /// subset (ingress-nginx's `set1`, `set2`, …) by rendezvous hashing, so that a change in the number
+    /// of subsets moves only the keys of the subsets that came or went; which endpoints a subset
+    /// holds follows their order (by address), as ingress-nginx's follows its endpoint list.
+    pub(crate) fn of(endpoints: &[Arc<Endpoint>], size: usize, key: &[u8]) -> Option<Subset> {
+        if endpoints.is_empty() {
+            return None;
+        }
+        let size = size.max(1);
+        let sets = endpoints.len().div_ceil(size);
+        // The subset's number stands for its name; no allocation per subset and request.
+        let set =
+            (0..sets).max_by_key(|&i| stable_hash(&[key, b"set", &(i as u64).to_le_bytes()]))?;
+        Some(Subset { set, size })
+    }
+
+    /// The subset's members (a short last run repeats the first endpoints, so one may appear
+    /// twice and be picked twice as often, as in ingress-nginx).
+    pub(crate) fn members(
+        self,
+        endpoints: &[Arc<Endpoint>],
+    ) -> impl Iterator<Item = &Arc<Endpoint>> {
+        let n = endpoints.len();
+        let start = self.set.saturating_mul(self.size);
+        (start..start.saturating_add(self.size))
+            .filter_map(move |k| endpoints.get(k.checked_rem(n)?))
+    }
+
+    /// A random member: each request of a key goes to one of its subset's endpoints.
+    pub(crate) fn pick(self, endpoints: &[Arc<Endpoint>]) -> Option<&Arc<Endpoint>> {
+        self.members(endpoints)
+            .nth(fastrand::usize(..self.size.max(1)))
+    }
+
+    /// A random member not in `tried`, for a retry: a key stays in its subset, as it does in
+    /// ingress-nginx; `None` when every member was tried.
+    pub(crate) fn repick<'e>(
+        self,
+        endpoints: &'e [Arc<Endpoint>],
+        tried: &[PoolKey],
+    ) -> Option<&'e Arc<Endpoint>> {
+        let mut members: Vec<&Arc<Endpoint>> = self
+            .members(endpoints)
+            .filter(|e| !tried.contains(&PoolKey::Addr(e.addr)))
+            .collect();
+        members.sort_by_key(|e| e.addr);
+        members.dedup_by_key(|e| e.addr);
+        members
+            .get(fastrand::usize(..members.len().max(1)))
+            .copied()
+    }
+}
+
 /// A persistent key: the endpoint's address, hashed.
 fn endpoint_key(endpoint: &Endpoint) -> String {
     format!(
@@ -197,6 +348,226 @@ mod tests {
             .collect()
     }
 
+    fn backend(n: u8) -> Backend {
+        Backend {
+            service: crate::object::ObjectKey::new("t", "web"),
+            port: crate::snapshot::backend::PortRef::Number(80),
+            target: crate::snapshot::backend::Target::Endpoints(endpoints(n)),
+            next: std::sync::atomic::AtomicUsize::new(0),
+            app_protocol: None,
+        }
+    }
+
+    fn affinity(mode: Mode, change_on_failure: bool) -> Arc<Affinity> {
+        Arc::new(Affinity {
+            mode,
+            name: DEFAULT_COOKIE.into(),
+            path: None,
+            domain: None,
+            max_age: None,
+            expires: None,
+            samesite: None,
+            conditional_samesite_none: false,
+            secure: None,
+            change_on_failure,
+        })
+    }
+
+    /// The request headers of a client that sends back `set_cookie`'s pair (none: no cookie).
+    fn sending(set_cookie: Option<&str>) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        if let Some(pair) = set_cookie.and_then(|c| c.split(';').next()) {
+            headers.insert(http::header::COOKIE, pair.parse().unwrap());
+        }
+        headers
+    }
+
+    fn key(e: &Endpoint) -> PoolKey {
+        PoolKey::Addr(e.addr)
+    }
+
+    #[test]
+    fn persistent_new_sessions_follow_the_routes_load_balance() {
+        let backend = backend(3);
+        let persistent = affinity(Mode::Persistent, false);
+        let picked: Vec<_> = (0..30)
+            .map(|_| {
+                let chosen = pick(
+                    &backend,
+                    &persistent,
+                    Balance::RoundRobin,
+                    &sending(None),
+                    false,
+                )
+                .unwrap();
+                assert!(chosen.set_cookie.is_some());
+                chosen.endpoint.addr
+            })
+            .collect();
+        // round_robin: each endpoint in turn, not two random ones.
+        let all = backend.endpoints();
+        for (i, addr) in picked.iter().enumerate() {
+            assert_eq!(*addr, all[i % 3].addr, "session {i}: {picked:?}");
+        }
+    }
+
+    /// A retry of a request on an affinity route, as ingress-nginx's `sticky.lua` balances it:
+    /// (mode, change-on-failure, the request had a cookie) -> the retry stays on the failed
+    /// endpoint (with no new cookie), or moves with a cookie that names where it went.
+    #[test]
+    fn retries_stay_or_move_with_their_cookie() {
+        let backend = backend(3);
+        let all = backend.endpoints();
+        let cases = [
+            (Mode::Balanced, false, true, true),
+            (Mode::Persistent, false, true, true),
+            (Mode::Balanced, true, true, false),
+            (Mode::Persistent, true, true, false),
+            // A new session moves whatever change-on-failure says: it has no endpoint yet.
+            (Mode::Balanced, false, false, false),
+            (Mode::Persistent, false, false, false),
+        ];
+        for (mode, change, with_cookie, stays) in cases {
+            let label = format!("{mode:?} change-on-failure {change} cookie {with_cookie}");
+            let affinity = affinity(mode, change);
+            for round in 0..20 {
+                let first = pick(
+                    &backend,
+                    &affinity,
+                    Balance::RoundRobin,
+                    &sending(None),
+                    false,
+                )
+                .unwrap();
+                let cookie = first.set_cookie.clone();
+                let chosen = if with_cookie {
+                    // The client comes back with its cookie: the same endpoint, no Set-Cookie.
+                    let again = pick(
+                        &backend,
+                        &affinity,
+                        Balance::RoundRobin,
+                        &sending(cookie.as_deref()),
+                        false,
+                    )
+                    .unwrap();
+                    assert_eq!(again.endpoint.addr, first.endpoint.addr, "{label}");
+                    assert_eq!(again.set_cookie, None, "{label}");
+                    again
+                } else {
+                    first
+                };
+                let failed = key(&chosen.endpoint);
+                let (next, moved) = repick(
+                    &backend,
+                    &chosen.sticky,
+                    Balance::RoundRobin,
+                    std::slice::from_ref(&failed),
+                )
+                .unwrap();
+                if stays {
+                    assert_eq!(key(&next), failed, "{label} round {round}");
+                    assert_eq!(moved, None, "{label}");
+                    continue;
+                }
+                assert_ne!(key(&next), failed, "{label} round {round}");
+                let moved = moved.unwrap_or_else(|| panic!("{label}: no new cookie"));
+                // The new cookie brings the client back to where the retry went.
+                let back = pick(
+                    &backend,
+                    &affinity,
+                    Balance::RoundRobin,
+                    &sending(Some(&moved)),
+                    false,
+                )
+                .unwrap();
+                assert_eq!(back.endpoint.addr, next.addr, "{label} {moved}");
+                assert_eq!(back.set_cookie, None, "{label}");
+                // Every endpoint tried: nothing left for a moving session.
+                let tried: Vec<PoolKey> = all.iter().map(|e| key(e)).collect();
+                assert!(
+                    repick(&backend, &chosen.sticky, Balance::RoundRobin, &tried).is_none(),
+                    "{label}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn subsets_as_chashsubset_makes_them() {
+        // (endpoints, size) -> each subset's members, by endpoint index.
+        let cases: &[(u8, usize, &[&[usize]])] = &[
+            (6, 3, &[&[0, 1, 2], &[3, 4, 5]]),
+            // The last subset is filled up from the first endpoints.
+            (7, 3, &[&[0, 1, 2], &[3, 4, 5], &[6, 0, 1]]),
+            (2, 3, &[&[0, 1, 0]]),
+            (1, 3, &[&[0, 0, 0]]),
+            (3, 1, &[&[0], &[1], &[2]]),
+        ];
+        for (n, size, want) in cases {
+            let all = endpoints(*n);
+            let mut seen = vec![false; want.len()];
+            for k in 0..400 {
+                let key = format!("/item/{k}");
+                let subset = Subset::of(&all, *size, key.as_bytes()).unwrap();
+                let members: Vec<usize> = subset
+                    .members(&all)
+                    .map(|e| all.iter().position(|a| a.addr == e.addr).unwrap())
+                    .collect();
+                let at = want.iter().position(|w| *w == members).unwrap_or_else(|| {
+                    panic!("{n} endpoints, size {size}: {members:?} is not a subset")
+                });
+                seen[at] = true;
+                // The same key, the same subset; a request goes to one of its members.
+                assert_eq!(Subset::of(&all, *size, key.as_bytes()), Some(subset));
+                let picked = subset.pick(&all).unwrap();
+                assert!(subset.members(&all).any(|e| e.addr == picked.addr));
+            }
+            assert!(
+                seen.iter().all(|s| *s),
+                "{n}/{size}: keys reach every subset"
+            );
+        }
+        assert_eq!(Subset::of(&[], 3, b"k"), None);
+    }
+
+    #[test]
+    fn a_subset_spreads_a_key_over_its_members_and_retries_within_it() {
+        let all = endpoints(9);
+        let subset = Subset::of(&all, 3, b"/same").unwrap();
+        let members: Vec<_> = subset.members(&all).map(|e| e.addr).collect();
+        let mut hit = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            hit.insert(subset.pick(&all).unwrap().addr);
+        }
+        assert_eq!(hit.len(), 3, "{hit:?}");
+        let failed = [PoolKey::Addr(members[0])];
+        for _ in 0..50 {
+            let next = subset.repick(&all, &failed).unwrap();
+            assert!(members[1..].contains(&next.addr), "{next:?}");
+        }
+        let tried: Vec<PoolKey> = members.iter().map(|a| PoolKey::Addr(*a)).collect();
+        assert!(subset.repick(&all, &tried).is_none());
+    }
+
+    #[test]
+    fn subsets_keep_their_keys_when_one_is_added() {
+        // 6 endpoints in 2 subsets, then 7 in 3: a key whose subset still exists keeps it
+        // (the members of the last subset change, as in ingress-nginx).
+        let six = endpoints(6);
+        let seven = endpoints(7);
+        let mut moved = 0;
+        for k in 0..600 {
+            let key = format!("k{k}");
+            let before = Subset::of(&six, 3, key.as_bytes()).unwrap();
+            let after = Subset::of(&seven, 3, key.as_bytes()).unwrap();
+            if before != after {
+                assert_eq!(after.set, 2, "{key} moved between old subsets");
+                moved += 1;
+            }
+        }
+        assert!((100..=300).contains(&moved), "{moved} of 600 moved");
+    }
+
     #[test]
     fn rendezvous_moves_only_the_keys_of_the_endpoint_that_changed() {
         let five = endpoints(5);
@@ -228,6 +599,7 @@ mod tests {
             samesite: None,
             conditional_samesite_none: false,
             secure: None,
+            change_on_failure: false,
         };
         assert_eq!(
             set_cookie(&base, "k", "b", false, true),

@@ -221,6 +221,8 @@ pub(crate) struct Forward {
     pub(crate) vhost: Option<Arc<str>>,
     /// When a failed attempt is made again on another endpoint.
     pub(crate) next_upstream: NextUpstream,
+    /// Where such an attempt goes.
+    pub(crate) reselect: upstream::Reselect,
     /// The protocols this route lets a client switch to (`Upgrade`).
     pub(crate) upgrades: Arc<[String]>,
     /// `X-Forwarded-Prefix` for the upstream (a rewritten request's `x-forwarded-prefix`).

@@ -5,6 +5,11 @@
 //! random ones); an ExternalName is resolved, and its address judged, when the connection is
 //! made. A backend with no endpoint falls back to the route's `default-backend` Service, when
 //! it has one.
+//!
+//! A retry (`proxy-next-upstream`) picks again from the backend the first attempt used (the
+//! route's, its canary's, or the `default-backend`), the way the first was picked: by
+//! `load-balance`, by the affinity session (`session-cookie-change-on-failure`), or within the
+//! key's `upstream-hash-by-subset`; [`Reselect`] carries what it needs in the [`Forward`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +37,7 @@ pub(crate) struct Defaults {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     route: &Arc<Route>,
-    backend: &Backend,
+    backend: &Arc<Backend>,
     headers: &dyn RequestHeaders,
     https: bool,
     defaults: &Defaults,
@@ -42,24 +47,37 @@ pub(crate) fn forward(
     let policy = &route.policy.upstream;
     let ewma = policy.balance == Balance::Ewma;
     let mut set_cookie = None;
-    let mut pick = |backend: &Backend| -> Option<(PoolKey, Option<InFlight>)> {
+    let mut pick = |backend: &Arc<Backend>| -> Option<(PoolKey, Option<InFlight>, Reselect)> {
+        let reselect = |how| Reselect {
+            backend: Some(backend.clone()),
+            balance: policy.balance,
+            how,
+        };
         match &backend.target {
-            Target::Endpoints(_) => {
-                let picked = match &policy.affinity {
-                    Some(affinity) => affinity::pick(backend, affinity, headers, https).map(
-                        |(endpoint, cookie)| {
-                            set_cookie = cookie;
-                            endpoint
-                        },
-                    ),
-                    None => match hash_key {
-                        Some(key) => affinity::by_key(backend, key).cloned(),
-                        None => backend.pick(policy.balance).cloned(),
+            Target::Endpoints(endpoints) => {
+                let (endpoint, how) = match (&policy.affinity, hash_key) {
+                    (Some(affinity), _) => {
+                        let chosen =
+                            affinity::pick(backend, affinity, policy.balance, headers, https)?;
+                        set_cookie = chosen.set_cookie;
+                        (chosen.endpoint, Repick::Sticky(chosen.sticky))
+                    }
+                    (None, Some(key)) => match policy.hash_by.as_ref().and_then(|h| h.subset) {
+                        Some(size) => {
+                            let subset = affinity::Subset::of(endpoints, size, key)?;
+                            (subset.pick(endpoints)?.clone(), Repick::Subset(subset))
+                        }
+                        None => (affinity::by_key(backend, key)?.clone(), Repick::Balance),
                     },
+                    (None, None) => (backend.pick(policy.balance)?.clone(), Repick::Balance),
                 };
-                picked.map(|endpoint| (PoolKey::Addr(endpoint.addr), Some(endpoint.start(ewma))))
+                Some((
+                    PoolKey::Addr(endpoint.addr),
+                    Some(endpoint.start(ewma)),
+                    reselect(how),
+                ))
             }
-            Target::ExternalName(name) => Some((PoolKey::Name(name.clone()), None)),
+            Target::ExternalName(name) => Some((PoolKey::Name(name.clone()), None, Reselect::NONE)),
             Target::Unavailable => None,
         }
     };
@@ -68,7 +86,7 @@ pub(crate) fn forward(
         let fallback = policy.fallback.as_ref()?;
         pick(&fallback.0)
     });
-    let Some((key, in_flight)) = picked else {
+    let Some((key, in_flight, reselect)) = picked else {
         return Decision::Fail(UpstreamError::NoEndpoints);
     };
     let transport = if policy.protocol.tls(https) {
@@ -86,6 +104,7 @@ pub(crate) fn forward(
         send_timeout: policy.send_timeout.unwrap_or(defaults.send),
         vhost: policy.vhost.clone(),
         next_upstream: policy.next_upstream,
+        reselect,
         upgrades: policy.upgrades.clone(),
         forwarded_prefix,
         set_cookie,
@@ -102,40 +121,93 @@ pub(crate) fn forward(
     })
 }
 
-/// Another endpoint for a failed request (`proxy-next-upstream`): the balancer's choice if it
-/// was not tried yet, else the first endpoint not tried; `None` when every one was.
-pub(crate) fn next_endpoint(route: &Route, tried: &[PoolKey]) -> Option<(PoolKey, InFlight)> {
-    let Target::Endpoints(endpoints) = &route.backend.target else {
-        return None;
-    };
-    let balance = route.policy.upstream.balance;
-    let untried = |e: &&Arc<Endpoint>| !tried.contains(&PoolKey::Addr(e.addr));
-    let endpoint = route
-        .backend
-        .pick(balance)
-        .filter(untried)
-        .or_else(|| endpoints.iter().find(untried))?;
-    Some((
-        PoolKey::Addr(endpoint.addr),
-        endpoint.start(balance == Balance::Ewma),
-    ))
+/// How a retry (`proxy-next-upstream`) picks its endpoint: from the backend the first attempt's
+/// endpoint came from (the route's, its canary's, or its `default-backend`), the way the first
+/// was picked.
+#[derive(Clone, Debug)]
+pub(crate) struct Reselect {
+    /// `None`: nothing to pick from (an ExternalName is one name, resolved when connecting).
+    backend: Option<Arc<Backend>>,
+    /// The route's `load-balance`.
+    balance: Balance,
+    how: Repick,
 }
 
-/// The endpoint for the next attempt of a request on `route` that began at `started`, after
+#[derive(Clone, Debug)]
+enum Repick {
+    /// The balancer's choice if not tried yet, else the first endpoint not tried.
+    Balance,
+    /// `affinity: cookie` (see [`affinity::repick`]).
+    Sticky(affinity::Sticky),
+    /// `upstream-hash-by-subset`: another member of the key's subset.
+    Subset(affinity::Subset),
+}
+
+impl Reselect {
+    const NONE: Reselect = Reselect {
+        backend: None,
+        balance: Balance::TwoChoices,
+        how: Repick::Balance,
+    };
+}
+
+/// The next attempt of a failed request: its endpoint, the load it counts toward, and the
+/// `Set-Cookie` that replaces the first attempt's when an affinity session moved.
+pub(crate) struct Attempt {
+    pub(crate) key: PoolKey,
+    pub(crate) in_flight: InFlight,
+    pub(crate) set_cookie: Option<String>,
+}
+
+/// Another endpoint for a failed request (`proxy-next-upstream`) after the attempts on `tried`
+/// (the last one last), with `tries` the route's `proxy-next-upstream-tries`; `None` when there
+/// is none to try.
+pub(crate) fn next_endpoint(reselect: &Reselect, tried: &[PoolKey], tries: u32) -> Option<Attempt> {
+    let backend = reselect.backend.as_ref()?;
+    let endpoints = backend.endpoints();
+    let balance = reselect.balance;
+    let untried = |e: &&Arc<Endpoint>| !tried.contains(&PoolKey::Addr(e.addr));
+    let (endpoint, set_cookie) = match &reselect.how {
+        Repick::Balance => (
+            backend
+                .pick(balance)
+                .filter(untried)
+                .or_else(|| endpoints.iter().find(untried))?
+                .clone(),
+            None,
+        ),
+        Repick::Sticky(sticky) => {
+            // A session kept on its endpoint is tried there as many times as the route allows;
+            // `proxy-next-upstream-tries: 0` ("as many as there are endpoints") bounds it too.
+            if tries == 0 && tried.len() >= endpoints.len().max(1) {
+                return None;
+            }
+            affinity::repick(backend, sticky, balance, tried)?
+        }
+        Repick::Subset(subset) => (subset.repick(endpoints, tried)?.clone(), None),
+    };
+    Some(Attempt {
+        key: PoolKey::Addr(endpoint.addr),
+        in_flight: endpoint.start(balance == Balance::Ewma),
+        set_cookie,
+    })
+}
+
+/// The next attempt of a request forwarded as `reselect` says, that began at `started`, after
 /// `error` on the endpoints `tried`, if `next` allows one (`proxy-next-upstream`).
 pub(crate) fn retry(
-    route: Option<&Arc<Route>>,
+    reselect: &Reselect,
     next: &NextUpstream,
     tried: &[PoolKey],
     started: std::time::Instant,
     error: &UpstreamError,
-) -> Option<(PoolKey, InFlight)> {
+) -> Option<Attempt> {
     let attempts = u32::try_from(tried.len()).unwrap_or(u32::MAX);
     let in_time = next.within.is_none_or(|w| started.elapsed() < w);
     if !in_time || !next.allows_another(attempts) || !retries_on(next, error) {
         return None;
     }
-    next_endpoint(route?, tried)
+    next_endpoint(reselect, tried, next.tries)
 }
 
 /// Whether `error` failed before anything of the request reached the upstream (no connection
@@ -184,6 +256,107 @@ pub(crate) fn expand(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::annotations::affinity::{Affinity, DEFAULT_COOKIE, Mode};
+
+    fn backend(name: &str, addrs: &[&str]) -> Arc<Backend> {
+        Arc::new(Backend {
+            service: crate::object::ObjectKey::new("t", name),
+            port: crate::snapshot::backend::PortRef::Number(80),
+            target: Target::Endpoints(
+                addrs
+                    .iter()
+                    .map(|a| Arc::new(Endpoint::new(a.parse().unwrap())))
+                    .collect(),
+            ),
+            next: std::sync::atomic::AtomicUsize::new(0),
+            app_protocol: None,
+        })
+    }
+
+    fn key(addr: &str) -> PoolKey {
+        PoolKey::Addr(addr.parse().unwrap())
+    }
+
+    /// Where the next attempt goes: (how the first was picked, tried) -> the next endpoint.
+    #[test]
+    fn next_attempts() {
+        let canary = backend("canary", &["10.0.1.1:80", "10.0.1.2:80"]);
+        let balanced = Reselect {
+            backend: Some(canary.clone()),
+            balance: Balance::RoundRobin,
+            how: Repick::Balance,
+        };
+        // A session whose cookie named 10.0.1.1, kept there (change-on-failure off).
+        let affinity = Arc::new(Affinity {
+            mode: Mode::Persistent,
+            name: DEFAULT_COOKIE.into(),
+            path: None,
+            domain: None,
+            max_age: None,
+            expires: None,
+            samesite: None,
+            conditional_samesite_none: false,
+            secure: None,
+            change_on_failure: false,
+        });
+        let new = affinity::pick(
+            &canary,
+            &affinity,
+            Balance::RoundRobin,
+            &http::HeaderMap::new(),
+            false,
+        )
+        .unwrap();
+        let mut headers = http::HeaderMap::new();
+        let pair = new.set_cookie.unwrap();
+        let pair = pair.split(';').next().unwrap();
+        headers.insert(http::header::COOKIE, pair.parse().unwrap());
+        let kept =
+            affinity::pick(&canary, &affinity, Balance::RoundRobin, &headers, false).unwrap();
+        let at = kept.endpoint.addr.to_string();
+        let sticky = Reselect {
+            backend: Some(canary.clone()),
+            balance: Balance::RoundRobin,
+            how: Repick::Sticky(kept.sticky),
+        };
+        let other = if at == "10.0.1.1:80" {
+            "10.0.1.2:80"
+        } else {
+            "10.0.1.1:80"
+        };
+        // (how, tried, proxy-next-upstream-tries) -> the next endpoint
+        let cases: Vec<(&Reselect, Vec<PoolKey>, u32, Option<PoolKey>)> = vec![
+            // The backend the first attempt came from (a canary's), not another.
+            (
+                &balanced,
+                vec![key("10.0.1.1:80")],
+                3,
+                Some(key("10.0.1.2:80")),
+            ),
+            (
+                &balanced,
+                vec![key("10.0.1.2:80")],
+                3,
+                Some(key("10.0.1.1:80")),
+            ),
+            (
+                &balanced,
+                vec![key("10.0.1.1:80"), key("10.0.1.2:80")],
+                0,
+                None,
+            ),
+            (&sticky, vec![key(&at)], 3, Some(key(&at))),
+            // The tries limit is `retry`'s to apply; 0 ("as many as there are endpoints")
+            // bounds attempts on the one endpoint too.
+            (&sticky, vec![key(&at), key(&at)], 3, Some(key(&at))),
+            (&sticky, vec![key(&at), key(&at)], 0, None),
+            (&Reselect::NONE, vec![key(other)], 3, None),
+        ];
+        for (reselect, tried, tries, want) in cases {
+            let got = next_endpoint(reselect, &tried, tries).map(|a| a.key);
+            assert_eq!(got, want, "{reselect:?} {tried:?} {tries}");
+        }
+    }
 
     #[test]
     fn which_errors_are_retried() {

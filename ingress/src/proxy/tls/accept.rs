@@ -31,7 +31,7 @@ use tokio_rustls::server::TlsStream;
 use crate::client_hello::{self, Peek};
 use crate::gate::{Admission, Gate, Screened};
 use crate::proxy::ConnInfo;
-use crate::proxy::listener::Handshake;
+use crate::proxy::listener::{Handshake, ProxyHeaderStep};
 use crate::proxy::metrics::ProxyMetrics;
 use crate::proxy::passthrough::{Passthrough, PassthroughSettings};
 use crate::proxy::phase::identity::ClientCert;
@@ -98,15 +98,22 @@ impl Handshake for TlsHandshake {
         }
     }
 
+    /// The kernel gate frames a PROXY protocol header together with the first record: the
+    /// header is read here, after the verdict, from the bytes it hands over.
+    fn reads_proxy_header(&self) -> bool {
+        self.gate.is_some()
+    }
+
     async fn handshake(
         &self,
         mut stream: TcpStream,
         screened: Option<Screened>,
         mut conn: ConnInfo,
+        header: Option<ProxyHeaderStep<'_>>,
     ) -> Option<(Self::Io, ConnInfo)> {
         let first = match &self.gate {
             Some(gate) => {
-                self.kernel_first_record(gate, &mut stream, screened, conn.peer.ip())
+                self.kernel_first_record(gate, &mut stream, screened, &mut conn, header)
                     .await
             }
             None => tokio::time::timeout(
@@ -218,13 +225,26 @@ impl TlsHandshake {
 
     /// eBPF mode: the kernel has parsed the ClientHello already. Dropped connections are reset
     /// without a byte read; admitted ones hand over their first record, read exactly once.
+    /// With `header` (PROXY protocol), what the kernel hands over is the header and the first
+    /// record behind it: the header is taken off and believed (or the connection closed) before
+    /// anything else, and where userspace decides, it decides for the client it names.
     async fn kernel_first_record(
         &self,
         gate: &Gate,
         stream: &mut TcpStream,
         screened: Option<Screened>,
-        client: IpAddr,
+        conn: &mut ConnInfo,
+        header: Option<ProxyHeaderStep<'_>>,
     ) -> FirstRecord {
+        // Takes the PROXY header off the front of `bytes` (or the socket); `false`: close.
+        let mut header = header;
+        let mut take_header =
+            async |stream: &mut TcpStream, bytes: &mut Vec<u8>, conn: &mut ConnInfo| -> bool {
+                match header.take() {
+                    Some(step) => step.run(stream, bytes, conn).await,
+                    None => true,
+                }
+            };
         let admission = match screened {
             Some(screened) => gate.admit_screened(stream, screened).await,
             None => gate.admit(stream).await,
@@ -238,8 +258,12 @@ impl TlsHandshake {
                 if let Err(err) = gate.take_first_record(stream, &v).await {
                     tracing::debug!(%err, "releasing an early-passed connection's record");
                 }
+                let mut bytes = Vec::new();
+                if !take_header(stream, &mut bytes, conn).await {
+                    return FirstRecord::Closed;
+                }
                 return self
-                    .userspace_first_record(stream, Vec::new(), client)
+                    .userspace_first_record(stream, bytes, conn.peer.ip())
                     .await;
             }
             Ok(Admission::Pass(v)) => (Action::Pass, v),
@@ -247,7 +271,13 @@ impl TlsHandshake {
             // The kernel could not decide: it holds the record like a pass; decide here.
             Ok(Admission::Deferred(v)) => {
                 return match gate.take_first_record(stream, &v).await {
-                    Ok(bytes) => self.userspace_first_record(stream, bytes, client).await,
+                    Ok(mut bytes) => {
+                        if !take_header(stream, &mut bytes, conn).await {
+                            return FirstRecord::Closed;
+                        }
+                        self.userspace_first_record(stream, bytes, conn.peer.ip())
+                            .await
+                    }
                     Err(err) => {
                         tracing::debug!(%err, "reading a deferred first record failed");
                         FirstRecord::Closed
@@ -257,8 +287,12 @@ impl TlsHandshake {
             // The kernel did not take this socket (a map was full, or it arrived before the
             // listener was registered): decide here instead.
             Ok(Admission::Ungated) => {
+                let mut bytes = Vec::new();
+                if !take_header(stream, &mut bytes, conn).await {
+                    return FirstRecord::Closed;
+                }
                 return self
-                    .userspace_first_record(stream, Vec::new(), client)
+                    .userspace_first_record(stream, bytes, conn.peer.ip())
                     .await;
             }
             Ok(Admission::Timeout) => return FirstRecord::Closed,
@@ -277,7 +311,12 @@ impl TlsHandshake {
             };
         }
         match gate.take_first_record(stream, &kernel).await {
-            Ok(bytes) => {
+            Ok(mut bytes) => {
+                // The kernel judged the header's client already; userspace checks the header
+                // again in full (the kernel leaves part of v1's grammar to it) and believes it.
+                if !take_header(stream, &mut bytes, conn).await {
+                    return FirstRecord::Closed;
+                }
                 let sni = match client_hello::peek(&bytes) {
                     Peek::Done(Ok(hello)) => hello.server_name.map(|n| n.as_str().to_owned()),
                     _ => None,

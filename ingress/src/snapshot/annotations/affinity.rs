@@ -7,6 +7,9 @@
 //!                 current endpoints, so scaling moves only some sessions
 //!     persistent: key names one endpoint (a hash of its address); gone → a new one is picked
 //!   no cookie, or a persistent key that names no endpoint → pick, and Set-Cookie
+//!   a retry (proxy-next-upstream) of a request whose cookie named its endpoint:
+//!     change-on-failure false (default) → the same endpoint again, the cookie unchanged
+//!     change-on-failure true            → an endpoint not tried yet, and a new Set-Cookie
 //! ```
 
 use std::collections::BTreeMap;
@@ -34,6 +37,9 @@ pub struct Affinity {
     pub conditional_samesite_none: bool,
     /// `session-cookie-secure`; `None` is "when the request came over HTTPS".
     pub secure: Option<bool>,
+    /// `session-cookie-change-on-failure`: a retry after a failed attempt leaves the session's
+    /// endpoint for a new one (and the cookie follows); by default it stays.
+    pub change_on_failure: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +64,7 @@ pub(super) fn parse(
         "session-cookie-samesite",
         "session-cookie-conditional-samesite-none",
         "session-cookie-secure",
+        "session-cookie-change-on-failure",
     ];
     let Some((key, value)) = lookup(annotations, "affinity") else {
         if let Some((key, _)) = options.iter().find_map(|n| lookup(annotations, n)) {
@@ -83,6 +90,7 @@ pub(super) fn parse(
         samesite: None,
         conditional_samesite_none: false,
         secure: None,
+        change_on_failure: false,
     };
     let mut check = |name: &str, ok: &dyn Fn(&str) -> bool, what: &str| -> Option<String> {
         let (key, value) = lookup(annotations, name)?;
@@ -150,6 +158,12 @@ pub(super) fn parse(
         "\"true\" or \"false\"",
     )
     .is_some_and(|s| s == "true");
+    affinity.change_on_failure = check(
+        "session-cookie-change-on-failure",
+        &|s| s == "true" || s == "false",
+        "\"true\" or \"false\"",
+    )
+    .is_some_and(|s| s == "true");
     Some(affinity)
 }
 
@@ -193,6 +207,7 @@ mod tests {
             samesite: None,
             conditional_samesite_none: false,
             secure: None,
+            change_on_failure: false,
         };
         let cases: Vec<(Vec<(&str, &str)>, Option<Affinity>, usize)> = vec![
             (vec![], None, 0),
@@ -242,9 +257,30 @@ mod tests {
                     samesite: Some("Lax"),
                     conditional_samesite_none: false,
                     secure: Some(true),
+                    change_on_failure: false,
                 }),
                 0,
             ),
+            (
+                vec![
+                    ("affinity", "cookie"),
+                    ("session-cookie-change-on-failure", "true"),
+                ],
+                Some(Affinity {
+                    change_on_failure: true,
+                    ..default.clone()
+                }),
+                0,
+            ),
+            (
+                vec![
+                    ("affinity", "cookie"),
+                    ("session-cookie-change-on-failure", "yes"),
+                ],
+                Some(default.clone()),
+                1,
+            ),
+            (vec![("session-cookie-change-on-failure", "true")], None, 1),
             (
                 vec![
                     ("affinity", "cookie"),

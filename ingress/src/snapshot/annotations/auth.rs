@@ -8,6 +8,9 @@
 //!   auth-request-redirect, auth-cache-key, auth-cache-duration, auth-keepalive*,
 //!   auth-always-set-cookie) ─> ExternalAuth, its URLs and keys as Templates of nginx variables
 //!   satisfy: all | any        how the source ranges and authentication combine
+//!   ConfigMap global-auth-NAME ─> the same parser as auth-NAME ─> GlobalAuth, attached by
+//!       the builder to routes without their own auth-url or enable-global-auth: "false";
+//!       no-auth-locations (rule path prefixes) drop the external auth of their routes
 //! ```
 //!
 //! Everything that cannot be honoured as written is an error, and the builder refuses the
@@ -266,25 +269,197 @@ pub fn external(
     let Some(annotations) = annotations else {
         return Ok(None);
     };
-    let invalid = |message: String| (DiagnosticKind::InvalidAnnotation, message);
-    let Some((url_key, url)) = lookup(annotations, "auth-url") else {
+    external_from(&|name| lookup(annotations, name), addresses)
+        .map_err(|message| (DiagnosticKind::InvalidAnnotation, message))
+}
+
+/// Whether an Ingress's `annotations` set `auth-url` (its own external auth, which replaces
+/// the ConfigMap's `global-auth-url` on its routes, as ingress-nginx's template does).
+pub fn sets_auth_url(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations.is_some_and(|a| lookup(a, "auth-url").is_some())
+}
+
+/// `enable-global-auth` (default true). A value that is not a boolean leaves global auth on,
+/// as ingress-nginx reads it, with the reason to report.
+pub fn enable_global_auth(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> (bool, Option<String>) {
+    let Some((key, value)) = annotations.and_then(|a| lookup(a, "enable-global-auth")) else {
+        return (true, None);
+    };
+    match super::parse_bool(value) {
+        Some(enabled) => (enabled, None),
+        None => (
+            true,
+            Some(format!(
+                "{key}: {value:?} is not a boolean (true or false); global auth stays on"
+            )),
+        ),
+    }
+}
+
+/// The ConfigMap's global external auth: `global-auth-url` and its companions, read by the
+/// same parser as the annotations (each `auth-NAME` is `global-auth-NAME`; there is no
+/// global keepalive, as in ingress-nginx). `Ok(None)` without `global-auth-url` (or with an
+/// empty one); `Err` says which key is wrong. The addresses are the default policy: the
+/// snapshot sets the backends' own when it attaches the result to routes.
+pub fn global_external(data: &BTreeMap<String, String>) -> Result<Option<ExternalAuth>, String> {
+    let get = |name: &str| -> Option<(&str, &str)> {
+        let global = match name {
+            "auth-url"
+            | "auth-method"
+            | "auth-signin"
+            | "auth-signin-redirect-param"
+            | "auth-response-headers"
+            | "auth-request-redirect"
+            | "auth-cache-key"
+            | "auth-cache-duration"
+            | "auth-always-set-cookie" => format!("global-{name}"),
+            _ => return None,
+        };
+        data.get_key_value(&global)
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .filter(|(_, v)| !v.trim().is_empty())
+    };
+    external_from(&get, &AddressPolicy::default())
+}
+
+/// The ConfigMap's global external auth, as the snapshot attaches it to routes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GlobalAuth {
+    /// `global-auth-url` and its companions. `None`: not set. `Err`: set, but a value cannot
+    /// be honoured as written (or `global-auth-snippet` is set and refused), and why: the
+    /// routes it would protect are refused (503), never served open.
+    pub external: Option<Result<Arc<ExternalAuth>, Arc<str>>>,
+    /// `no-auth-locations`: the Ingress paths under these prefixes get no external auth,
+    /// global or their own (as in ingress-nginx's template).
+    pub no_auth_locations: Arc<[String]>,
+}
+
+impl Default for GlobalAuth {
+    /// ingress-nginx's defaults: no global auth; ACME HTTP-01 challenges are never behind
+    /// external auth.
+    fn default() -> Self {
+        Self {
+            external: None,
+            no_auth_locations: Arc::from(["/.well-known/acme-challenge".to_string()]),
+        }
+    }
+}
+
+impl GlobalAuth {
+    /// The same, its auth service held to `addresses` (the policy an `auth-url`'s is).
+    pub fn with_addresses(&self, addresses: &AddressPolicy) -> GlobalAuth {
+        let external = self.external.clone().map(|external| {
+            external.map(|e| {
+                Arc::new(ExternalAuth {
+                    addresses: addresses.clone(),
+                    ..(*e).clone()
+                })
+            })
+        });
+        GlobalAuth {
+            external,
+            no_auth_locations: self.no_auth_locations.clone(),
+        }
+    }
+}
+
+/// What [`global`] has to report: an error (something is refused) or a warning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GlobalAuthProblem {
+    pub error: bool,
+    pub message: String,
+}
+
+/// The global auth a ConfigMap's `data` asks for, and what to report about it.
+/// `refuse_unsupported`: `--unsupported-access-annotations=refuse`, which decides what an
+/// unsupported `global-auth-snippet` does.
+pub fn global(
+    data: &BTreeMap<String, String>,
+    refuse_unsupported: bool,
+) -> (GlobalAuth, Vec<GlobalAuthProblem>) {
+    let mut out = GlobalAuth::default();
+    let mut problems = Vec::new();
+    if let Some(value) = data.get("no-auth-locations") {
+        out.no_auth_locations = no_auth_locations(value).into();
+    }
+    out.external = match global_external(data) {
+        Ok(None) => None,
+        Ok(Some(external)) => Some(Ok(Arc::new(external))),
+        Err(why) => {
+            problems.push(GlobalAuthProblem {
+                error: true,
+                message: format!("{why}; every route that would get global auth is refused (503) until it is fixed"),
+            });
+            Some(Err(Arc::from(format!(
+                "invalid global auth in the ConfigMap: {why}"
+            ))))
+        }
+    };
+    let snippet = data
+        .get("global-auth-snippet")
+        .filter(|v| !v.trim().is_empty());
+    if let (Some(_), Some(Ok(_))) = (snippet, &out.external) {
+        if refuse_unsupported {
+            problems.push(GlobalAuthProblem {
+                error: true,
+                message: "global-auth-snippet: snippets never run here, so global auth cannot be applied as written; every route that would get it answers 503 (--unsupported-access-annotations=ignore applies it without the snippet)".into(),
+            });
+            out.external = Some(Err(Arc::from(
+                "the ConfigMap's global-auth-snippet is not supported",
+            )));
+        } else {
+            problems.push(GlobalAuthProblem {
+                error: false,
+                message: "global-auth-snippet: snippets never run here; global auth applies WITHOUT it (--unsupported-access-annotations=ignore)".into(),
+            });
+        }
+    }
+    (out, problems)
+}
+
+/// `no-auth-locations`: comma-separated prefixes of the Ingress paths that get no external
+/// auth (ingress-nginx's `isLocationInLocationList`: entries trimmed, empty ones skipped).
+pub fn no_auth_locations(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether the Ingress path `path` (as written in the rule, not a request's path) is under
+/// one of `locations`: a plain string prefix, as ingress-nginx compares them, so
+/// `/.well-known/acme-challenge` covers `/.well-known/acme-challenge/TOKEN` (cert-manager's
+/// solver) but not `/`, whatever a request to `/` asks for.
+pub fn is_no_auth_location(path: &str, locations: &[String]) -> bool {
+    locations
+        .iter()
+        .any(|prefix| path.starts_with(prefix.as_str()))
+}
+
+/// The parser behind [`external`] and [`global_external`]: `get(NAME)` gives the key as
+/// written and the value of the setting `NAME` (`auth-url`, `auth-method`, ...).
+fn external_from<'a>(
+    get: &dyn Fn(&str) -> Option<(&'a str, &'a str)>,
+    addresses: &AddressPolicy,
+) -> Result<Option<ExternalAuth>, String> {
+    let Some((url_key, url)) = get("auth-url") else {
         return Ok(None);
     };
     let url = url.trim();
-    let template = Template::parse(url).map_err(|e| invalid(format!("{url_key}: {e}")))?;
+    let template = Template::parse(url).map_err(|e| format!("{url_key}: {e}"))?;
     let after_scheme = url
         .strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))
-        .ok_or_else(|| {
-            invalid(format!(
-                "{url_key}: {url:?} is not an http:// or https:// URL"
-            ))
-        })?;
+        .ok_or_else(|| format!("{url_key}: {url:?} is not an http:// or https:// URL"))?;
     let host = after_scheme.split(['/', '?']).next().unwrap_or_default();
     if host.is_empty() {
-        return Err(invalid(format!("{url_key}: {url:?} has no host")));
+        return Err(format!("{url_key}: {url:?} has no host"));
     }
-    let method = match lookup(annotations, "auth-method") {
+    let method = match get("auth-method") {
         None => None,
         Some((key, value)) => {
             let value = value.trim();
@@ -292,26 +467,26 @@ pub fn external(
                 "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE",
             ];
             if !known.contains(&value) {
-                return Err(invalid(format!(
+                return Err(format!(
                     "{key}: {value:?} is not an HTTP method (GET, HEAD, POST, ...)"
-                )));
+                ));
             }
             Some(value.to_string())
         }
     };
-    let redirect_param = lookup(annotations, "auth-signin-redirect-param")
-        .map(|(_, v)| v.trim())
-        .filter(|v| !v.is_empty())
-        .unwrap_or("rd");
+    let (redirect_key, redirect_param) = get("auth-signin-redirect-param")
+        .map(|(k, v)| (k, v.trim()))
+        .filter(|(_, v)| !v.is_empty())
+        .unwrap_or(("auth-signin-redirect-param", "rd"));
     if !redirect_param
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     {
-        return Err(invalid(format!(
-            "auth-signin-redirect-param: {redirect_param:?} is not a query parameter name"
-        )));
+        return Err(format!(
+            "{redirect_key}: {redirect_param:?} is not a query parameter name"
+        ));
     }
-    let signin = match lookup(annotations, "auth-signin") {
+    let signin = match get("auth-signin") {
         None => None,
         Some((key, value)) => {
             let value = value.trim();
@@ -319,22 +494,22 @@ pub fn external(
                 || value.starts_with("https://")
                 || value.starts_with('/'))
             {
-                return Err(invalid(format!("{key}: {value:?} is not a URL")));
+                return Err(format!("{key}: {value:?} is not a URL"));
             }
             Some(
                 Template::parse(&signin_url(value, redirect_param))
-                    .map_err(|e| invalid(format!("{key}: {e}")))?,
+                    .map_err(|e| format!("{key}: {e}"))?,
             )
         }
     };
     let mut response_headers = Vec::new();
-    if let Some((key, value)) = lookup(annotations, "auth-response-headers") {
+    if let Some((key, value)) = get("auth-response-headers") {
         for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let valid = name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
             if !valid || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return Err(invalid(format!("{key}: {name:?} is not a header name")));
+                return Err(format!("{key}: {name:?} is not a header name"));
             }
             let lower = name.to_ascii_lowercase();
             // The proxy writes these itself; an auth service cannot replace them.
@@ -350,37 +525,35 @@ pub fn external(
                     | "proxy-connection"
                     | "trailer"
             ) {
-                return Err(invalid(format!(
+                return Err(format!(
                     "{key}: {name} is set by the proxy and cannot come from the auth service"
-                )));
+                ));
             }
             response_headers.push(lower);
         }
     }
-    let template_of = |name: &str| -> Result<Option<Template>, Refusal> {
-        lookup(annotations, name)
-            .map(|(key, value)| {
-                Template::parse(value.trim()).map_err(|e| invalid(format!("{key}: {e}")))
-            })
+    let template_of = |name: &str| -> Result<Option<Template>, String> {
+        get(name)
+            .map(|(key, value)| Template::parse(value.trim()).map_err(|e| format!("{key}: {e}")))
             .transpose()
     };
     let request_redirect = template_of("auth-request-redirect")?;
     let cache_key = template_of("auth-cache-key")?.filter(|t| !t.as_str().is_empty());
-    let cache = match lookup(annotations, "auth-cache-duration") {
+    let cache = match get("auth-cache-duration") {
         None => vec![CacheRule {
             statuses: vec![200, 202, 401],
             ttl: Duration::from_secs(300),
         }],
-        Some((key, value)) => cache_durations(value).map_err(|e| invalid(format!("{key}: {e}")))?,
+        Some((key, value)) => cache_durations(value).map_err(|e| format!("{key}: {e}"))?,
     };
     let mut keepalive = Keepalive::default();
-    let int_of = |name: &str| -> Result<Option<i64>, Refusal> {
-        lookup(annotations, name)
+    let int_of = |name: &str| -> Result<Option<i64>, String> {
+        get(name)
             .map(|(key, value)| {
                 value
                     .trim()
                     .parse::<i64>()
-                    .map_err(|_| invalid(format!("{key}: {value:?} is not a whole number")))
+                    .map_err(|_| format!("{key}: {value:?} is not a whole number"))
             })
             .transpose()
     };
@@ -405,22 +578,16 @@ pub fn external(
         keepalive.connections = 0;
     }
     // Accepted as a no-op (registry::no_op_reason), its value still checked.
-    if let Some((key, v)) = lookup(annotations, "auth-keepalive-share-vars")
+    if let Some((key, v)) = get("auth-keepalive-share-vars")
         && !matches!(v.trim(), "true" | "false")
     {
-        return Err(invalid(format!(
-            "{key}: {v:?} is not \"true\" or \"false\""
-        )));
+        return Err(format!("{key}: {v:?} is not \"true\" or \"false\""));
     }
-    let always_set_cookie = match lookup(annotations, "auth-always-set-cookie") {
+    // Go's strconv.ParseBool, as ingress-nginx reads the annotation and the ConfigMap key.
+    let always_set_cookie = match get("auth-always-set-cookie") {
         None => false,
-        Some((_, v)) if v.trim() == "true" => true,
-        Some((_, v)) if v.trim() == "false" => false,
-        Some((key, v)) => {
-            return Err(invalid(format!(
-                "{key}: {v:?} is not \"true\" or \"false\""
-            )));
-        }
+        Some((key, v)) => super::parse_bool(v)
+            .ok_or_else(|| format!("{key}: {v:?} is not a boolean (true or false)"))?,
     };
     Ok(Some(ExternalAuth {
         url: template,
@@ -790,6 +957,152 @@ mod tests {
         external(Some(&annotations(pairs)), &AddressPolicy::default())
             .map_err(|(kind, _)| kind)
             .map(|e| e.expect("auth-url is set"))
+    }
+
+    /// The ConfigMap's keys go through the annotations' parser: the same values mean the same
+    /// policy, with no keepalive (ingress-nginx has no global one).
+    #[test]
+    fn global_auth_keys_read_as_their_annotations() {
+        let data = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let all = [
+            ("auth-url", "http://auth.svc/check?h=$host"),
+            ("auth-method", "POST"),
+            ("auth-signin", "https://login.example/start"),
+            ("auth-signin-redirect-param", "next"),
+            ("auth-response-headers", "X-User, X-Email"),
+            ("auth-request-redirect", "https://$host/back"),
+            ("auth-cache-key", "$http_authorization"),
+            ("auth-cache-duration", "200 1m"),
+            ("auth-always-set-cookie", "True"),
+        ];
+        let global: Vec<(String, &str)> = all
+            .iter()
+            .map(|(k, v)| (format!("global-{k}"), *v))
+            .collect();
+        let global: Vec<(&str, &str)> = global.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let (got, problems) = super::global(&data(&global), true);
+        assert!(problems.is_empty(), "{problems:?}");
+        let want = external_of(&all).expect("the annotations parse");
+        assert_eq!(got.external, Some(Ok(Arc::new(want))));
+        assert_eq!(&*got.no_auth_locations, ["/.well-known/acme-challenge"]);
+        // No keepalive key is read from the ConfigMap.
+        let (got, _) = super::global(
+            &data(&[
+                ("global-auth-url", "http://auth.svc/"),
+                ("global-auth-keepalive", "5"),
+            ]),
+            true,
+        );
+        let Some(Ok(external)) = got.external else {
+            panic!("parses")
+        };
+        assert_eq!(external.keepalive, Keepalive::default());
+        // (data, external: None / Some(ok?), no-auth-locations, problems: (errors, warnings))
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            Option<bool>,
+            &'a [&'a str],
+            (usize, usize),
+        );
+        let acme: &[&str] = &["/.well-known/acme-challenge"];
+        let cases: &[Case] = &[
+            (&[], None, acme, (0, 0)),
+            (&[("global-auth-url", " ")], None, acme, (0, 0)),
+            (&[("global-auth-method", "get")], None, acme, (0, 0)),
+            (
+                &[("no-auth-locations", " /a , ,/b")],
+                None,
+                &["/a", "/b"],
+                (0, 0),
+            ),
+            (&[("no-auth-locations", "")], None, &[], (0, 0)),
+            (
+                &[("global-auth-url", "auth.svc")],
+                Some(false),
+                acme,
+                (1, 0),
+            ),
+            (
+                &[
+                    ("global-auth-url", "http://a/"),
+                    ("global-auth-always-set-cookie", "yes"),
+                ],
+                Some(false),
+                acme,
+                (1, 0),
+            ),
+            (
+                &[
+                    ("global-auth-url", "http://a/"),
+                    ("global-auth-response-headers", "Host"),
+                ],
+                Some(false),
+                acme,
+                (1, 0),
+            ),
+            (
+                &[
+                    ("global-auth-url", "http://a/"),
+                    ("global-auth-snippet", "x"),
+                ],
+                Some(false),
+                acme,
+                (1, 0),
+            ),
+            (&[("global-auth-snippet", "x")], None, acme, (0, 0)),
+        ];
+        for (pairs, ok, locations, (errors, warnings)) in cases {
+            let (got, problems) = super::global(&data(pairs), true);
+            assert_eq!(got.external.as_ref().map(Result::is_ok), *ok, "{pairs:?}");
+            assert_eq!(&*got.no_auth_locations, *locations, "{pairs:?}");
+            let count = |error: bool| problems.iter().filter(|p| p.error == error).count();
+            assert_eq!(
+                (count(true), count(false)),
+                (*errors, *warnings),
+                "{pairs:?}"
+            );
+        }
+        // The message names the key as the ConfigMap spells it.
+        let (_, problems) = super::global(
+            &data(&[
+                ("global-auth-url", "http://a/"),
+                ("global-auth-signin-redirect-param", "r d"),
+            ]),
+            true,
+        );
+        assert!(
+            problems[0]
+                .message
+                .starts_with("global-auth-signin-redirect-param: ")
+        );
+        // Ignored, the snippet is a warning and global auth applies without it.
+        let (got, problems) = super::global(
+            &data(&[
+                ("global-auth-url", "http://a/"),
+                ("global-auth-snippet", "x"),
+            ]),
+            false,
+        );
+        assert!(matches!(got.external, Some(Ok(_))));
+        assert_eq!(problems.len(), 1);
+        assert!(!problems[0].error);
+        // Prefixes of the rule's path, as written.
+        let locations = no_auth_locations("/.well-known/acme-challenge");
+        for (path, want) in [
+            ("/.well-known/acme-challenge", true),
+            ("/.well-known/acme-challenge/TOKEN", true),
+            ("/.well-known/acme-challenge-x", true),
+            ("/.well-known", false),
+            ("/", false),
+            ("/x/.well-known/acme-challenge", false),
+        ] {
+            assert_eq!(is_no_auth_location(path, &locations), want, "{path}");
+        }
     }
 
     #[test]

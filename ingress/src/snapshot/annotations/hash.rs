@@ -1,5 +1,8 @@
 //! `upstream-hash-by`: the key a route's requests are spread by, as text and nginx variables
 //! (`$request_uri`, `${host}-x`, …), parsed once; the proxy's upstream phase evaluates it.
+//! With `upstream-hash-by-subset` the key picks a subset of `upstream-hash-by-subset-size`
+//! endpoints rather than one, and each request a random member of it (ingress-nginx's
+//! `chashsubset`).
 
 use std::fmt;
 
@@ -8,7 +11,13 @@ use std::fmt;
 pub struct HashKey {
     raw: String,
     pub pieces: Vec<Piece>,
+    /// `upstream-hash-by-subset: "true"`: the size of the subsets (at least 1); `None` hashes
+    /// to one endpoint.
+    pub subset: Option<usize>,
 }
+
+/// ingress-nginx's `upstream-hash-by-subset-size` when it is not set (or set to 0).
+pub const DEFAULT_SUBSET_SIZE: usize = 3;
 
 /// One part of a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +86,7 @@ impl HashKey {
         Ok(HashKey {
             raw: value.into(),
             pieces,
+            subset: None,
         })
     }
 }

@@ -215,9 +215,18 @@ pub fn parse(annotations: Option<&BTreeMap<String, String>>) -> (Options, Vec<St
     }
     if let Some((key, value)) = lookup(annotations, "upstream-hash-by") {
         match hash::HashKey::parse(value) {
-            Ok(hash) => options.upstream_hash_by = Some(Arc::new(hash)),
+            Ok(mut hash) => {
+                hash.subset = hash_subset(annotations, &mut errors);
+                options.upstream_hash_by = Some(Arc::new(hash));
+            }
             Err(err) => errors.push(format!("{key}: {err}; requests are balanced as usual")),
         }
+    } else if let Some((key, _)) = lookup(annotations, "upstream-hash-by-subset")
+        .or_else(|| lookup(annotations, "upstream-hash-by-subset-size"))
+    {
+        errors.push(format!(
+            "{key} has no effect without upstream-hash-by, as in ingress-nginx"
+        ));
     }
     if let Some((key, value)) = lookup(annotations, "proxy-body-size") {
         match size(value) {
@@ -643,6 +652,38 @@ fn upgrade_list(value: &str) -> Option<Arc<[String]>> {
         .map(Arc::from)
 }
 
+/// `upstream-hash-by-subset` and `-subset-size`: the subset size when subsets are on. As in
+/// ingress-nginx, a size of 0 (or none) is 3; a size that is not a whole number is an error
+/// and 3 is used.
+fn hash_subset(annotations: &BTreeMap<String, String>, errors: &mut Vec<String>) -> Option<usize> {
+    let (key, value) = lookup(annotations, "upstream-hash-by-subset")?;
+    match value.trim() {
+        "true" => {}
+        "false" => return None,
+        other => {
+            errors.push(format!(
+                "{key}: {other:?} is not \"true\" or \"false\"; one endpoint per key"
+            ));
+            return None;
+        }
+    }
+    let size = match lookup(annotations, "upstream-hash-by-subset-size") {
+        None => hash::DEFAULT_SUBSET_SIZE,
+        Some((key, value)) => match value.trim().parse::<u32>() {
+            Ok(0) => hash::DEFAULT_SUBSET_SIZE,
+            Ok(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            Err(_) => {
+                errors.push(format!(
+                    "{key}: {value:?} is not a whole number; {} is used",
+                    hash::DEFAULT_SUBSET_SIZE
+                ));
+                hash::DEFAULT_SUBSET_SIZE
+            }
+        },
+    };
+    Some(size)
+}
+
 fn seconds_of(
     annotations: &BTreeMap<String, String>,
     name: &str,
@@ -699,6 +740,16 @@ pub fn sets_source_ranges(annotations: Option<&BTreeMap<String, String>>) -> (bo
     )
 }
 
+/// A boolean as ingress-nginx reads one (Go's `strconv.ParseBool`), in annotations and in the
+/// ConfigMap.
+pub fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
 pub(crate) fn lookup<'a>(
     annotations: &'a BTreeMap<String, String>,
     name: &str,
@@ -720,6 +771,47 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         parse(Some(&map))
+    }
+
+    /// `upstream-hash-by-subset` and `-size`: (annotations) -> the subset size, errors.
+    #[test]
+    fn hash_subsets() {
+        let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+        let by = (n("upstream-hash-by"), "$request_uri");
+        let on = (n("upstream-hash-by-subset"), "true");
+        let size = |v: &'static str| (n("upstream-hash-by-subset-size"), v);
+        let cases: Vec<(Vec<(String, &str)>, Option<Option<usize>>, usize)> = vec![
+            (vec![by.clone()], Some(None), 0),
+            (vec![by.clone(), on.clone()], Some(Some(3)), 0),
+            (vec![by.clone(), on.clone(), size("5")], Some(Some(5)), 0),
+            // ingress-nginx reads 0 as its default, 3.
+            (vec![by.clone(), on.clone(), size("0")], Some(Some(3)), 0),
+            (vec![by.clone(), on.clone(), size("-1")], Some(Some(3)), 1),
+            (vec![by.clone(), on.clone(), size("two")], Some(Some(3)), 1),
+            (
+                vec![
+                    by.clone(),
+                    (n("upstream-hash-by-subset"), "false"),
+                    size("5"),
+                ],
+                Some(None),
+                0,
+            ),
+            (
+                vec![by.clone(), (n("upstream-hash-by-subset"), "yes")],
+                Some(None),
+                1,
+            ),
+            (vec![on.clone()], None, 1),
+            (vec![size("2")], None, 1),
+        ];
+        for (pairs, want, errors) in cases {
+            let refs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            let (options, errs) = parse_pairs(&refs);
+            let got = options.upstream_hash_by.as_ref().map(|h| h.subset);
+            assert_eq!(got, want, "{refs:?}");
+            assert_eq!(errs.len(), errors, "{refs:?}: {errs:?}");
+        }
     }
 
     #[test]

@@ -365,8 +365,10 @@ fn hops_parse_as_nginx_reads_them() {
 
 #[test]
 fn an_unsupported_global_access_control_refuses_every_route_unless_ignored() {
-    let (out, diagnostics) =
-        resolved(&[("block-cidrs", "198.51.100.0/24"), ("global-auth-url", "")]);
+    let (out, diagnostics) = resolved(&[
+        ("block-cidrs", "198.51.100.0/24"),
+        ("block-user-agents", ""),
+    ]);
     assert!(out.access_refused.is_some(), "block-cidrs set: refused");
     assert_eq!(diagnostics.len(), 2, "{diagnostics:?}");
     assert!(
@@ -406,7 +408,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 27, "{applied:?}");
+    assert_eq!(applied.len(), 37, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }
