@@ -104,17 +104,3 @@ pub fn opaque_secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> Stri
     }
     out
 }
-
-/// A ConfigMap `namespace/name` with `data` (values quoted, so `"false"` stays a string).
-pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> String {
-    let mut out = format!(
-        "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: {namespace}}}\ndata:\n"
-    );
-    if data.is_empty() {
-        out.push_str("  {}\n");
-    }
-    for (key, value) in data {
-        let _ = writeln!(out, "  {key}: {value:?}");
-    }
-    out
-}
