@@ -59,7 +59,8 @@ pub enum DiagnosticKind {
     InvalidConfigValue,
     /// A ConfigMap key this controller does not apply (or reads at startup only).
     UnsupportedConfigKey,
-    /// The ConfigMap `--configmap` names does not exist: flag defaults apply.
+    /// A ConfigMap that is named does not exist: `--configmap` (flag defaults apply), one of
+    /// headers the global one names (none of its headers), or one an Ingress names (refused).
     ConfigMapNotFound,
 }
 

@@ -64,7 +64,7 @@ pub struct AnnotationRow {
 #[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct IngressRow {
     pub ingress: String,
-    /// Whether its paths are served (false: refused, every path answers 503).
+    /// Whether its paths are served (false: refused, at least one of its paths answers 503).
     pub served: bool,
     pub annotations: Vec<AnnotationRow>,
 }
@@ -192,24 +192,32 @@ fn judge(key: &str, invalid: &[&str], unsupported: UnsupportedAccess) -> Option<
     })
 }
 
-/// The messages of the `InvalidAnnotation` diagnostics about one Ingress (each names its key).
+/// The messages of the `InvalidAnnotation` diagnostics about one Ingress (each names its key),
+/// and of the `ConfigMapNotFound` ones (an annotation naming a ConfigMap that is missing).
 fn invalid_messages<'s>(snapshot: &'s Snapshot, key: &ObjectKey) -> Vec<&'s str> {
     let subject = Subject::object(Kind::Ingress, key);
     snapshot
         .diagnostics
         .iter()
-        .filter(|d| d.kind == DiagnosticKind::InvalidAnnotation && d.subject == subject)
+        .filter(|d| {
+            matches!(
+                d.kind,
+                DiagnosticKind::InvalidAnnotation | DiagnosticKind::ConfigMapNotFound
+            ) && d.subject == subject
+        })
         .map(|d| d.message.as_str())
         .collect()
 }
 
-/// Whether the Ingress's routes are refused (every one of them is, or none).
+/// Whether any of the Ingress's routes is refused (an access control it cannot honour).
 fn refused(snapshot: &Snapshot, key: &ObjectKey) -> bool {
     snapshot
         .routes()
         .chain(snapshot.passthrough.iter().map(|(_, route)| route))
-        .find(|route| &route.ingress == key)
-        .is_some_and(|route| route.policy.access.refused.is_some())
+        .filter(|route| &route.ingress == key)
+        // Any path, not the first: global auth refuses route by route, and an Ingress whose
+        // ACME path stays up while its other paths answer 503 is not served.
+        .any(|route| route.policy.access.refused.is_some())
 }
 
 pub fn render_text(migration: &Migration) -> String {
@@ -259,6 +267,14 @@ mod tests {
     use crate::snapshot::testing::settings;
 
     fn migration(yaml: &str, unsupported: UnsupportedAccess) -> Migration {
+        migration_with(yaml, unsupported, None)
+    }
+
+    fn migration_with(
+        yaml: &str,
+        unsupported: UnsupportedAccess,
+        config_map: Option<ObjectKey>,
+    ) -> Migration {
         let parsed = crate::source::manifests::parse_file(std::path::Path::new("t.yaml"), yaml);
         assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
         let mut store = Store::default();
@@ -267,6 +283,7 @@ mod tests {
         }
         let mut settings = settings();
         settings.unsupported_access = unsupported;
+        settings.config_map = config_map;
         let snapshot = Snapshot::build(&store, &settings, 1);
         report(&store, &snapshot, unsupported)
     }
@@ -282,6 +299,39 @@ mod tests {
             "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: t, annotations: {{{}}}}}\nspec:\n  ingressClassName: ingress\n  rules:\n  - host: {name}.example.com\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}\n",
             annotations.join(", ")
         )
+    }
+
+    /// Global auth refuses route by route: an Ingress whose ACME path (exempt, first in the
+    /// table) stays up while its other paths answer 503 is reported as not served.
+    #[test]
+    fn an_ingress_with_any_refused_path_is_not_served() {
+        let yaml = SERVICE.to_string()
+            + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: config, namespace: t}\ndata: {global-auth-url: \"global.example/check\"}\n"
+            + "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: mixed, namespace: t}\nspec:\n  ingressClassName: ingress\n  rules:\n  - host: mixed.example.com\n    http: {paths: [{path: /.well-known/acme-challenge, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}, {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}\n";
+        let got = migration_with(
+            &yaml,
+            UnsupportedAccess::Refuse,
+            Some(ObjectKey::new("t", "config")),
+        );
+        let rows: Vec<(&str, bool)> = got
+            .ingresses
+            .iter()
+            .map(|r| (r.ingress.as_str(), r.served))
+            .collect();
+        assert_eq!(rows, [("t/mixed", false)]);
+        assert_eq!(got.summary.ingresses_refused, 1);
+    }
+
+    #[test]
+    fn a_missing_configmap_of_headers_is_invalid_and_not_served() {
+        let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+        let yaml = SERVICE.to_string() + &ingress("headers", &[(&n("custom-headers"), "t/gone")]);
+        let got = migration(&yaml, UnsupportedAccess::Refuse);
+        let row = &got.ingresses[0];
+        assert!(!row.served);
+        assert_eq!(row.annotations[0].outcome, Outcome::Invalid);
+        let why = row.annotations[0].why.as_deref().unwrap_or_default();
+        assert!(why.contains("ConfigMap t/gone does not exist"), "{why}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Secret,
-    /// Only the one `--configmap` names (ingress-nginx's global settings).
+    /// The global one (`--configmap`) and those of headers it and Ingresses name.
     ConfigMap,
 }
 

@@ -184,6 +184,19 @@ impl Pipeline {
             })
     }
 
+    /// Whether `event` can change the snapshot built from `store`: every event can, except a
+    /// change to a ConfigMap nothing references (ConfigMaps are watched whole; most belong to
+    /// other software, some rewritten every few seconds).
+    fn matters(&self, event: &SourceEvent, store: &Store) -> bool {
+        let key = match event {
+            SourceEvent::Apply(object @ crate::store::Object::ConfigMap(_)) => object.key(),
+            SourceEvent::Delete(crate::store::Kind::ConfigMap, key) => key.clone(),
+            _ => return true,
+        };
+        crate::snapshot::referenced_config_maps(store, self.settings.config_map.as_ref())
+            .contains(&key)
+    }
+
     pub async fn run(self, mut events: mpsc::UnboundedReceiver<SourceEvent>) {
         let mut store = Store::default();
         let mut synced = false;
@@ -199,7 +212,10 @@ impl Pipeline {
                 },
                 _ = refresh.tick() => None,
             };
+            // A refresh tick always builds; events only when one of them can change it.
+            let mut changed = first.is_none();
             if let Some(first) = first {
+                changed |= self.matters(&first, &store);
                 synced |= store.apply_event(first);
             }
             let deadline = tokio::time::Instant::now() + self.max_delay;
@@ -207,14 +223,17 @@ impl Pipeline {
                 let quiet = tokio::time::sleep(self.debounce);
                 tokio::select! {
                     event = events.recv() => match event {
-                        Some(event) => synced |= store.apply_event(event),
+                        Some(event) => {
+                            changed |= self.matters(&event, &store);
+                            synced |= store.apply_event(event);
+                        }
                         None => break,
                     },
                     () = quiet => break,
                     () = tokio::time::sleep_until(deadline) => break,
                 }
             }
-            if !synced {
+            if !synced || !changed {
                 continue;
             }
             generation += 1;

@@ -82,6 +82,14 @@ pub enum SourceEvent {
     Replace(Store),
     /// Every object of one kind, after a (re)list: replaces that kind wholesale.
     ReplaceKind(Kind, Vec<Object>),
+    /// Every object of one kind in one namespace (`name`: that one object), after the
+    /// (re)list of a watch narrower than the kind: the kind's other objects stay.
+    ReplaceIn {
+        kind: Kind,
+        namespace: String,
+        name: Option<String>,
+        objects: Vec<Object>,
+    },
     Apply(Object),
     Delete(Kind, ObjectKey),
     /// Every cache has its initial list; snapshots may be built from now on.
@@ -96,8 +104,9 @@ pub struct Store {
     pub services: BTreeMap<ObjectKey, Arc<Service>>,
     pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
-    /// From a cluster only the `--configmap` one; from a manifests directory every one there
-    /// (the snapshot reads the one `--configmap` names).
+    /// Every one in the watched namespaces (or the manifests directory), and the `--configmap`
+    /// one: the snapshot reads that one and those it references (`add-headers`, ...), and
+    /// those Ingresses reference (`custom-headers`, `auth-proxy-set-headers`).
     pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     /// Problems a source met before an object could reach the store (an unparseable file).
     pub source_diagnostics: Vec<Diagnostic>,
@@ -128,6 +137,12 @@ impl Store {
         match event {
             SourceEvent::Replace(new) => *self = new,
             SourceEvent::ReplaceKind(kind, objects) => self.replace_kind(kind, objects),
+            SourceEvent::ReplaceIn {
+                kind,
+                namespace,
+                name,
+                objects,
+            } => self.replace_in(kind, &namespace, name.as_deref(), objects),
             SourceEvent::Apply(object) => {
                 self.apply(object);
             }
@@ -162,6 +177,43 @@ impl Store {
         }
         for object in objects.into_iter().filter(|o| o.kind() == kind) {
             self.apply(object);
+        }
+    }
+
+    /// Replaces the objects of `kind` in `namespace` (only the one called `name`, if given),
+    /// keeping every other object.
+    pub fn replace_in(
+        &mut self,
+        kind: Kind,
+        namespace: &str,
+        name: Option<&str>,
+        objects: Vec<Object>,
+    ) {
+        let inside =
+            |key: &ObjectKey| key.namespace == namespace && name.is_none_or(|n| key.name == n);
+        let stale: Vec<ObjectKey> = self.keys(kind).into_iter().filter(|k| inside(k)).collect();
+        for key in stale {
+            self.delete(kind, &key);
+        }
+        for object in objects
+            .into_iter()
+            .filter(|o| o.kind() == kind && inside(&o.key()))
+        {
+            self.apply(object);
+        }
+    }
+
+    fn keys(&self, kind: Kind) -> Vec<ObjectKey> {
+        fn of<V>(map: &BTreeMap<ObjectKey, V>) -> Vec<ObjectKey> {
+            map.keys().cloned().collect()
+        }
+        match kind {
+            Kind::Ingress => of(&self.ingresses),
+            Kind::IngressClass => of(&self.ingress_classes),
+            Kind::Service => of(&self.services),
+            Kind::EndpointSlice => of(&self.endpoint_slices),
+            Kind::Secret => of(&self.secrets),
+            Kind::ConfigMap => of(&self.config_maps),
         }
     }
 
@@ -223,5 +275,25 @@ mod tests {
         assert!(store.delete(Kind::Service, &ObjectKey::new("a", "web")));
         assert!(!store.delete(Kind::Service, &ObjectKey::new("a", "web")));
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn replace_in_keeps_what_is_outside() {
+        let mut store = Store::default();
+        for (ns, name) in [("a", "x"), ("a", "y"), ("b", "x")] {
+            store.apply(service(Some(ns), name));
+        }
+        store.replace_in(Kind::Service, "a", None, vec![service(Some("a"), "z")]);
+        let keys: Vec<String> = store.services.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["a/z", "b/x"]);
+        store.replace_in(Kind::Service, "b", Some("x"), vec![]);
+        store.replace_in(
+            Kind::Service,
+            "a",
+            Some("q"),
+            vec![service(Some("a"), "q"), service(Some("a"), "other")],
+        );
+        let keys: Vec<String> = store.services.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["a/q", "a/z"], "only the named object is replaced");
     }
 }

@@ -4,6 +4,7 @@
 //! ```text
 //!   process      the real binary: one builder for every way a test starts it
 //!   auth_service an auth service for `auth-url` whose answer each path scripts
+//!   poll         eventually: wait for a live change to reach traffic
 //!   preflight    root / BTF / embedded eBPF object, or skip (fail under CI=true)
 //!   modes        Mode and both_modes!: one scenario, an _ebpf and a _userspace test
 //!   netns, pins  network namespaces (NetPair, NetChain) and a bpffs directory per test
@@ -34,6 +35,7 @@ pub mod otlp;
 pub mod passthrough;
 pub mod pins;
 pub mod pki;
+pub mod poll;
 pub mod ports;
 pub mod preflight;
 pub mod process;

@@ -76,6 +76,20 @@ pub fn annotated_ingress(
     )
 }
 
+/// A ConfigMap with `data` (each value quoted, so `$` and `:` stay as written).
+pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> String {
+    let mut out = format!(
+        "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: {namespace}}}\ndata:\n"
+    );
+    if data.is_empty() {
+        out = out.replace("data:\n", "data: {}\n");
+    }
+    for (key, value) in data {
+        let _ = writeln!(out, "  {key}: {value:?}");
+    }
+    out
+}
+
 /// An `Opaque` Secret with `data` as its `stringData` (each value a literal block, so htpasswd
 /// lines keep their `$`s and colons).
 pub fn opaque_secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> String {
@@ -87,20 +101,6 @@ pub fn opaque_secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> Stri
         for line in value.lines() {
             let _ = writeln!(out, "    {line}");
         }
-    }
-    out
-}
-
-/// A ConfigMap `namespace/name` with `data` (values quoted, so `"false"` stays a string).
-pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> String {
-    let mut out = format!(
-        "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: {namespace}}}\ndata:\n"
-    );
-    if data.is_empty() {
-        out.push_str("  {}\n");
-    }
-    for (key, value) in data {
-        let _ = writeln!(out, "  {key}: {value:?}");
     }
     out
 }

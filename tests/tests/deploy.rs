@@ -356,9 +356,21 @@ fn rbac_is_least_privilege() {
         !allows(&rules, "coordination.k8s.io", "leases", "update"),
         "Leases are granted in the controller's namespace only"
     );
-    // The global ConfigMap: read by name, in the controller's namespace, and no other.
+    // ConfigMaps: the global one and those of headers Ingresses name (custom-headers, ...),
+    // which can be any, so read cluster-wide as ingress-nginx; never written.
+    for verb in ["get", "list", "watch"] {
+        assert!(allows(&rules, "", "configmaps", verb), "{verb} configmaps");
+    }
+    for verb in ["create", "update", "patch", "delete"] {
+        assert!(!allows(&rules, "", "configmaps", verb), "{verb} configmaps");
+        assert!(
+            !allows(&lease_rules, "", "configmaps", verb),
+            "{verb} configmaps"
+        );
+    }
+    // The global one by name in the controller's namespace too, for --watch-namespace installs
+    // (where the ClusterRole grants no ConfigMap).
     assert!(allows(&lease_rules, "", "configmaps", "watch"));
-    assert!(!allows(&rules, "", "configmaps", "list"));
     for rule in lease_rules
         .iter()
         .filter(|r| r.resources.iter().flatten().any(|x| x == "configmaps"))
@@ -614,6 +626,7 @@ fn namespaced_component_on(overlay: &str) {
     assert_eq!(
         resources_of(&rules),
         [
+            "configmaps",
             "endpointslices",
             "events",
             "ingresses",

@@ -17,12 +17,13 @@ use kube_support::{
     unexpected, wait_ready, wait_routed, who,
 };
 
-const KINDS: [&str; 5] = [
+const KINDS: [&str; 6] = [
     "Ingress",
     "IngressClass",
     "Service",
     "EndpointSlice",
     "Secret",
+    "ConfigMap",
 ];
 
 async fn total_watch_errors(proc: &ingress_tests::process::Ingress) -> f64 {
@@ -134,8 +135,8 @@ async fn expired_and_dropped_watches_relist_without_a_gap() {
     traffic.wait_more(50).await;
     for round in 0..3 {
         let (lists, errors) = (ingress_lists(&cluster), total_watch_errors(&proc).await);
-        // Every watch breaks now, and the five re-watches get 410 Expired: all kinds relist.
-        cluster.server.faults().expire_next_watches(5);
+        // Every watch breaks now, and the six re-watches get 410 Expired: all kinds relist.
+        cluster.server.faults().expire_next_watches(6);
         cluster.server.faults().drop_watches();
         if round == 1 {
             // A change made while the watches are down arrives through the relist.
@@ -157,7 +158,7 @@ async fn expired_and_dropped_watches_relist_without_a_gap() {
         .await;
         eventually("watch errors counted", TIMEOUT, async || {
             let now = total_watch_errors(&proc).await;
-            if now >= errors + 5.0 {
+            if now >= errors + 6.0 {
                 Ok(())
             } else {
                 Err(format!("{errors} -> {now}"))

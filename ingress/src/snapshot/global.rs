@@ -80,6 +80,23 @@ pub struct GlobalSettings {
     /// `global-auth-*` and `no-auth-locations`: the external auth of every route whose
     /// Ingress has no `auth-url` and does not set `enable-global-auth: "false"`.
     pub auth: GlobalAuth,
+    /// `add-headers`, `proxy-set-headers`, `global-allowed-response-headers`.
+    pub headers: HeaderMaps,
+    /// `add-headers` with literal values, for the proxy's own answers (404, 503, redirects):
+    /// set by `Snapshot::build`, which reads that ConfigMap, never by `resolve`.
+    pub own_response_headers: Option<Arc<super::annotations::snippet::ResponseEdits>>,
+}
+
+/// The ConfigMap keys about headers listed in other ConfigMaps, which `Snapshot::build`
+/// reads (`snapshot::annotations::configmap_headers`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HeaderMaps {
+    /// `add-headers`: the ConfigMap of headers set on every response (as written).
+    pub add_headers: Option<String>,
+    /// `proxy-set-headers`: the ConfigMap of headers set on every upstream request.
+    pub proxy_set_headers: Option<String>,
+    /// `global-allowed-response-headers`: the names a `custom-headers` ConfigMap may set.
+    pub allowed_response_headers: Arc<[String]>,
 }
 
 impl Default for GlobalSettings {
@@ -115,6 +132,8 @@ impl Default for GlobalSettings {
             error_backend: None,
             limit_req_status: 503,
             limit_conn_status: 503,
+            headers: HeaderMaps::default(),
+            own_response_headers: None,
             auth: GlobalAuth::default(),
         }
     }
@@ -340,6 +359,9 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
         | "allow-snippet-annotations"
         | "whitelist-source-range"
         | "denylist-source-range"
+        | "add-headers"
+        | "proxy-set-headers"
+        | "global-allowed-response-headers"
         | "global-auth-url"
         | "global-auth-method"
         | "global-auth-signin"
@@ -466,7 +488,6 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
 
 /// ingress-nginx keys not implemented here, for which "not implemented" is the whole answer.
 const KNOWN_OTHER: &[&str] = &[
-    "add-headers",
     "allow-backend-server-header",
     "allow-cross-namespace-resources",
     "annotations-risk-level",
@@ -485,7 +506,6 @@ const KNOWN_OTHER: &[&str] = &[
     "http2-max-concurrent-streams",
     "keep-alive-requests",
     "large-client-header-buffers",
-    "proxy-set-headers",
     "ssl-session-cache",
     "ssl-session-cache-size",
     "ssl-session-tickets",
@@ -519,7 +539,6 @@ const KNOWN_OTHER: &[&str] = &[
     "syslog-host",
     "syslog-port",
     "no-tls-redirect-locations",
-    "global-allowed-response-headers",
     "proxy-ssl-location-only",
     "default-type",
     "service-upstream",
@@ -680,6 +699,29 @@ pub fn resolve(
                 Ok(nets) => forwarded.trusted = nets,
                 Err(why) => invalid(name, v, &format!("does not parse: {why}")),
             },
+            "add-headers" | "proxy-set-headers" => {
+                let reference = Some(v.trim().to_string()).filter(|v| !v.is_empty());
+                if name == "add-headers" {
+                    out.headers.add_headers = reference;
+                } else {
+                    out.headers.proxy_set_headers = reference;
+                }
+            }
+            "global-allowed-response-headers" => {
+                // As ingress-nginx: each name that is not one is left out with a warning.
+                let mut allowed = Vec::new();
+                for header in v.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                    if header
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    {
+                        allowed.push(header.to_string());
+                    } else {
+                        left_out.push(format!("{name}: {header:?} is not a header name"));
+                    }
+                }
+                out.headers.allowed_response_headers = Arc::from(allowed);
+            }
             "whitelist-source-range" | "denylist-source-range" => {
                 let allow = name == "whitelist-source-range";
                 match sources::parse_ranges(v) {

@@ -20,6 +20,8 @@ pub mod class;
 pub mod client_auth;
 pub mod gate_sources;
 pub mod global;
+mod headers;
+pub use headers::referenced as referenced_config_maps;
 pub mod host;
 pub mod path;
 pub mod policy;
@@ -219,12 +221,20 @@ impl Snapshot {
             None => settings.global.clone(),
         }
         .finish();
+        let config_headers = headers::global(
+            store,
+            &global.headers,
+            settings.config_map.as_ref(),
+            &mut diagnostics,
+        );
         let auth_addresses = address::AddressPolicy {
             host_addresses: Arc::default(),
             ..settings.backends.addresses.clone()
         };
         global.auth = global.auth.with_addresses(&auth_addresses);
         let mut builder = Builder {
+            config_headers,
+            allowed_response_headers: global.headers.allowed_response_headers.clone(),
             max_body: global.max_body,
             allow_snippets: global.allow_snippets,
             default_sources: global.sources.clone(),
@@ -264,6 +274,7 @@ impl Snapshot {
             builder.add_canary(key, ingress);
         }
         global.error_backend = builder.error_backend(&global, settings.config_map.as_ref());
+        global.own_response_headers = headers::own_responses(&builder.config_headers);
         let mut tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
         let mut hosts = HostTable::default();
@@ -554,6 +565,10 @@ fn owned_ingresses<'s>(
 }
 
 struct Builder<'s> {
+    /// `add-headers` and `proxy-set-headers`: the headers of every route.
+    config_headers: policy::ConfigHeaders,
+    /// `global-allowed-response-headers`: what `custom-headers` may set.
+    allowed_response_headers: Arc<[String]>,
     /// `--proxy-body-size`.
     max_body: Option<u64>,
     /// `--allow-snippet-annotations`.
@@ -635,6 +650,24 @@ impl Builder<'_> {
                 message,
             ));
         }
+        let mut refused = None;
+        match headers::ingress(
+            self.store,
+            key,
+            ingress.metadata.annotations.as_ref(),
+            &self.config_headers,
+            &self.allowed_response_headers,
+        ) {
+            Ok(headers) => options.config_headers = headers,
+            Err((kind, message)) => {
+                self.diagnostics.push(Diagnostic::error(
+                    kind,
+                    subject.clone(),
+                    format!("{message}; this Ingress is not served (503), as ingress-nginx denies its locations"),
+                ));
+                refused = Some(Arc::from(message));
+            }
+        }
         if options.x_forwarded_prefix.is_some() && options.rewrite_target.is_none() {
             self.diagnostics.push(Diagnostic::warning(
                 DiagnosticKind::InvalidAnnotation,
@@ -645,7 +678,9 @@ impl Builder<'_> {
         if options.ssl_redirect.is_none() {
             options.ssl_redirect = Some(self.ssl_redirect);
         }
-        let mut refused = self.judge_unsupported(&subject, ingress);
+        if let Some(reason) = self.judge_unsupported(&subject, ingress) {
+            refused = Some(reason);
+        }
         if let Some(reason) = &self.access_refused {
             refused.get_or_insert_with(|| reason.clone());
         }
@@ -1249,15 +1284,31 @@ impl Builder<'_> {
     ) -> AuthPolicy {
         let annotations = ingress.metadata.annotations.as_ref();
         let policy = annotations::auth::satisfy(annotations).and_then(|satisfy| {
+            let mut external = annotations::auth::external(annotations, &self.auth_addresses)?;
+            if let Some(external) = &mut external {
+                external.proxy_set_headers = headers::auth(self.store, key, annotations)?;
+            }
             Ok(AuthPolicy {
                 basic: annotations::auth::basic(annotations, self.store, key)?.map(Arc::new),
-                external: annotations::auth::external(annotations, &self.auth_addresses)?
-                    .map(Arc::new),
+                external: external.map(Arc::new),
                 satisfy,
             })
         });
         match policy {
-            Ok(policy) => policy,
+            Ok(policy) => {
+                // As in ingress-nginx, whose auth-url parser reads it: alone it does nothing.
+                if policy.external.is_none()
+                    && let Some((written, _)) =
+                        annotations.and_then(|a| annotations::lookup(a, "auth-proxy-set-headers"))
+                {
+                    self.diagnostics.push(Diagnostic::warning(
+                        DiagnosticKind::InvalidAnnotation,
+                        subject.clone(),
+                        format!("{written}: has no effect without auth-url"),
+                    ));
+                }
+                policy
+            }
             Err((kind, message)) => {
                 self.diagnostics.push(Diagnostic::error(
                     kind,

@@ -38,12 +38,15 @@ use regex::Regex;
 use super::annotations::affinity::Affinity;
 use super::annotations::auth::{BasicAuth, ExternalAuth, Satisfy};
 use super::annotations::canary::Rules;
+use super::annotations::configmap_headers;
+pub use super::annotations::configmap_headers::ConfigHeaders;
 use super::annotations::cors::Cors;
 use super::annotations::hash::HashKey;
 use super::annotations::rate_limit::{Bandwidth, RateLimit};
 use super::annotations::rewrite::Template;
 use super::annotations::snippet::{RequestEdits, ResponseEdits};
 use super::annotations::upstream_rewrite::UpstreamRewrite;
+use super::annotations::variables::Template as VarTemplate;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
 use super::client_auth::ClientAuth;
@@ -66,15 +69,70 @@ pub struct RoutePolicy {
     pub response: ResponsePolicy,
 }
 
+/// Headers whose values are made per request from nginx variables.
+pub type HeaderTemplates = Arc<[(http::HeaderName, VarTemplate)]>;
+
+/// A route's response header edits: the ConfigMaps' (`add-headers`, `custom-headers`), then a
+/// snippet's, which win for a name (a snippet is the most specific), split into those known
+/// now and those made per request.
+fn response_headers(options: &Options) -> (Option<Arc<ResponseEdits>>, Option<HeaderTemplates>) {
+    let snippet = options.snippets.as_ref().map(|s| &s.response);
+    let config = options
+        .config_headers
+        .as_ref()
+        .map(|c| c.response.as_slice())
+        .unwrap_or_default();
+    let (literal, templates) = configmap_headers::split(config);
+    let mut edits = ResponseEdits {
+        replace: literal,
+        add: Vec::new(),
+    };
+    let mut templates = templates;
+    if let Some(snippet) = snippet {
+        edits.replace.retain(|(n, _)| !snippet.replaces(n.as_str()));
+        templates.retain(|(n, _)| !snippet.replaces(n.as_str()));
+        edits.replace.extend(snippet.replace.iter().cloned());
+        edits.add = snippet.add.clone();
+    }
+    (
+        (!edits.is_empty()).then(|| Arc::new(edits)),
+        (!templates.is_empty()).then(|| Arc::from(templates)),
+    )
+}
+
+/// A route's request header edits: `proxy-set-headers`, then a snippet's `proxy_set_header`.
+fn request_headers(options: &Options) -> (Option<Arc<RequestEdits>>, Option<HeaderTemplates>) {
+    let snippet = options.snippets.as_ref().map(|s| &s.request);
+    let config = options
+        .config_headers
+        .as_ref()
+        .map(|c| c.request.as_slice())
+        .unwrap_or_default();
+    let (literal, mut templates) = configmap_headers::split(config);
+    let mut edits = RequestEdits { set: literal };
+    if let Some(snippet) = snippet {
+        edits.set.retain(|(n, _)| !snippet.replaces(n.as_str()));
+        templates.retain(|(n, _)| !snippet.replaces(n.as_str()));
+        edits.set.extend(snippet.set.iter().cloned());
+    }
+    (
+        (!edits.is_empty()).then(|| Arc::new(edits)),
+        (!templates.is_empty()).then(|| Arc::from(templates)),
+    )
+}
+
 /// What the proxy adds to the client's response.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResponsePolicy {
     /// `enable-cors`: OPTIONS from an allowed origin is answered 204 by the proxy; other
     /// requests from one get the CORS headers set on the upstream's response.
     pub cors: Option<Arc<Cors>>,
-    /// A snippet's `add_header`, `more_set_headers` and `more_clear_headers`, on the
-    /// upstream's responses.
+    /// The ConfigMap key `add-headers`, then `custom-headers`, then a snippet's `add_header`,
+    /// `more_set_headers` and `more_clear_headers` (the later wins for a name), on the
+    /// upstream's responses: the ones known now.
     pub headers: Option<Arc<ResponseEdits>>,
+    /// The same with nginx variables (`add-headers`), expanded per request.
+    pub header_templates: Option<HeaderTemplates>,
     /// `proxy-redirect-*` and `proxy-cookie-*`: the upstream's `Location`, `Refresh` and
     /// `Set-Cookie` rewritten.
     pub rewrite: Option<Arc<UpstreamRewrite>>,
@@ -291,6 +349,8 @@ pub struct UpstreamPolicy {
     /// A snippet's `proxy_set_header`s: the request headers sent upstream instead of the
     /// client's.
     pub request_headers: Option<Arc<RequestEdits>>,
+    /// The same with nginx variables (`proxy-set-headers`), expanded per request.
+    pub request_templates: Option<HeaderTemplates>,
     /// `default-backend`: where a request goes when the chosen backend has no endpoint.
     pub fallback: Option<Fallback>,
 }
@@ -325,6 +385,7 @@ impl Default for UpstreamPolicy {
             max_body: None,
             hash_by: None,
             request_headers: None,
+            request_templates: None,
             fallback: None,
         }
     }
@@ -362,6 +423,8 @@ impl RoutePolicy {
         refused: Option<&Arc<str>>,
         max_body: Option<u64>,
     ) -> RoutePolicy {
+        let (response_edits, response_templates) = response_headers(options);
+        let (request_edits, request_templates) = request_headers(options);
         RoutePolicy {
             access: AccessPolicy {
                 refused: refused.cloned(),
@@ -379,11 +442,8 @@ impl RoutePolicy {
             canary: None,
             response: ResponsePolicy {
                 cors: options.cors.clone(),
-                headers: options
-                    .snippets
-                    .as_ref()
-                    .filter(|s| !s.response.is_empty())
-                    .map(|s| Arc::new(s.response.clone())),
+                headers: response_edits,
+                header_templates: response_templates,
                 rewrite: options.upstream_rewrite.clone(),
                 bandwidth: None,
                 errors: options.custom_http_errors.as_ref().map(|codes| {
@@ -417,11 +477,8 @@ impl RoutePolicy {
                     None => max_body,
                 },
                 hash_by: options.upstream_hash_by.clone(),
-                request_headers: options
-                    .snippets
-                    .as_ref()
-                    .filter(|s| !s.request.is_empty())
-                    .map(|s| Arc::new(s.request.clone())),
+                request_headers: request_edits,
+                request_templates,
                 fallback: None,
             },
         }

@@ -918,10 +918,7 @@ fn unsupported_annotations_table() {
             vec![invalid],
         ),
         (
-            vec![
-                (n("auth-snippet"), "x"),
-                (n("auth-proxy-set-headers"), "cm"),
-            ],
+            vec![(n("auth-snippet"), "x"), (n("enable-modsecurity"), "true")],
             Refuse,
             false,
             vec![error, error],
@@ -2218,6 +2215,219 @@ fn the_gate_judges_sources_per_host_only_when_the_kernel_can_decide() {
     );
     // Equal stores give equal maps.
     assert_eq!(build_with(&yaml, &plain(false, false)).sni, snap.sni);
+}
+
+#[test]
+fn configmap_headers_reach_routes_or_refuse_the_ingress() {
+    let cm = |ns: &str, name: &str, data: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: {ns}}}\ndata: {data}\n"
+        )
+    };
+    let global = cm(
+        "ingress",
+        "config",
+        "{add-headers: ingress/add, proxy-set-headers: set, global-allowed-response-headers: \"X-Custom, X-Mine, Bad Name\"}",
+    );
+    let add = cm(
+        "ingress",
+        "add",
+        "{X-Global: g, X-Custom: global, X-Client: $remote_addr}",
+    );
+    let set = cm(
+        "ingress",
+        "set",
+        "{X-Tenant: acme, X-Seen-Host: $host, Host: evil}",
+    );
+    let custom = cm("shop", "custom", "{X-Custom: mine, X-Mine: \"$literal\"}");
+    let not_allowed = cm("shop", "other", "{X-Custom: mine, X-Secret: s}");
+    let crlf = cm("shop", "crlf", "{X-Custom: \"a\\r\\nX-Injected: 1\"}");
+    let auth = cm("shop", "auth", "{X-Auth-Extra: $http_x_user, X-Static: s}");
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let mut settings = settings();
+    settings.config_map = Some(ObjectKey::new("ingress", "config"));
+    // (custom-headers, auth-proxy-set-headers, Ok(response literals) | Err(refusal reason))
+    type Case = (
+        Option<&'static str>,
+        Option<&'static str>,
+        Result<&'static [(&'static str, &'static str)], &'static str>,
+    );
+    let cases: &[Case] = &[
+        (None, None, Ok(&[("x-custom", "global"), ("x-global", "g")])),
+        (
+            Some("shop/custom"),
+            None,
+            Ok(&[
+                ("x-global", "g"),
+                ("x-custom", "mine"),
+                ("x-mine", "$literal"),
+            ]),
+        ),
+        (
+            Some("custom"),
+            None,
+            Ok(&[
+                ("x-global", "g"),
+                ("x-custom", "mine"),
+                ("x-mine", "$literal"),
+            ]),
+        ),
+        (Some("shop/missing"), None, Err("does not exist")),
+        (Some("shop/other"), None, Err("X-Secret")),
+        (Some("shop/crlf"), None, Err("not a valid value")),
+        (Some("ingress/add"), None, Err("another namespace")),
+        (
+            None,
+            Some("shop/auth"),
+            Ok(&[("x-custom", "global"), ("x-global", "g")]),
+        ),
+        (None, Some("shop/missing"), Err("does not exist")),
+    ];
+    for (custom_headers, auth_headers, want) in cases {
+        let mut pairs = Vec::new();
+        if let Some(v) = custom_headers {
+            pairs.push((n("custom-headers"), *v));
+        }
+        if let Some(v) = auth_headers {
+            pairs.push((n("auth-url"), "http://auth.shop.svc/check"));
+            pairs.push((n("auth-proxy-set-headers"), *v));
+        }
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let yaml = format!(
+            "{SERVICES}{global}{add}{set}{custom}{not_allowed}{crlf}{auth}{}",
+            annotated("h", "shop.example.com", &pairs, false)
+        );
+        let snap = build_with(&yaml, &settings);
+        let case = format!("{custom_headers:?} {auth_headers:?}");
+        let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+        // The global ConfigMap's problems: Host is the proxy's, "Bad Name" is no name.
+        let config_warnings: Vec<&str> = snap
+            .diagnostics
+            .iter()
+            .filter(|d| d.kind == DiagnosticKind::InvalidConfigValue)
+            .map(|d| d.message.as_str())
+            .collect();
+        assert_eq!(config_warnings.len(), 2, "{case}: {config_warnings:?}");
+        assert!(
+            config_warnings.iter().any(|m| m.contains("\"Host\"")),
+            "{case}: {config_warnings:?}"
+        );
+        match want {
+            Ok(response) => {
+                assert_eq!(route.policy.access.refused, None, "{case}");
+                let edits = route.policy.response.headers.as_deref().expect("headers");
+                let got: Vec<(&str, &str)> = edits
+                    .replace
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_ref().unwrap().to_str().unwrap()))
+                    .collect();
+                let mut got_sorted = got.clone();
+                got_sorted.sort();
+                let mut want_sorted = response.to_vec();
+                want_sorted.sort();
+                assert_eq!(got_sorted, want_sorted, "{case}");
+                let templates = route.policy.response.header_templates.as_deref().unwrap();
+                assert_eq!(templates.len(), 1, "{case}");
+                assert_eq!(templates[0].0, "x-client");
+                let request = route.policy.upstream.request_headers.as_deref().unwrap();
+                assert_eq!(request.set.len(), 1, "{case}: Host is refused");
+                assert_eq!(request.set[0].0, "x-tenant");
+                let templates = route.policy.upstream.request_templates.as_deref().unwrap();
+                assert_eq!(templates[0].0, "x-seen-host", "{case}");
+                let auth_set = route
+                    .policy
+                    .access
+                    .auth
+                    .external
+                    .as_ref()
+                    .map(|e| e.proxy_set_headers.len());
+                assert_eq!(auth_set, auth_headers.map(|_| 2), "{case}");
+            }
+            Err(reason) => {
+                let refused = route.policy.access.refused.as_deref();
+                assert!(
+                    refused.is_some_and(|r| r.contains(reason)),
+                    "{case}: {refused:?}"
+                );
+                let errors: Vec<&Diagnostic> = snap
+                    .diagnostics
+                    .iter()
+                    .filter(|d| d.severity == crate::diagnostics::Severity::Error)
+                    .collect();
+                assert_eq!(errors.len(), 1, "{case}: {errors:?}");
+                assert!(errors[0].message.contains(reason), "{case}: {errors:?}");
+                assert_eq!(
+                    errors[0].subject,
+                    Subject::object(Kind::Ingress, &ObjectKey::new("shop", "h"))
+                );
+            }
+        }
+    }
+    // auth-proxy-set-headers without auth-url: nothing to send them to, a warning.
+    let pairs = [(n("auth-proxy-set-headers"), "shop/auth")];
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let snap = build(&format!(
+        "{SERVICES}{}",
+        annotated("alone", "shop.example.com", &pairs, false)
+    ));
+    let route = snap.route(Some("shop.example.com"), "/").expect("routed");
+    assert_eq!(route.policy.access.refused, None);
+    let warnings: Vec<&str> = snap
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == DiagnosticKind::InvalidAnnotation)
+        .map(|d| d.message.as_str())
+        .collect();
+    assert_eq!(
+        warnings,
+        ["nginx.ingress.kubernetes.io/auth-proxy-set-headers: has no effect without auth-url"]
+    );
+    // Without the referenced ConfigMaps: a warning on the global one each, and nothing set.
+    let snap = build_with(&format!("{SERVICES}{global}"), &settings);
+    let missing = snap
+        .diagnostics
+        .iter()
+        .filter(|d| d.kind == DiagnosticKind::ConfigMapNotFound)
+        .count();
+    assert_eq!(missing, 2, "{:?}", snap.diagnostics);
+}
+
+/// The ConfigMaps a build reads, which the pipeline rebuilds for (and no other).
+#[test]
+fn referenced_config_maps_are_the_global_one_and_what_it_and_ingresses_name() {
+    let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+    let pairs = [
+        (n("custom-headers"), "custom"),
+        (n("auth-url"), "http://auth/"),
+        (n("auth-proxy-set-headers"), "shop/auth"),
+    ];
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let cross = [(n("custom-headers"), "other/custom")];
+    let cross: Vec<(&str, &str)> = cross.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let global = "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: config, namespace: ingress}\ndata: {add-headers: add, proxy-set-headers: shop/set}\n";
+    let store = store_of(&format!(
+        "{SERVICES}{global}{}{}",
+        annotated("a", "a.example.com", &pairs, false),
+        annotated("b", "b.example.com", &cross, false),
+    ));
+    let names = |config_map: Option<&ObjectKey>| -> Vec<String> {
+        referenced_config_maps(&store, config_map)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    // Another namespace's ConfigMap is never read for an annotation, so it is not followed.
+    assert_eq!(names(None), ["shop/auth", "shop/custom"]);
+    assert_eq!(
+        names(Some(&ObjectKey::new("ingress", "config"))),
+        [
+            "ingress/add",
+            "ingress/config",
+            "shop/auth",
+            "shop/custom",
+            "shop/set"
+        ]
+    );
 }
 
 /// ingress-nginx's global auth (`global-auth-url`): every route gets the ConfigMap's auth

@@ -4,11 +4,18 @@
 //!   watcher(Ingress)        ─┐
 //!   watcher(IngressClass)    │   Init … InitApply* … InitDone ─> SourceEvent::ReplaceKind (atomic)
 //!   watcher(Service)         ├─> Apply / Delete              ─> SourceEvent::Apply / Delete
-//!   watcher(EndpointSlice)   │   all five kinds listed once  ─> SourceEvent::Synced
+//!   watcher(EndpointSlice)   │   every watch listed once     ─> SourceEvent::Synced
 //!   watcher(Secret, -types)  │
-//!   watcher(ConfigMap,       ┘   only with --configmap: one object, by name
-//!     metadata.name=NAME)
+//!   watcher(ConfigMap)       │   in the watched namespaces (all by default), as ingress-nginx
+//!   watcher(ConfigMap,       ┘   the --configmap one, by name, only when --watch-namespace
+//!     metadata.name=NAME)        leaves its namespace out (ReplaceIn: its own scope)
 //! ```
+//!
+//! ConfigMaps are read whole because what an Ingress or the global ConfigMap references
+//! (`custom-headers`, `auth-proxy-set-headers`, `add-headers`, `proxy-set-headers`) can be any
+//! of them and may appear later; the pipeline builds a snapshot only for a change to one that
+//! is referenced (`snapshot::referenced_config_maps`), so the ConfigMaps other controllers
+//! rewrite all day cost memory, not rebuilds.
 //!
 //! A relist (after a 410 Gone, a dropped watch, or an API server restart) is buffered and handed
 //! over whole, so the store never passes through a state where a route is missing. While the API
@@ -51,13 +58,17 @@ pub const SECRET_FIELD_SELECTOR: &str = "type!=helm.sh/release.v1,\
     type!=kubernetes.io/ssh-auth,\
     type!=bootstrap.kubernetes.io/token";
 
-const ALL_KINDS: [Kind; 5] = [
+const ALL_KINDS: [Kind; 6] = [
     Kind::Ingress,
     Kind::IngressClass,
     Kind::Service,
     Kind::EndpointSlice,
     Kind::Secret,
+    Kind::ConfigMap,
 ];
+
+/// The sync bit of the by-name watch of the `--configmap` one outside `--watch-namespace`.
+const GLOBAL_CONFIG_MAP_BIT: u8 = 1 << 7;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -93,36 +104,47 @@ pub struct KubeSource {
     /// Limit namespaced kinds to one namespace (`--watch-namespace`).
     pub namespace: Option<String>,
     pub metrics: Arc<WatchMetrics>,
-    /// `--configmap`: the one ConfigMap watched (by name, so no other is ever read).
+    /// `--configmap`: the global ConfigMap (watched by name of its own when `namespace`
+    /// leaves it out).
     pub config_map: Option<crate::store::ObjectKey>,
 }
 
 impl KubeSource {
-    /// Starts the watches (five, six with `--configmap`). They run until the sender's receiver
-    /// is gone.
+    /// Starts the watches (six, seven with a `--configmap` outside `--watch-namespace`). They
+    /// run until the sender's receiver is gone.
     pub fn start(self, events: mpsc::UnboundedSender<SourceEvent>) {
-        let synced = Arc::new(SyncTracker::new(self.config_map.is_some()));
-        let namespaced =
-            |client: &Client| -> (Api<Ingress>, Api<Service>, Api<EndpointSlice>, Api<Secret>) {
-                match &self.namespace {
-                    Some(ns) => (
-                        Api::namespaced(client.clone(), ns),
-                        Api::namespaced(client.clone(), ns),
-                        Api::namespaced(client.clone(), ns),
-                        Api::namespaced(client.clone(), ns),
-                    ),
-                    None => (
-                        Api::all(client.clone()),
-                        Api::all(client.clone()),
-                        Api::all(client.clone()),
-                        Api::all(client.clone()),
-                    ),
-                }
-            };
-        let (ingresses, services, slices, secrets) = namespaced(&self.client);
+        let global_apart = self.global_outside_namespace();
+        let synced = Arc::new(SyncTracker::new(global_apart.is_some()));
+        let namespaced = |client: &Client| -> (
+            Api<Ingress>,
+            Api<Service>,
+            Api<EndpointSlice>,
+            Api<Secret>,
+            Api<ConfigMap>,
+        ) {
+            match &self.namespace {
+                Some(ns) => (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                ),
+                None => (
+                    Api::all(client.clone()),
+                    Api::all(client.clone()),
+                    Api::all(client.clone()),
+                    Api::all(client.clone()),
+                    Api::all(client.clone()),
+                ),
+            }
+        };
+        let (ingresses, services, slices, secrets, config_maps) = namespaced(&self.client);
         let classes: Api<IngressClass> = Api::all(self.client.clone());
-        let ctx = |kind| Watch {
+        let ctx = |kind: Kind| Watch {
             kind,
+            scope: Scope::Kind,
+            sync_bit: 1 << (kind as u8),
             events: events.clone(),
             synced: synced.clone(),
             metrics: self.metrics.clone(),
@@ -152,19 +174,66 @@ impl KubeSource {
             watcher::Config::default().fields(SECRET_FIELD_SELECTOR),
             |o| Object::Secret(Arc::new(o)),
         ));
-        if let Some(key) = &self.config_map {
+        // With --watch-namespace, a relist of the namespace's ConfigMaps must not drop the
+        // global one the other watch keeps, and the reverse.
+        let scope = match &self.namespace {
+            Some(ns) if global_apart.is_some() => Scope::In {
+                namespace: ns.clone(),
+                name: None,
+            },
+            _ => Scope::Kind,
+        };
+        tokio::spawn(
+            Watch {
+                scope,
+                ..ctx(Kind::ConfigMap)
+            }
+            .run(config_maps, watcher::Config::default(), |o| {
+                Object::ConfigMap(Arc::new(o))
+            }),
+        );
+        if let Some(key) = global_apart {
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &key.namespace);
-            tokio::spawn(ctx(Kind::ConfigMap).run(
-                api,
-                watcher::Config::default().fields(&config_map_selector(&key.name)),
-                |o| Object::ConfigMap(Arc::new(o)),
-            ));
+            tokio::spawn(
+                Watch {
+                    scope: Scope::In {
+                        namespace: key.namespace.clone(),
+                        name: Some(key.name.clone()),
+                    },
+                    sync_bit: GLOBAL_CONFIG_MAP_BIT,
+                    ..ctx(Kind::ConfigMap)
+                }
+                .run(
+                    api,
+                    watcher::Config::default().fields(&config_map_selector(&key.name)),
+                    |o| Object::ConfigMap(Arc::new(o)),
+                ),
+            );
+        }
+    }
+
+    /// The `--configmap` one when `--watch-namespace` does not cover it.
+    fn global_outside_namespace(&self) -> Option<crate::store::ObjectKey> {
+        match (&self.config_map, &self.namespace) {
+            (Some(key), Some(ns)) if key.namespace != *ns => Some(key.clone()),
+            _ => None,
         }
     }
 }
 
-/// The field selector that narrows a ConfigMap watch to the one object (RBAC can then grant
-/// `get`, `list` and `watch` on that name alone).
+/// What a watch's (re)list replaces in the store.
+#[derive(Clone, Debug)]
+enum Scope {
+    /// Every object of the kind.
+    Kind,
+    /// Those of one namespace (one object of it, with `name`).
+    In {
+        namespace: String,
+        name: Option<String>,
+    },
+}
+
+/// The field selector that narrows a ConfigMap watch to the one object.
 pub fn config_map_selector(name: &str) -> String {
     format!("metadata.name={name}")
 }
@@ -186,7 +255,7 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// Remembers which kinds have completed their first list, and says `Synced` once.
 struct SyncTracker {
     listed: AtomicU8,
-    /// The kinds watched: the five, and the ConfigMap with `--configmap`.
+    /// The watches' bits: one per kind, and the global ConfigMap's own watch.
     all: u8,
 }
 
@@ -197,10 +266,10 @@ impl Default for SyncTracker {
 }
 
 impl SyncTracker {
-    fn new(config_map: bool) -> Self {
+    fn new(global_apart: bool) -> Self {
         let mut all: u8 = ALL_KINDS.iter().fold(0, |acc, k| acc | (1 << (*k as u8)));
-        if config_map {
-            all |= 1 << (Kind::ConfigMap as u8);
+        if global_apart {
+            all |= GLOBAL_CONFIG_MAP_BIT;
         }
         Self {
             listed: AtomicU8::new(0),
@@ -208,9 +277,8 @@ impl SyncTracker {
         }
     }
 
-    /// Marks `kind` listed; true exactly once, when the last kind completes.
-    fn mark(&self, kind: Kind) -> bool {
-        let bit = 1u8 << (kind as u8);
+    /// Marks a watch (its bit) listed; true exactly once, when the last one completes.
+    fn mark(&self, bit: u8) -> bool {
         let all = self.all;
         let before = self.listed.fetch_or(bit, Ordering::AcqRel);
         before != all && (before | bit) == all
@@ -219,6 +287,8 @@ impl SyncTracker {
 
 struct Watch {
     kind: Kind,
+    scope: Scope,
+    sync_bit: u8,
     events: mpsc::UnboundedSender<SourceEvent>,
     synced: Arc<SyncTracker>,
     metrics: Arc<WatchMetrics>,
@@ -257,15 +327,21 @@ impl Watch {
                 Event::InitDone => {
                     let objects = relist.take().unwrap_or_default();
                     tracing::info!(kind = %self.kind, objects = objects.len(), "listed");
-                    let ok = self
-                        .events
-                        .send(SourceEvent::ReplaceKind(self.kind, objects))
-                        .is_ok();
+                    let event = match &self.scope {
+                        Scope::Kind => SourceEvent::ReplaceKind(self.kind, objects),
+                        Scope::In { namespace, name } => SourceEvent::ReplaceIn {
+                            kind: self.kind,
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                            objects,
+                        },
+                    };
+                    let ok = self.events.send(event).is_ok();
                     self.metrics
                         .last_sync
                         .get_or_create(&labels)
                         .set(crate::clock::unix_now());
-                    if self.synced.mark(self.kind) {
+                    if self.synced.mark(self.sync_bit) {
                         tracing::info!("all watches listed; building the first snapshot");
                         let _ = self.events.send(SourceEvent::Synced);
                     }
@@ -369,7 +445,7 @@ pub async fn client(
 }
 
 /// Lists every kind once into a store: what `ingress check` reads from a cluster (with the
-/// `--configmap` one, when given).
+/// `--configmap` one, when `namespace` leaves it out).
 pub async fn list_once(
     kubeconfig: Option<&std::path::Path>,
     namespace: Option<&str>,
@@ -441,7 +517,14 @@ pub async fn list_once(
         &mut store,
     )
     .await?;
-    if let Some(key) = config_map {
+    list::<ConfigMap>(
+        scoped!(),
+        &all,
+        |o| Object::ConfigMap(Arc::new(o)),
+        &mut store,
+    )
+    .await?;
+    if let Some(key) = config_map.filter(|k| namespace.is_some_and(|ns| ns != k.namespace)) {
         list::<ConfigMap>(
             Api::namespaced(client.clone(), &key.namespace),
             &ListParams::default().fields(&config_map_selector(&key.name)),
@@ -493,22 +576,27 @@ mod tests {
 
     #[test]
     fn synced_once_after_every_kind() {
+        let bit = |kind: Kind| 1u8 << (kind as u8);
         let t = SyncTracker::default();
-        assert!(!t.mark(Kind::Ingress));
-        assert!(!t.mark(Kind::Ingress));
-        assert!(!t.mark(Kind::Service));
-        assert!(!t.mark(Kind::IngressClass));
-        assert!(!t.mark(Kind::Secret));
-        assert!(t.mark(Kind::EndpointSlice));
+        assert!(!t.mark(bit(Kind::Ingress)));
+        assert!(!t.mark(bit(Kind::Ingress)));
+        assert!(!t.mark(bit(Kind::Service)));
+        assert!(!t.mark(bit(Kind::IngressClass)));
+        assert!(!t.mark(bit(Kind::Secret)));
+        assert!(!t.mark(bit(Kind::ConfigMap)));
+        assert!(t.mark(bit(Kind::EndpointSlice)));
         assert!(
-            !t.mark(Kind::EndpointSlice),
+            !t.mark(bit(Kind::EndpointSlice)),
             "a relist later does not sync again"
         );
         let t = SyncTracker::new(true);
         for kind in ALL_KINDS {
-            assert!(!t.mark(kind), "{kind}: the ConfigMap is still to come");
+            assert!(
+                !t.mark(bit(kind)),
+                "{kind}: the global ConfigMap's own watch is still to come"
+            );
         }
-        assert!(t.mark(Kind::ConfigMap));
+        assert!(t.mark(GLOBAL_CONFIG_MAP_BIT));
     }
 
     #[test]

@@ -312,6 +312,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     BodyFraming::None => Some(0),
                     BodyFraming::Chunked => None,
                 },
+                // What `write_upstream` sends: the client's usable id, else `fresh_id`.
+                request_id: req
+                    .headers
+                    .header("x-request-id")
+                    .filter(|id| usable_request_id(id))
+                    .unwrap_or(&fresh_id),
             },
         );
         let Phased {
@@ -526,6 +532,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),
+            own_headers: global.own_response_headers.as_deref(),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if upgrade.is_some() => {

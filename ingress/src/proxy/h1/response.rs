@@ -78,6 +78,8 @@ pub struct ResponseContext<'a> {
     pub edits: Option<&'a ResponseEdits>,
     /// `proxy-redirect-*`, `proxy-cookie-*` (the response phase's).
     pub rewrite: Option<&'a UpstreamRewrite>,
+    /// `add-headers` (literal values) for the proxy's own answers.
+    pub own_headers: Option<&'a ResponseEdits>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -413,6 +415,21 @@ pub fn write_local(
         push(out, &[b"strict-transport-security: ", hsts, b"\r\n"]);
     }
     for (name, value) in ctx.set_headers {
+        push(
+            out,
+            &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],
+        );
+    }
+    // add-headers, each the answer does not already carry (as the HTTP/2 path).
+    let written = |name: &http::HeaderName| {
+        matches!(
+            name.as_str(),
+            "content-type" | "content-length" | "server" | "date" | "connection"
+        ) || (name == "location" && location.is_some())
+            || (name == "strict-transport-security" && ctx.hsts.is_some())
+            || ctx.set_headers.iter().any(|(n, _)| n == name)
+    };
+    for (name, value) in crate::proxy::phase::response::own_headers(ctx.own_headers, &written) {
         push(
             out,
             &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],

@@ -75,12 +75,22 @@ impl Proxy {
             .extensions()
             .get::<error_page::Replaced>()
             .is_none();
-        if let (Some(route), Some(_), None, true) =
-            (&route, &outcome.upstream, &outcome.error, upstreams)
-            && let Some(edits) = response::edits(&route.policy.response)
+        let from_upstream =
+            route.is_some() && outcome.upstream.is_some() && outcome.error.is_none() && upstreams;
+        if let (Some(route), true) = (&route, from_upstream)
+            && let Some(edits) = response
+                .extensions_mut()
+                .remove::<response::RequestEdits>()
+                .map(|made| made.0)
+                .or_else(|| response::edits(&route.policy.response))
         {
             let status = response.status().as_u16();
             edits.apply(status, response.headers_mut());
+        }
+        // The proxy's own answers get the ConfigMap's add-headers (nginx's http-level
+        // more_set_headers reaches them); an error page keeps the error backend's headers.
+        if !from_upstream && upstreams {
+            response::add_own_headers(&global, response.headers_mut());
         }
         if let (Some(route), Some(_), None, true) =
             (&route, &outcome.upstream, &outcome.error, upstreams)
@@ -228,6 +238,16 @@ impl Proxy {
             };
             *trace = Some(tracing.start(&started, req.headers()));
         }
+        // `$request_id` is the id the upstream is sent: made now when the client sent none
+        // usable, so forwarding keeps it (as the access log does).
+        if !req
+            .headers()
+            .get(&forward::X_REQUEST_ID)
+            .is_some_and(|id| usable_request_id(id.as_bytes()))
+            && let Ok(id) = HeaderValue::from_bytes(&forward::new_request_id())
+        {
+            req.headers_mut().insert(forward::X_REQUEST_ID.clone(), id);
+        }
         let phases_at = Instant::now();
         let Phased {
             target,
@@ -245,6 +265,10 @@ impl Proxy {
                 target: &original,
                 headers: req.headers(),
                 body_len: hyper::body::Body::size_hint(req.body()).exact(),
+                request_id: req
+                    .headers()
+                    .get(&forward::X_REQUEST_ID)
+                    .map_or(&[][..], HeaderValue::as_bytes),
             },
         );
         let forwarded_target = target.map(|t| t.to_string()).unwrap_or_default();
@@ -417,6 +441,7 @@ impl Proxy {
             next_upstream,
             reselect,
             request_headers,
+            response_headers,
             underscores,
             auth,
             limit_guard,
@@ -536,6 +561,11 @@ impl Proxy {
             };
             drop(in_flight);
             forward::strip_response_hop_by_hop(response.headers_mut());
+            if let Some(edits) = &response_headers {
+                response
+                    .extensions_mut()
+                    .insert(response::RequestEdits(edits.clone()));
+            }
             if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
                 response.headers_mut().append(header::SET_COOKIE, cookie);
             }
@@ -595,6 +625,11 @@ impl Proxy {
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
         forward::strip_response_hop_by_hop(response.headers_mut());
+        if let Some(edits) = &response_headers {
+            response
+                .extensions_mut()
+                .insert(response::RequestEdits(edits.clone()));
+        }
         if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
             response.headers_mut().append(header::SET_COOKIE, cookie);
         }

@@ -45,12 +45,13 @@ use tokio::sync::Semaphore;
 
 use super::cors::SetHeaders;
 use super::identity::ConnInfo;
-use super::{Decision, RequestHeaders};
+use super::{Decision, RequestHeaders, RequestView};
 use crate::proxy::Proxy;
 use crate::proxy::auth_client::{AuthClient, Endpoint, Timeouts};
 use crate::proxy::connect::Connectors;
 use crate::snapshot::Route;
-use crate::snapshot::annotations::auth::{BasicAuth, ExternalAuth, Var};
+use crate::snapshot::annotations::auth::{BasicAuth, ExternalAuth, Template, Var};
+use crate::snapshot::annotations::configmap_headers::HeaderSetting;
 use crate::snapshot::annotations::htpasswd::PasswordHash;
 use crate::snapshot::backend::ExternalName;
 use crate::snapshot::policy::AuthPolicy;
@@ -96,18 +97,25 @@ pub(crate) struct RequestFacts {
     peer: IpAddr,
     server_port: u16,
     headers: Vec<(String, Vec<u8>)>,
+    /// `$request_id`: the `X-Request-ID` the upstream is sent.
+    request_id: String,
 }
 
 impl RequestFacts {
     pub(crate) fn of(
         conn: &ConnInfo,
-        method: &str,
-        host: Option<&str>,
-        authority: Option<&str>,
-        raw_target: &str,
+        request: &RequestView<'_, '_>,
         target: &Target<'_>,
-        headers: &dyn RequestHeaders,
     ) -> RequestFacts {
+        let RequestView {
+            method,
+            host,
+            authority,
+            target: raw_target,
+            headers,
+            request_id,
+            ..
+        } = *request;
         let mut all = Vec::new();
         headers.each(&mut |name, value| all.push((name.to_ascii_lowercase(), value.to_vec())));
         RequestFacts {
@@ -121,6 +129,7 @@ impl RequestFacts {
             peer: conn.peer.ip().to_canonical(),
             server_port: conn.local_port,
             headers: all,
+            request_id: String::from_utf8_lossy(request_id).into_owned(),
         }
     }
 
@@ -133,6 +142,25 @@ impl RequestFacts {
 
     fn scheme(&self) -> &'static str {
         if self.https { "https" } else { "http" }
+    }
+
+    /// A ConfigMap header's value for this request; `None`: the header is not sent (an
+    /// empty value, or a variable's bytes that cannot be a header value).
+    pub(crate) fn header_value(&self, setting: &HeaderSetting) -> Option<HeaderValue> {
+        match setting {
+            HeaderSetting::Literal(value) => Some(value.clone()),
+            HeaderSetting::Clear => None,
+            HeaderSetting::Template(template) => self.expand_header(template),
+        }
+    }
+
+    /// A header value made from `template` for this request (`None`: empty, or bytes no
+    /// header may carry).
+    pub(crate) fn expand_header(&self, template: &Template) -> Option<HeaderValue> {
+        let value = template.expand(|v| self.var(v));
+        (!value.is_empty())
+            .then(|| HeaderValue::from_str(&value).ok())
+            .flatten()
     }
 
     /// The value of an nginx variable for this request (empty when it has none).
@@ -155,6 +183,7 @@ impl RequestFacts {
                 .map(|(user, _)| user)
                 .unwrap_or_default(),
             Var::ServerPort => self.server_port.to_string(),
+            Var::RequestId => self.request_id.clone(),
             Var::Header(name) => self.header(name).map(text).unwrap_or_default(),
             Var::Cookie(name) => {
                 let cookies = self
@@ -675,17 +704,20 @@ fn subrequest_headers(external: &ExternalAuth, facts: &RequestFacts, host: &str)
         .as_ref()
         .map_or_else(|| facts.request_uri.clone(), |t| t.expand(|v| facts.var(v)));
     set("x-auth-request-redirect", &redirect);
-    let request_id = facts
-        .header("x-request-id")
-        .filter(|id| ingress_wire::header::usable_request_id(id))
-        .map(|id| String::from_utf8_lossy(id).into_owned())
-        // The same 32 hex digits as the id the upstream gets (`forward::new_request_id`,
-        // which this phase cannot import without a cycle).
-        .unwrap_or_else(|| format!("{:032x}", fastrand::u128(..)));
+    // The id the upstream is sent too, as nginx's $request_id in the auth location.
+    let request_id = facts.request_id.clone();
     set("x-request-id", &request_id);
     if external.method.is_some() {
         set("x-original-uri", &facts.request_uri);
         set("x-scheme", facts.scheme());
+    }
+    // auth-proxy-set-headers: after nginx's own, as its `proxy_set_header` lines come after
+    // them in the auth location; an empty value (or one a variable made invalid) sends none.
+    for (name, setting) in &external.proxy_set_headers {
+        out.remove(name);
+        if let Some(value) = facts.header_value(setting) {
+            out.insert(name.clone(), value);
+        }
     }
     out
 }
@@ -889,6 +921,7 @@ mod tests {
             query: Some("x=1&y=2".into()),
             peer: "192.0.2.7".parse().expect("ip"),
             server_port: 443,
+            request_id: "0123456789abcdef0123456789abcdef".into(),
             headers: vec![
                 ("cookie".into(), b"a=1; _oauth2_proxy=tok".to_vec()),
                 ("x-api-key".into(), b"k".to_vec()),

@@ -161,6 +161,9 @@ pub(crate) struct RequestView<'r, 't> {
     pub(crate) headers: &'r dyn RequestHeaders,
     /// The body's declared length, when it has one.
     pub(crate) body_len: Option<u64>,
+    /// The id the upstream is sent as `X-Request-ID` (`$request_id`): the client's when
+    /// usable, else the one the proxy made for this request.
+    pub(crate) request_id: &'r [u8],
 }
 
 /// What to do with a request; both HTTP paths act on it.
@@ -351,6 +354,7 @@ impl Proxy {
             target: raw_target,
             headers,
             body_len,
+            request_id: _,
         } = request;
         let refused = |refusal: Refusal, target: Option<Target<'t>>| {
             (target, None, Decision::Refuse(refusal), None)
@@ -493,6 +497,23 @@ impl Proxy {
                     forward.canary = canary;
                     forward.limit_guard = limit_guard;
                     forward.response_headers = response::edits(&route.policy.response);
+                    // add-headers and proxy-set-headers values with nginx variables: made
+                    // for this request, from it as the client sent it.
+                    let response_templates = route.policy.response.header_templates.as_deref();
+                    let request_templates = route.policy.upstream.request_templates.as_deref();
+                    if response_templates.is_some() || request_templates.is_some() {
+                        let facts = auth::RequestFacts::of(conn, &request, &target);
+                        forward.response_headers = response::expand(
+                            forward.response_headers.take(),
+                            response_templates.unwrap_or_default(),
+                            &facts,
+                        );
+                        forward.request_headers = upstream::expand(
+                            forward.request_headers.take(),
+                            request_templates.unwrap_or_default(),
+                            &facts,
+                        );
+                    }
                     forward.response_rewrite = response::rewrites(&route.policy.response);
                     forward.underscores = snapshot.global.underscores;
                     if let Some(cert) = cert_headers {
@@ -512,11 +533,13 @@ impl Proxy {
         // them before its access phase.
         let auth = (authenticate && matches!(decision, Decision::Forward(_) | Decision::Fail(_)))
             .then(|| {
-                let external = route.policy.access.auth.external.is_some().then(|| {
-                    auth::RequestFacts::of(
-                        conn, method, host, authority, raw_target, &target, headers,
-                    )
-                });
+                let external = route
+                    .policy
+                    .access
+                    .auth
+                    .external
+                    .is_some()
+                    .then(|| auth::RequestFacts::of(conn, &request, &target));
                 auth::Pending::of(headers, external)
             });
         // A request `satisfy any` let in by its address is not checked, but its location's

@@ -3,13 +3,15 @@
 
 use std::sync::Arc;
 
-use http::HeaderValue;
+use http::{HeaderName, HeaderValue};
 
 use super::Record;
+use super::auth::RequestFacts;
 use crate::proxy::Proxy;
 use crate::proxy::access_log::{self, AccessFormat};
 use crate::proxy::metrics::compat::Observed;
 use crate::proxy::upstream::UpstreamError;
+use crate::snapshot::annotations::auth::Template;
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
 use crate::snapshot::global::GlobalSettings;
@@ -40,6 +42,53 @@ pub(crate) fn hsts(global: &GlobalSettings, https: bool) -> Option<&HeaderValue>
 /// the head, HTTP/2 with [`ResponseEdits::apply`], after the proxy's own `Server`.
 pub(crate) fn edits(policy: &ResponsePolicy) -> Option<Arc<ResponseEdits>> {
     policy.headers.clone()
+}
+
+/// `add-headers` on one of the proxy's own answers (404, 503, a redirect, an upstream
+/// failure): each header the answer does not already carry (the proxy's framing, `Server`,
+/// `Location` and the like stay its own). The HTTP/2 path; HTTP/1.x writes the same with
+/// [`own_headers`] as it writes the head.
+pub(crate) fn add_own_headers(global: &GlobalSettings, headers: &mut http::HeaderMap) {
+    let own = global.own_response_headers.as_deref();
+    for (name, value) in own_headers(own, &|name| headers.contains_key(name)) {
+        headers.insert(name.clone(), value.clone());
+    }
+}
+
+/// The `add-headers` an own answer gets: those whose names `present` says it lacks.
+pub(crate) fn own_headers<'g>(
+    own: Option<&'g ResponseEdits>,
+    present: &dyn Fn(&HeaderName) -> bool,
+) -> Vec<(&'g HeaderName, &'g HeaderValue)> {
+    own.iter()
+        .flat_map(|edits| edits.replace.iter())
+        .filter_map(|(n, v)| v.as_ref().map(|v| (n, v)))
+        .filter(|(n, _)| !present(n))
+        .collect()
+}
+
+/// The response edits made for one request (a route's, with its templates expanded), carried
+/// from the upstream phase to where HTTP/2 applies them, in the response's extensions.
+#[derive(Clone)]
+pub(crate) struct RequestEdits(pub(crate) Arc<ResponseEdits>);
+
+/// `edits` with the route's header templates (`add-headers` values with nginx variables)
+/// expanded for this request; a value that expands to nothing, or to bytes no header may
+/// carry, sets no header.
+pub(crate) fn expand(
+    edits: Option<Arc<ResponseEdits>>,
+    templates: &[(HeaderName, Template)],
+    facts: &RequestFacts,
+) -> Option<Arc<ResponseEdits>> {
+    if templates.is_empty() {
+        return edits;
+    }
+    let mut out = edits.as_deref().cloned().unwrap_or_default();
+    for (name, template) in templates {
+        let value = facts.expand_header(template);
+        out.replace.push((name.clone(), value));
+    }
+    Some(Arc::new(out))
 }
 
 /// The rewrites of the upstream's `Location`, `Refresh` and `Set-Cookie` on a route with

@@ -14,11 +14,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::auth::RequestFacts;
 use super::{Decision, Forward, RequestHeaders, affinity};
 use crate::proxy::connect::Transport;
 use crate::proxy::pool::PoolKey;
 use crate::proxy::upstream::UpstreamError;
 use crate::snapshot::Route;
+use crate::snapshot::annotations::auth::Template;
+use crate::snapshot::annotations::snippet::RequestEdits;
 use crate::snapshot::backend::{Backend, Endpoint, InFlight, Target};
 use crate::snapshot::policy::{Balance, NextUpstream};
 
@@ -229,6 +232,25 @@ pub(crate) fn retries_on(next: &NextUpstream, error: &UpstreamError) -> bool {
         | UpstreamError::AddressRefused { .. }
         | UpstreamError::Refused(_) => false,
     }
+}
+
+/// `edits` with the route's request header templates (`proxy-set-headers` values with nginx
+/// variables) expanded for this request; a value that expands to nothing, or to bytes no
+/// header may carry, removes the header (nginx sends none for an empty value).
+pub(crate) fn expand(
+    edits: Option<Arc<RequestEdits>>,
+    templates: &[(http::HeaderName, Template)],
+    facts: &RequestFacts,
+) -> Option<Arc<RequestEdits>> {
+    if templates.is_empty() {
+        return edits;
+    }
+    let mut out = edits.as_deref().cloned().unwrap_or_default();
+    for (name, template) in templates {
+        let value = facts.expand_header(template);
+        out.set.push((name.clone(), value));
+    }
+    Some(Arc::new(out))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod affinity;
 pub mod auth;
 pub mod auth_tls;
 pub mod canary;
+pub mod configmap_headers;
 pub mod cors;
 pub mod errors;
 pub mod hash;
@@ -18,6 +19,7 @@ pub mod registry;
 pub mod rewrite;
 pub mod snippet;
 pub mod upstream_rewrite;
+pub mod variables;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -102,6 +104,9 @@ pub struct Options {
     /// `server-snippet` and `configuration-snippet` read as header actions (set by the
     /// snapshot with [`snippets`], only under `--allow-snippet-annotations`).
     pub snippets: Option<Arc<snippet::HeaderActions>>,
+    /// `add-headers`, `custom-headers` and `proxy-set-headers`: the headers of the
+    /// ConfigMaps they name (set by the snapshot, which reads the ConfigMaps).
+    pub config_headers: Option<Arc<configmap_headers::ConfigHeaders>>,
     /// `proxy-redirect-from`/`-to`, `proxy-cookie-domain`, `proxy-cookie-path`.
     pub upstream_rewrite: Option<Arc<upstream_rewrite::UpstreamRewrite>>,
     /// `default-backend`: a Service of the Ingress's namespace that answers when the route's
@@ -154,6 +159,7 @@ impl Default for Options {
             load_balance: None,
             next_upstream: NextUpstream::default(),
             snippets: None,
+            config_headers: None,
             upstream_rewrite: None,
             default_backend: None,
             custom_http_errors: None,
@@ -744,7 +750,10 @@ pub fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
-fn lookup<'a>(annotations: &'a BTreeMap<String, String>, name: &str) -> Option<(&'a str, &'a str)> {
+pub(crate) fn lookup<'a>(
+    annotations: &'a BTreeMap<String, String>,
+    name: &str,
+) -> Option<(&'a str, &'a str)> {
     [PREFIX, NGINX_PREFIX].iter().find_map(|prefix| {
         annotations
             .get_key_value(&format!("{prefix}{name}"))

@@ -408,7 +408,7 @@ pub fn merge(server: Option<HeaderActions>, location: Option<HeaderActions>) -> 
 }
 
 /// Headers that frame or route a response, which a snippet may not touch.
-fn response_name(name: &str) -> Result<HeaderName, Reason> {
+pub(super) fn response_name(name: &str) -> Result<HeaderName, Reason> {
     let header =
         HeaderName::from_bytes(name.as_bytes()).map_err(|_| Reason::Header(name.into()))?;
     match ingress_wire::header::kind(header.as_str()) {
@@ -422,7 +422,7 @@ fn response_name(name: &str) -> Result<HeaderName, Reason> {
 }
 
 /// Request headers a snippet may set: none the proxy writes itself or that frame the request.
-fn request_name(name: &str) -> Result<HeaderName, Reason> {
+pub(super) fn request_name(name: &str) -> Result<HeaderName, Reason> {
     let header =
         HeaderName::from_bytes(name.as_bytes()).map_err(|_| Reason::Header(name.into()))?;
     match ingress_wire::header::kind(header.as_str()) {

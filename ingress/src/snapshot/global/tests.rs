@@ -408,7 +408,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 34, "{applied:?}");
+    assert_eq!(applied.len(), 37, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }

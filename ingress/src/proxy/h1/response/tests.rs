@@ -24,6 +24,7 @@ const PLAIN: ResponseContext<'static> = ResponseContext {
     set_headers: &[],
     edits: None,
     rewrite: None,
+    own_headers: None,
 };
 
 /// A complete head with everything but `head_len` (checked against the input separately).
@@ -304,4 +305,72 @@ fn dates_are_http_dates() {
     let date = http_date();
     let text = std::str::from_utf8(&date).unwrap();
     assert!(httpdate::parse_http_date(text).is_ok(), "{text}");
+}
+
+/// add-headers on an own answer: each header it does not carry yet, once.
+#[test]
+fn local_responses_get_the_global_add_headers_they_lack() {
+    use http::{HeaderName, HeaderValue};
+    let own = ResponseEdits {
+        replace: vec![
+            (
+                HeaderName::from_static("x-frame-options"),
+                Some(HeaderValue::from_static("DENY")),
+            ),
+            (
+                HeaderName::from_static("server"),
+                Some(HeaderValue::from_static("evil")),
+            ),
+            (
+                HeaderName::from_static("location"),
+                Some(HeaderValue::from_static("/elsewhere")),
+            ),
+        ],
+        add: Vec::new(),
+    };
+    // (a Location of its own, headers expected, headers not expected)
+    let cases: [(Option<&str>, &[&str], &[&str]); 2] = [
+        (
+            None,
+            &[
+                "x-frame-options: DENY",
+                "server: ingress",
+                "location: /elsewhere",
+            ],
+            &["server: evil"],
+        ),
+        (
+            Some("https://a/"),
+            &["x-frame-options: DENY", "location: https://a/"],
+            &["location: /elsewhere", "server: evil"],
+        ),
+    ];
+    for (location, present, absent) in cases {
+        let mut out = Vec::new();
+        let code = if location.is_some() {
+            StatusCode::FOUND
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        write_local(
+            &mut out,
+            code,
+            location,
+            &ResponseContext {
+                own_headers: Some(&own),
+                ..PLAIN
+            },
+        );
+        let text = String::from_utf8(out).unwrap();
+        for header in present {
+            assert_eq!(
+                text.matches(&format!("\r\n{header}\r\n")).count(),
+                1,
+                "{header}: {text}"
+            );
+        }
+        for header in absent {
+            assert!(!text.contains(header), "{header}: {text}");
+        }
+    }
 }
