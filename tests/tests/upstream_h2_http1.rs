@@ -1,0 +1,337 @@
+//! HTTP/1.x clients of upstreams that speak HTTP/2 only (`backend-protocol: GRPC`, a Service
+//! port's `appProtocol: kubernetes.io/h2c`), through the real binary: curl over `--http1.1` and
+//! `--http1.0`, and raw sockets for the exact bytes. The request goes upstream over HTTP/2
+//! without its hop-by-hop headers, bodies (Content-Length and chunked) arrive whole, and the
+//! response comes back framed for the client: its content-length, else chunked (trailers only
+//! for `TE: trailers`), or until close for HTTP/1.0; HEAD and 204 without a body; the client
+//! connection kept alive; a WebSocket upgrade refused with 501.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use ingress_tests::curl;
+use ingress_tests::h2c_upstream::H2cUpstream;
+use ingress_tests::manifests::{annotated_ingress, ingress, service_at};
+use ingress_tests::process::Ingress;
+use ingress_tests::raw::RawConn;
+use ingress_tests::scratch::Scratch;
+
+const HOSTS: [&str; 2] = ["grpc.example", "h2c.example"];
+
+/// One upstream behind two routes: `grpc.example` by `backend-protocol: GRPC`,
+/// `h2c.example` by `appProtocol: kubernetes.io/h2c`.
+fn start(upstream: &H2cUpstream) -> (Scratch, Ingress) {
+    let dir = Scratch::new("upstream-h2-http1");
+    let grpc = service_at("t", "grpc", &[upstream.addr])
+        + &annotated_ingress(
+            "t",
+            "grpc",
+            1,
+            &[("backend-protocol", "GRPC")],
+            &[("grpc.example", "/", "Prefix", "grpc")],
+        );
+    let h2c = service_at("t", "h2c", &[upstream.addr]).replace(
+        "{name: http, port: 80}",
+        "{name: http, port: 80, appProtocol: kubernetes.io/h2c}",
+    ) + &ingress("t", "h2c", &[("h2c.example", "/", "Prefix", "h2c")]);
+    dir.write("routes.yaml", &(grpc + &h2c));
+    let ingress = Ingress::builder().manifests(dir.path()).start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !HOSTS
+        .iter()
+        .all(|h| ingress.admin_get("/routes").1.contains(h))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never routed:\n{}",
+            ingress.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (dir, ingress)
+}
+
+/// Sends `request` on a new connection and reads until the proxy closes it.
+fn raw_until_close(ingress: &Ingress, request: &str) -> String {
+    let mut stream = TcpStream::connect(ingress.http).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).expect("read until close");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The head with the `date` value masked, and the body.
+fn masked(reply: &str) -> (String, String) {
+    let (head, body) = reply.split_once("\r\n\r\n").expect("a whole head");
+    let head = head
+        .split("\r\n")
+        .map(|line| {
+            if line.to_ascii_lowercase().starts_with("date: ") {
+                "date: *".to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n");
+    (head, body.to_string())
+}
+
+#[test]
+fn curl_http1_clients_get_and_post_through_an_h2_only_upstream() {
+    let upstream = H2cUpstream::start();
+    let (_dir, ingress) = start(&upstream);
+    for host in HOSTS {
+        for version in ["--http1.1", "--http1.0"] {
+            let what = format!("{host} {version}");
+            // GET: sent as HTTP/2, without the client's hop-by-hop headers.
+            let reply = curl::get(
+                &ingress,
+                host,
+                "/echo?q=1",
+                version,
+                &[
+                    "-H",
+                    "Connection: keep-alive, X-Hop",
+                    "-H",
+                    "X-Hop: listed in Connection",
+                    "-H",
+                    "Keep-Alive: timeout=5",
+                    "-H",
+                    "TE: gzip",
+                    "-H",
+                    "X-Kept: yes",
+                ],
+            );
+            assert_eq!(reply.status, 200, "{what}: {reply:?}\n{}", ingress.logs());
+            assert!(
+                reply.body.starts_with("GET /echo?q=1 HTTP/2.0\n"),
+                "{what}: {}",
+                reply.body
+            );
+            assert!(
+                reply.body.contains(&format!(":authority: {host}\n")),
+                "{what}: {}",
+                reply.body
+            );
+            assert!(
+                reply.body.contains("x-kept: yes\n"),
+                "{what}: {}",
+                reply.body
+            );
+            assert!(
+                reply.body.contains("x-forwarded-for: 127.0.0.1\n"),
+                "{what}: {}",
+                reply.body
+            );
+            for hop in ["connection:", "keep-alive:", "te:", "x-hop:", "host:"] {
+                assert!(
+                    !reply.body.lines().any(|l| l.starts_with(hop)),
+                    "{what}: {hop} went upstream: {}",
+                    reply.body
+                );
+            }
+            assert_eq!(
+                reply.header("content-length"),
+                Some(reply.body.len().to_string().as_str()),
+                "{what}"
+            );
+            assert_eq!(reply.header("transfer-encoding"), None, "{what}");
+
+            // The upstream's content-length is kept.
+            let reply = curl::get(&ingress, host, "/length", version, &[]);
+            assert_eq!(
+                (
+                    reply.status,
+                    reply.body.as_str(),
+                    reply.header("content-length")
+                ),
+                (200, "0123456789", Some("10")),
+                "{what}"
+            );
+
+            // A body with Content-Length arrives whole.
+            let reply = curl::get(
+                &ingress,
+                host,
+                "/echo",
+                version,
+                &["--data-binary", "a=1&b=2"],
+            );
+            assert_eq!(reply.status, 200, "{what}: {reply:?}");
+            assert!(reply.body.starts_with("POST /echo HTTP/2.0\n"), "{what}");
+            assert!(reply.body.contains("content-length: 7\n"), "{what}");
+            assert!(
+                reply.body.ends_with("\n\na=1&b=2"),
+                "{what}: {}",
+                reply.body
+            );
+
+            // No content-length from the upstream: chunked for HTTP/1.1, until close for 1.0.
+            let reply = curl::get(&ingress, host, "/stream", version, &[]);
+            assert_eq!((reply.status, reply.body.as_str()), (200, "hello world"));
+            assert_eq!(reply.header("content-length"), None, "{what}");
+            if version == "--http1.1" {
+                assert_eq!(reply.header("transfer-encoding"), Some("chunked"), "{what}");
+            } else {
+                assert_eq!(reply.header("transfer-encoding"), None, "{what}");
+                assert_eq!(reply.header("connection"), Some("close"), "{what}");
+            }
+
+            let reply = curl::get(&ingress, host, "/nothing", version, &[]);
+            assert_eq!((reply.status, reply.body.as_str()), (204, ""), "{what}");
+        }
+        // A chunked upload (HTTP/1.1 only) is decoded and sent as DATA, without its framing.
+        let reply = curl::get(
+            &ingress,
+            host,
+            "/echo",
+            "--http1.1",
+            &[
+                "-H",
+                "Transfer-Encoding: chunked",
+                "--data-binary",
+                "streamed body",
+            ],
+        );
+        assert_eq!(reply.status, 200, "{host}: {reply:?}\n{}", ingress.logs());
+        assert!(
+            !reply.body.contains("transfer-encoding"),
+            "{host}: {}",
+            reply.body
+        );
+        assert!(
+            reply.body.ends_with("\n\nstreamed body"),
+            "{host}: {}",
+            reply.body
+        );
+    }
+    // Both routes, every request: one multiplexed upstream connection (or a few), not one each.
+    assert!(upstream.connections() <= 2, "{}", upstream.connections());
+}
+
+#[test]
+fn raw_http1_framing_trailers_keepalive_and_upgrades() {
+    let upstream = H2cUpstream::start();
+    let (_dir, ingress) = start(&upstream);
+    let server = {
+        let reply = raw_until_close(
+            &ingress,
+            "GET /length HTTP/1.1\r\nHost: h2c.example\r\nConnection: close\r\n\r\n",
+        );
+        let (head, _) = masked(&reply);
+        head.lines()
+            .find_map(|l| l.strip_prefix("server: "))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no server header: {head}"))
+    };
+
+    // The exact head: the upstream's content-length and date, the proxy's server.
+    let reply = raw_until_close(
+        &ingress,
+        "GET /length HTTP/1.1\r\nHost: grpc.example\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(
+        masked(&reply),
+        (
+            format!(
+                "HTTP/1.1 200 OK\r\ndate: *\r\nserver: {server}\r\ncontent-length: 10\r\nconnection: close"
+            ),
+            "0123456789".to_string()
+        ),
+        "{reply:?}"
+    );
+
+    // No content-length: chunked, and the trailers only for a client that asked for them.
+    let reply = raw_until_close(
+        &ingress,
+        "GET /trailers HTTP/1.1\r\nHost: grpc.example\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+    );
+    let (head, body) = masked(&reply);
+    assert!(head.contains("\r\ntransfer-encoding: chunked"), "{head}");
+    assert_eq!(
+        body, "4\r\ndata\r\n0\r\ngrpc-status: 0\r\nx-trailer: yes\r\n\r\n",
+        "{reply:?}"
+    );
+    let reply = raw_until_close(
+        &ingress,
+        "GET /trailers HTTP/1.1\r\nHost: grpc.example\r\nConnection: close\r\n\r\n",
+    );
+    let (_, body) = masked(&reply);
+    assert_eq!(body, "4\r\ndata\r\n0\r\n\r\n", "{reply:?}");
+
+    // HTTP/1.0 without a length from the upstream: the body until close, not chunked.
+    let reply = raw_until_close(
+        &ingress,
+        "GET /stream HTTP/1.0\r\nHost: h2c.example\r\n\r\n",
+    );
+    assert_eq!(
+        masked(&reply),
+        (
+            format!("HTTP/1.1 200 OK\r\ndate: *\r\nserver: {server}\r\nconnection: close"),
+            "hello world".to_string()
+        ),
+        "{reply:?}"
+    );
+
+    // One client connection, several requests: HEAD (no body follows its content-length), a
+    // chunked upload, a Content-Length upload, a streamed response, a 204.
+    let mut conn = RawConn::connect(ingress.http);
+    conn.send(b"HEAD /length HTTP/1.1\r\nHost: h2c.example\r\n\r\n");
+    let head = conn.reply_to_head();
+    assert_eq!(
+        (head.status, head.header("content-length")),
+        (200, Some("10")),
+        "{head:?}"
+    );
+    let reply = conn.exchange(
+        b"POST /echo HTTP/1.1\r\nHost: h2c.example\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-t: 1\r\n\r\n",
+    );
+    assert_eq!(reply.status, 200);
+    let text = reply.text();
+    assert!(text.ends_with("\n\nhello world"), "{text}");
+    assert!(
+        !text.contains("x-t:"),
+        "request trailers are dropped: {text}"
+    );
+    let reply =
+        conn.exchange(b"POST /echo HTTP/1.1\r\nHost: grpc.example\r\nContent-Length: 3\r\n\r\nabc");
+    assert!(reply.text().ends_with("\n\nabc"), "{}", reply.text());
+    let reply = conn.exchange(b"GET /stream HTTP/1.1\r\nHost: grpc.example\r\n\r\n");
+    assert_eq!((reply.status, reply.text().as_str()), (200, "hello world"));
+    let reply = conn.exchange(b"GET /nothing HTTP/1.1\r\nHost: grpc.example\r\n\r\n");
+    assert_eq!(reply.status, 204);
+    let reply = conn.exchange(b"GET /length HTTP/1.1\r\nHost: grpc.example\r\n\r\n");
+    assert_eq!(
+        (reply.status, reply.text().as_str()),
+        (200, "0123456789"),
+        "the connection is still good after all of them"
+    );
+
+    // A large upload, sent faster than one channel piece: whole, in order.
+    let big: String = (0..200_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let reply = conn.exchange(
+        format!(
+            "POST /echo HTTP/1.1\r\nHost: h2c.example\r\nContent-Length: {}\r\n\r\n{big}",
+            big.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(reply.status, 200);
+    assert!(reply.text().ends_with(&format!("\n\n{big}")), "large body");
+
+    // An upgrade cannot be carried to an HTTP/2-only upstream: 501, said plainly.
+    let reply = raw_until_close(
+        &ingress,
+        "GET /ws HTTP/1.1\r\nHost: h2c.example\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    );
+    assert!(reply.starts_with("HTTP/1.1 501 "), "{reply:?}");
+}
