@@ -6,7 +6,8 @@
 //! for `TE: trailers`), or until close for HTTP/1.0; HEAD and 204 without a body; the client
 //! connection kept alive; a WebSocket upgrade refused with 501.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Plain blocking tests: no async runtime here to block.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
