@@ -38,12 +38,45 @@ fn start(upstream: &H2cUpstream) -> (Scratch, Ingress) {
         "{name: http, port: 80}",
         "{name: http, port: 80, appProtocol: kubernetes.io/h2c}",
     ) + &ingress("t", "h2c", &[("h2c.example", "/", "Prefix", "h2c")]);
-    dir.write("routes.yaml", &(grpc + &h2c));
+    // The phases still run: CORS and upstream-vhost on one route, a source range on another,
+    // and an upstream that is down.
+    let phased = service_at("t", "phased", &[upstream.addr]).replace(
+        "{name: http, port: 80}",
+        "{name: http, port: 80, appProtocol: kubernetes.io/h2c}",
+    ) + &annotated_ingress(
+        "t",
+        "phased",
+        1,
+        &[("enable-cors", "true"), ("upstream-vhost", "inner.example")],
+        &[("phased.example", "/", "Prefix", "phased")],
+    ) + &annotated_ingress(
+        "t",
+        "denied",
+        1,
+        &[("whitelist-source-range", "10.0.0.0/8")],
+        &[("denied.example", "/", "Prefix", "phased")],
+    );
+    let down_addr = std::net::SocketAddr::from(([127, 0, 0, 1], ingress_tests::ports::free_port()));
+    let down = service_at("t", "down", &[down_addr])
+        + &annotated_ingress(
+            "t",
+            "down",
+            1,
+            &[("backend-protocol", "GRPC")],
+            &[("down.example", "/", "Prefix", "down")],
+        );
+    dir.write("routes.yaml", &(grpc + &h2c + &phased + &down));
     let ingress = Ingress::builder().manifests(dir.path()).start();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !HOSTS
-        .iter()
-        .all(|h| ingress.admin_get("/routes").1.contains(h))
+    while ![
+        HOSTS[0],
+        HOSTS[1],
+        "phased.example",
+        "denied.example",
+        "down.example",
+    ]
+    .iter()
+    .all(|h| ingress.admin_get("/routes").1.contains(h))
     {
         assert!(
             Instant::now() < deadline,
@@ -335,4 +368,76 @@ fn raw_http1_framing_trailers_keepalive_and_upgrades() {
         "GET /ws HTTP/1.1\r\nHost: h2c.example\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
     );
     assert!(reply.starts_with("HTTP/1.1 501 "), "{reply:?}");
+}
+
+#[test]
+fn phases_errors_and_expect_continue_on_http1_to_h2_routes() {
+    let upstream = H2cUpstream::start();
+    let (_dir, ingress) = start(&upstream);
+
+    // CORS is added to the response, upstream-vhost becomes the :authority.
+    let reply = curl::get(
+        &ingress,
+        "phased.example",
+        "/echo",
+        "--http1.1",
+        &["-H", "Origin: https://app.example"],
+    );
+    assert_eq!(reply.status, 200, "{reply:?}\n{}", ingress.logs());
+    assert!(
+        reply.header("access-control-allow-origin").is_some(),
+        "{reply:?}"
+    );
+    assert!(
+        reply.body.contains(":authority: inner.example\n"),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body.contains("x-forwarded-host: phased.example\n"),
+        "{}",
+        reply.body
+    );
+
+    // Access control refuses before anything goes upstream.
+    let reply = curl::get(&ingress, "denied.example", "/echo", "--http1.1", &[]);
+    assert_eq!(reply.status, 403, "{reply:?}");
+
+    // An upstream that is down: the proxy's plain 502 for a plain request, a gRPC-shaped
+    // UNAVAILABLE for a gRPC one.
+    let reply = curl::get(&ingress, "down.example", "/", "--http1.1", &[]);
+    assert_eq!(reply.status, 502, "{reply:?}");
+    assert_eq!(reply.header("grpc-status"), None, "{reply:?}");
+    let reply = curl::get(
+        &ingress,
+        "down.example",
+        "/pkg.Service/Call",
+        "--http1.1",
+        &[
+            "-H",
+            "Content-Type: application/grpc",
+            "-H",
+            "TE: trailers",
+            "--data-binary",
+            "",
+        ],
+    );
+    assert_eq!(
+        (reply.status, reply.header("grpc-status")),
+        (200, Some("14")),
+        "{reply:?}"
+    );
+
+    // Expect: 100-continue: told to go on, then the body arrives whole, on a connection that
+    // stays usable.
+    let mut conn = RawConn::connect(ingress.http);
+    let interim = conn.exchange(
+        b"POST /echo HTTP/1.1\r\nHost: h2c.example\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
+    );
+    assert_eq!(interim.status, 100);
+    let reply = conn.exchange(b"hello");
+    assert_eq!(reply.status, 200);
+    assert!(reply.text().ends_with("\n\nhello"), "{}", reply.text());
+    let reply = conn.exchange(b"GET /length HTTP/1.1\r\nHost: h2c.example\r\n\r\n");
+    assert_eq!((reply.status, reply.text().as_str()), (200, "0123456789"));
 }

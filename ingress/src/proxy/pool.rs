@@ -430,3 +430,44 @@ impl Drop for UpstreamBody {
 pub async fn collect(body: UpstreamBody) -> Result<Bytes, hyper::Error> {
     Ok(body.collect().await?.to_bytes())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_http1_body_ends_only_when_its_end_was_sent() {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut whole = ClientBody::H1 {
+            pieces: rx,
+            length: Some(1),
+            ended: false,
+        };
+        let sender = tokio::spawn(async move {
+            tx.send(Some(Bytes::from_static(b"a"))).await.ok();
+            tx.send(None).await.ok();
+        });
+        let first = whole.frame().await.and_then(Result::ok);
+        assert_eq!(
+            first.and_then(|f| f.into_data().ok()),
+            Some(Bytes::from_static(b"a"))
+        );
+        assert!(whole.frame().await.is_none());
+        assert!(whole.is_end_stream());
+        sender.await.ok();
+
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut cut = ClientBody::H1 {
+            pieces: rx,
+            length: None,
+            ended: false,
+        };
+        tx.send(Some(Bytes::from_static(b"a"))).await.ok();
+        drop(tx);
+        assert!(matches!(cut.frame().await, Some(Ok(_))));
+        assert!(
+            matches!(cut.frame().await, Some(Err(_))),
+            "a body whose sender went away without its end is an error, not an end"
+        );
+    }
+}

@@ -527,3 +527,63 @@ async fn relay_body<W: AsyncWrite + Unpin>(
     out.clear();
     wr.flush().await.is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::{Either, Full};
+
+    use super::*;
+
+    fn upstream(
+        status: u16,
+        length: Option<&'static str>,
+        body: &'static str,
+    ) -> http::Response<ProxyBody> {
+        let mut response =
+            http::Response::new(Either::Right(Either::Right(Full::new(Bytes::from(body)))));
+        *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+        if let Some(length) = length {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from_static(length));
+        }
+        response
+            .headers_mut()
+            .insert("x-a", HeaderValue::from_static("1"));
+        response
+    }
+
+    #[test]
+    fn h1_heads_keep_a_length_else_chunk_a_body_that_may_follow() {
+        let cases: &[(u16, Option<&'static str>, &'static str, bool, &str)] = &[
+            // (status, content-length, body, HEAD request) -> head
+            (
+                200,
+                Some("3"),
+                "abc",
+                false,
+                "content-length: 3\r\nx-a: 1\r\n",
+            ),
+            (
+                200,
+                None,
+                "abc",
+                false,
+                "x-a: 1\r\ntransfer-encoding: chunked\r\n",
+            ),
+            (200, None, "", false, "x-a: 1\r\ncontent-length: 0\r\n"),
+            (200, None, "abc", true, "x-a: 1\r\n"),
+            (204, None, "", false, "x-a: 1\r\n"),
+            (304, None, "", false, "x-a: 1\r\n"),
+        ];
+        for &(status, length, body, head, want) in cases {
+            let mut out = Vec::new();
+            h1_head(&upstream(status, length, body), head, &mut out);
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                format!("HTTP/1.1 {status} \r\n{want}\r\n"),
+                "{status} {length:?} {body:?} head={head}"
+            );
+        }
+    }
+}
