@@ -4,7 +4,9 @@
 //! without its hop-by-hop headers, bodies (Content-Length and chunked) arrive whole, and the
 //! response comes back framed for the client: its content-length, else chunked (trailers only
 //! for `TE: trailers`), or until close for HTTP/1.0; HEAD and 204 without a body; the client
-//! connection kept alive; a WebSocket upgrade refused with 501.
+//! connection kept alive; a WebSocket upgrade refused with 501. The phases still apply (CORS,
+//! upstream-vhost, source ranges), errors are gRPC-shaped only for gRPC requests, and a
+//! `GRPCS` upstream is reached over TLS with ALPN `h2`.
 
 // Plain blocking tests: no async runtime here to block.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -440,4 +442,77 @@ fn phases_errors_and_expect_continue_on_http1_to_h2_routes() {
     assert!(reply.text().ends_with("\n\nhello"), "{}", reply.text());
     let reply = conn.exchange(b"GET /length HTTP/1.1\r\nHost: h2c.example\r\n\r\n");
     assert_eq!((reply.status, reply.text().as_str()), (200, "0123456789"));
+}
+
+#[test]
+fn http1_clients_reach_a_grpcs_upstream_over_tls_with_alpn_h2() {
+    use ingress_tests::https_upstream::{HttpsBackend, HttpsOptions};
+    use ingress_tests::pki::{Ca, KeyFormat, KeyKind};
+
+    let ca = Ca::new("upstream CA");
+    let leaf = ca.leaf(
+        "secure.t.svc",
+        &["secure.t.svc"],
+        KeyKind::EcdsaP256,
+        KeyFormat::Pkcs8,
+        false,
+    );
+    // HTTP/2 only: a client that cannot agree to h2 is refused by the handshake.
+    let backend = HttpsBackend::start(
+        "secure",
+        &leaf,
+        HttpsOptions {
+            alpn: vec![b"h2".to_vec()],
+            ..HttpsOptions::default()
+        },
+    );
+    let dir = Scratch::new("upstream-h2-http1-tls");
+    let yaml = service_at("t", "secure", &[backend.addr])
+        + &annotated_ingress(
+            "t",
+            "secure",
+            1,
+            &[("backend-protocol", "GRPCS")],
+            &[("grpcs.example", "/", "Prefix", "secure")],
+        );
+    dir.write("routes.yaml", &yaml);
+    let ingress = Ingress::builder().manifests(dir.path()).start();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ingress.admin_get("/routes").1.contains("grpcs.example") {
+        assert!(
+            Instant::now() < deadline,
+            "never routed:\n{}",
+            ingress.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for version in ["--http1.1", "--http1.0"] {
+        let reply = curl::get(
+            &ingress,
+            "grpcs.example",
+            "/over-tls",
+            version,
+            &["--data-binary", "payload"],
+        );
+        assert_eq!(
+            reply.status,
+            200,
+            "{version}: {reply:?}\n{}",
+            ingress.logs()
+        );
+        let echo = reply.echo().expect("the backend's echo");
+        assert_eq!(
+            (echo.backend.as_str(), echo.method.as_str(), echo.body_len),
+            ("secure", "POST", 7),
+            "{version}"
+        );
+    }
+    let handshakes = backend.handshakes();
+    assert!(!handshakes.is_empty());
+    assert!(
+        handshakes
+            .iter()
+            .all(|h| h.alpn.as_deref() == Some(&b"h2"[..])),
+        "{handshakes:?}"
+    );
 }

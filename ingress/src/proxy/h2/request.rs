@@ -10,6 +10,9 @@
 //!   Forward: headers rewritten (forward.rs) → pool.send, bounded by the route's timeout
 //!   response: Server, HSTS, record
 //! ```
+//!
+//! `Proxy::forward` is also how the HTTP/1.x path reaches an HTTP/2-only upstream
+//! (`h1/bridge.rs`): one place sends requests to upstreams for both client protocols.
 
 use std::convert::Infallible;
 use std::sync::Arc;
