@@ -15,6 +15,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use ingress_tests::auth_service::AuthService;
 use ingress_tests::curl;
 use ingress_tests::h2c_upstream::H2cUpstream;
 use ingress_tests::manifests::{annotated_ingress, ingress, service_at};
@@ -26,7 +27,7 @@ const HOSTS: [&str; 2] = ["grpc.example", "h2c.example"];
 
 /// One upstream behind two routes: `grpc.example` by `backend-protocol: GRPC`,
 /// `h2c.example` by `appProtocol: kubernetes.io/h2c`.
-fn start(upstream: &H2cUpstream) -> (Scratch, Ingress) {
+fn start(upstream: &H2cUpstream, extra: &[(&str, String)]) -> (Scratch, Ingress) {
     let dir = Scratch::new("upstream-h2-http1");
     let grpc = service_at("t", "grpc", &[upstream.addr])
         + &annotated_ingress(
@@ -67,7 +68,11 @@ fn start(upstream: &H2cUpstream) -> (Scratch, Ingress) {
             &[("backend-protocol", "GRPC")],
             &[("down.example", "/", "Prefix", "down")],
         );
-    dir.write("routes.yaml", &(grpc + &h2c + &phased + &down));
+    let extra_yaml: String = extra.iter().map(|(_, yaml)| yaml.as_str()).collect();
+    dir.write(
+        "routes.yaml",
+        &(grpc + &h2c + &phased + &down + &extra_yaml),
+    );
     let ingress = Ingress::builder().manifests(dir.path()).start();
     let deadline = Instant::now() + Duration::from_secs(10);
     while ![
@@ -78,6 +83,7 @@ fn start(upstream: &H2cUpstream) -> (Scratch, Ingress) {
         "down.example",
     ]
     .iter()
+    .chain(extra.iter().map(|(host, _)| host))
     .all(|h| ingress.admin_get("/routes").1.contains(h))
     {
         assert!(
@@ -122,7 +128,7 @@ fn masked(reply: &str) -> (String, String) {
 #[test]
 fn curl_http1_clients_get_and_post_through_an_h2_only_upstream() {
     let upstream = H2cUpstream::start();
-    let (_dir, ingress) = start(&upstream);
+    let (_dir, ingress) = start(&upstream, &[]);
     for host in HOSTS {
         for version in ["--http1.1", "--http1.0"] {
             let what = format!("{host} {version}");
@@ -255,7 +261,7 @@ fn curl_http1_clients_get_and_post_through_an_h2_only_upstream() {
 #[test]
 fn raw_http1_framing_trailers_keepalive_and_upgrades() {
     let upstream = H2cUpstream::start();
-    let (_dir, ingress) = start(&upstream);
+    let (_dir, ingress) = start(&upstream, &[]);
     let server = {
         let reply = raw_until_close(
             &ingress,
@@ -375,7 +381,38 @@ fn raw_http1_framing_trailers_keepalive_and_upgrades() {
 #[test]
 fn phases_errors_and_expect_continue_on_http1_to_h2_routes() {
     let upstream = H2cUpstream::start();
-    let (_dir, ingress) = start(&upstream);
+    let auth = AuthService::start();
+    let guarded = |name: &str, path: &str| {
+        annotated_ingress(
+            "t",
+            name,
+            1,
+            &[
+                ("auth-url", &auth.url(path)),
+                ("auth-response-headers", "X-Auth-Request-User"),
+            ],
+            &[(&format!("{name}.example"), "/", "Prefix", "phased")],
+        )
+    };
+    let (_dir, ingress) = start(
+        &upstream,
+        &[
+            ("authed.example", guarded("authed", "/ok")),
+            ("refused.example", guarded("refused", "/deny")),
+        ],
+    );
+
+    // External auth: what the auth service vouched for goes upstream; its refusal does not.
+    let reply = curl::get(&ingress, "authed.example", "/echo", "--http1.1", &[]);
+    assert_eq!(reply.status, 200, "{reply:?}\n{}", ingress.logs());
+    assert!(
+        reply.body.contains("x-auth-request-user: alice\n"),
+        "{}",
+        reply.body
+    );
+    let reply = curl::get(&ingress, "refused.example", "/echo", "--http1.1", &[]);
+    assert_eq!(reply.status, 401, "{reply:?}");
+    assert!(reply.header("www-authenticate").is_some(), "{reply:?}");
 
     // CORS is added to the response, upstream-vhost becomes the :authority.
     let reply = curl::get(
