@@ -5,6 +5,7 @@
 //!   process      the real binary: one builder for every way a test starts it
 //!   auth_service an auth service for `auth-url` whose answer each path scripts
 //!   poll         eventually: wait for a live change to reach traffic
+//!   h2c_upstream an upstream speaking HTTP/2 (prior knowledge) only, answers scripted by path
 //!   preflight    root / BTF / embedded eBPF object, or skip (fail under CI=true)
 //!   modes        Mode and both_modes!: one scenario, an _ebpf and a _userspace test
 //!   netns, pins  network namespaces (NetPair, NetChain) and a bpffs directory per test
@@ -27,6 +28,7 @@ pub mod corpus;
 pub mod curl;
 pub mod gate_server;
 pub mod gate_site;
+pub mod h2c_upstream;
 pub mod https_upstream;
 pub mod manifests;
 pub mod modes;

@@ -351,9 +351,16 @@ impl Body for Replayable {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Some(body) => body.size_hint(),
-            None => SizeHint::default(),
+        match (&self.inner, self.started) {
+            (Some(body), _) => body.size_hint(),
+            // hyper asks before the first frame: a declared length is sent as content-length.
+            (None, false) => self
+                .slot
+                .lock()
+                .ok()
+                .and_then(|s| s.as_ref().map(Body::size_hint))
+                .unwrap_or_default(),
+            (None, true) => SizeHint::with_exact(0),
         }
     }
 }

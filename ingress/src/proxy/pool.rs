@@ -46,7 +46,74 @@ type IdleKey = (PoolKey, Transport);
 type Conn = Box<http1::Connection<TokioIo<UpstreamStream>, RequestBody>>;
 
 /// A client's request body on its way upstream, failing if the client pauses too long.
-pub type RequestBody = super::idle::IdleBody<Incoming>;
+pub type RequestBody = super::idle::IdleBody<ClientBody>;
+
+/// A request body as a client sends it: an HTTP/2 stream's (hyper's), or one the HTTP/1.x path
+/// reads itself and hands over a piece at a time (`h1::bridge`, for HTTP/2-only upstreams).
+pub enum ClientBody {
+    /// None at all: the upstream's stream ends with the head.
+    Empty,
+    H2(Incoming),
+    /// Pieces read from an HTTP/1.x client, then `None` for its end. The channel holds one
+    /// piece, so the client is read no faster than the upstream takes it. A channel closed
+    /// without that `None` (the client went away or stalled, or sent a malformed chunk) fails
+    /// the body, so the upstream's stream is reset and never sees a cut-short body as whole.
+    H1 {
+        pieces: tokio::sync::mpsc::Receiver<Option<Bytes>>,
+        /// The declared `Content-Length`, for the size hint.
+        length: Option<u64>,
+        ended: bool,
+    },
+}
+
+/// Why a body an HTTP/1.x client was sending did not arrive whole.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body was cut short")]
+pub struct CutShort;
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Self::Empty => Poll::Ready(None),
+            Self::H2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            Self::H1 { ended: true, .. } => Poll::Ready(None),
+            Self::H1 { pieces, ended, .. } => match pieces.poll_recv(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(Some(piece))) => Poll::Ready(Some(Ok(Frame::data(piece)))),
+                Poll::Ready(Some(None)) => {
+                    *ended = true;
+                    Poll::Ready(None)
+                }
+                Poll::Ready(None) => Poll::Ready(Some(Err(CutShort.into()))),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Empty => true,
+            Self::H2(body) => body.is_end_stream(),
+            Self::H1 { ended, .. } => *ended,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Empty => SizeHint::with_exact(0),
+            Self::H2(body) => body.size_hint(),
+            Self::H1 {
+                length: Some(n), ..
+            } => SizeHint::with_exact(*n),
+            Self::H1 { length: None, .. } => SizeHint::default(),
+        }
+    }
+}
 
 pub struct Pool {
     idle: Mutex<HashMap<IdleKey, Vec<Idle>, foldhash::fast::RandomState>>,
@@ -362,4 +429,45 @@ impl Drop for UpstreamBody {
 /// Collects a body; used by tests.
 pub async fn collect(body: UpstreamBody) -> Result<Bytes, hyper::Error> {
     Ok(body.collect().await?.to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_http1_body_ends_only_when_its_end_was_sent() {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut whole = ClientBody::H1 {
+            pieces: rx,
+            length: Some(1),
+            ended: false,
+        };
+        let sender = tokio::spawn(async move {
+            tx.send(Some(Bytes::from_static(b"a"))).await.ok();
+            tx.send(None).await.ok();
+        });
+        let first = whole.frame().await.and_then(Result::ok);
+        assert_eq!(
+            first.and_then(|f| f.into_data().ok()),
+            Some(Bytes::from_static(b"a"))
+        );
+        assert!(whole.frame().await.is_none());
+        assert!(whole.is_end_stream());
+        sender.await.ok();
+
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut cut = ClientBody::H1 {
+            pieces: rx,
+            length: None,
+            ended: false,
+        };
+        tx.send(Some(Bytes::from_static(b"a"))).await.ok();
+        drop(tx);
+        assert!(matches!(cut.frame().await, Some(Ok(_))));
+        assert!(
+            matches!(cut.frame().await, Some(Err(_))),
+            "a body whose sender went away without its end is an error, not an end"
+        );
+    }
 }

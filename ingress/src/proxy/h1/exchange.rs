@@ -292,7 +292,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     }
 
     /// Tells an `Expect: 100-continue` client to send its body.
-    async fn continue_client(&mut self) -> bool {
+    pub(super) async fn continue_client(&mut self) -> bool {
         let timeout = self.proxy.settings.client_send_timeout;
         write_timed(
             &mut self.io,

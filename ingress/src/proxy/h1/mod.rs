@@ -12,6 +12,8 @@
 //!        framing (small bodies sent with the head; others streamed, chunked re-encoded)
 //!        → response head (response.rs) → body relayed as framed → log + metrics
 //!   upgrade (tunnel.rs): a fresh upstream connection; 101 → bytes both ways until idle
+//!   HTTP/2-only upstream (bridge.rs): the HTTP/2 path's forwarding and pool, the response
+//!        written back in HTTP/1.1 framing; an upgrade there is refused (501)
 //!        │
 //!   next request on the same connection
 //! ```
@@ -28,6 +30,7 @@
 //! a way past routing. Now hyper parses HTTP/1.1 only in tests, as the reference this parser is
 //! checked against.
 
+mod bridge;
 mod deadline;
 mod exchange;
 pub mod response;
@@ -55,7 +58,6 @@ use super::phase::route::Refusal;
 use super::phase::{Phased, RequestHeaders, RequestView};
 use super::settings::HttpSettings;
 use super::trace::{self, RequestTrace};
-use super::upstream::UpstreamError;
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
 use crate::snapshot::global::GlobalSettings;
@@ -174,6 +176,9 @@ struct Prepared {
     body: BodyFraming,
     /// The protocol asked for in `Upgrade`, when the route allows it.
     upgrade: Option<Vec<u8>>,
+    /// The request as the HTTP/2 path's forwarding takes it, when its upstream speaks HTTP/2
+    /// only (its head is then not in `Client::request`).
+    bridged: Option<Box<bridge::Bridged>>,
     /// What the access log keeps of the request, when it is on.
     logged: Option<Logged>,
     method: http::Method,
@@ -359,21 +364,31 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         if let (Some(tracing), Some(trace)) = (&proxy.tracing, &trace) {
             tracing.phases(trace, phases_at, route.as_deref(), decision.name());
         }
-        // This path speaks HTTP/1.1 to upstreams; an HTTP/2 upstream is reached from HTTP/2
-        // clients (h2/).
+        // An HTTP/2-only upstream is reached through the HTTP/2 path's forwarding (bridge.rs),
+        // which cannot switch protocols: RFC 8441's extended CONNECT is not spoken upstream,
+        // so an upgrade the route would allow is refused rather than sent as a plain request.
         let action = match decision {
-            Decision::Forward(forward) if forward.wire == Wire::Http2 => {
-                Decision::Fail(UpstreamError::Protocol(
-                    "the upstream speaks HTTP/2 only (backend-protocol GRPC/GRPCS or appProtocol h2c); this request came over HTTP/1.x".into(),
-                ))
+            Decision::Forward(forward)
+                if forward.wire == Wire::Http2
+                    && req.upgrade.is_some_and(|u| allowed(&forward.upgrades, u)) =>
+            {
+                Decision::Refuse(Refusal {
+                    status: StatusCode::NOT_IMPLEMENTED,
+                    reason: "protocol upgrades (WebSocket) are not supported to an HTTP/2-only upstream",
+                })
             }
             other => other,
         };
         let mut upgrade = None;
+        let mut bridged = None;
         if let (Decision::Forward(forward), Some(target)) = (&action, &phased_target) {
             upgrade = req
                 .upgrade
-                .filter(|u| req.body == BodyFraming::None && allowed(&forward.upgrades, u))
+                .filter(|u| {
+                    forward.wire != Wire::Http2
+                        && req.body == BodyFraming::None
+                        && allowed(&forward.upgrades, u)
+                })
                 .map(<[u8]>::to_vec);
             let key = forward.key.to_string();
             // The upstream span's context replaces the client's traceparent.
@@ -408,22 +423,32 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .chain(traced.iter().map(|(n, v)| (*n, Some(v.as_bytes()))))
                 .collect();
             let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
-            request::write_upstream(
-                &mut self.request,
-                &req,
-                &request::Upstream {
-                    target,
+            if forward.wire == Wire::Http2 {
+                bridged = Some(Box::new(bridge::Bridged::new(
+                    &req,
+                    target.to_string(),
                     authority,
-                    host: forward.vhost.as_deref(),
-                    client: facts,
-                    underscores: forward.underscores,
-                    body: req.body.into(),
-                    upgrade: upgrade.is_some(),
-                    new_request_id: fresh_id,
-                    forwarded_prefix: forward.forwarded_prefix.as_deref(),
-                    set_headers: &set_headers,
-                },
-            );
+                    &fresh_id,
+                    traced,
+                )));
+            } else {
+                request::write_upstream(
+                    &mut self.request,
+                    &req,
+                    &request::Upstream {
+                        target,
+                        authority,
+                        host: forward.vhost.as_deref(),
+                        client: facts,
+                        underscores: forward.underscores,
+                        body: req.body.into(),
+                        upgrade: upgrade.is_some(),
+                        new_request_id: fresh_id,
+                        forwarded_prefix: forward.forwarded_prefix.as_deref(),
+                        set_headers: &set_headers,
+                    },
+                );
+            }
         }
         let refused = matches!(action, Decision::Refuse(_));
         let prepared = Prepared {
@@ -438,6 +463,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             expect_continue: req.expect_continue,
             body: req.body,
             upgrade,
+            bridged,
             logged,
             method: http::Method::from_bytes(req.method.as_bytes()).unwrap_or_default(),
             host: proxy
@@ -476,6 +502,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             expect_continue: false,
             body: BodyFraming::None,
             upgrade: None,
+            bridged: None,
             logged: self.proxy.settings.access_log.then(|| Logged {
                 method: "-".into(),
                 target: "-".into(),
@@ -516,8 +543,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         };
         // Authentication's edits of the request went into its head (`prepare`); its cookies
         // are for the response.
+        // A forward to an HTTP/2-only upstream keeps them: the HTTP/2 path's forwarding
+        // (bridge.rs) applies both.
         let granted = match &mut action {
-            Decision::Forward(forward) => forward.auth.take(),
+            Decision::Forward(forward) if forward.wire != Wire::Http2 => forward.auth.take(),
             _ => None,
         };
         let mut ctx = ResponseContext {
@@ -535,6 +564,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             own_headers: global.own_response_headers.as_deref(),
         };
         let (status, outcome, keep_open) = match action {
+            Decision::Forward(forward) if forward.wire == Wire::Http2 => {
+                self.bridge(forward, &mut prepared, &mut ctx).await
+            }
             Decision::Forward(forward) if upgrade.is_some() => {
                 self.upgrade(forward, &prepared, &mut ctx).await
             }

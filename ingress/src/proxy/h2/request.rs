@@ -10,6 +10,9 @@
 //!   Forward: headers rewritten (forward.rs) → pool.send, bounded by the route's timeout
 //!   response: Server, HSTS, record
 //! ```
+//!
+//! `Proxy::forward` is also how the HTTP/1.x path reaches an HTTP/2-only upstream
+//! (`h1/bridge.rs`): one place sends requests to upstreams for both client protocols.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,7 +35,7 @@ use crate::proxy::phase::route::Refusal;
 use crate::proxy::phase::upstream;
 use crate::proxy::phase::{Decision, Forward, Outcome, Phased, Record, RequestView};
 use crate::proxy::pool::PoolKey;
-use crate::proxy::pool::SendError;
+use crate::proxy::pool::{ClientBody, SendError};
 use crate::proxy::trace::{self, RequestTrace};
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
@@ -363,7 +366,7 @@ impl Proxy {
                 let upstream_started = Instant::now();
                 let (response, outcome) = self
                     .forward(
-                        req,
+                        req.map(ClientBody::H2),
                         forward,
                         &forwarded_target,
                         &request,
@@ -403,9 +406,13 @@ impl Proxy {
         (response, route, Some(host), outcome, client, global)
     }
 
-    async fn forward(
+    /// Sends a request through the pool its route's protocol needs, retrying
+    /// (`proxy-next-upstream`) what was not sent, and returns the upstream's response with the
+    /// route's cookies and headers added, or the failure as a response. HTTP/2 clients' requests
+    /// come here, and HTTP/1.x clients' ones to HTTP/2-only upstreams (`h1::bridge`).
+    pub(crate) async fn forward(
         &self,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         forward: Forward,
         target: &str,
         request: &forward::RequestSide<'_>,
@@ -560,23 +567,13 @@ impl Proxy {
                 }
             };
             drop(in_flight);
-            forward::strip_response_hop_by_hop(response.headers_mut());
-            if let Some(edits) = &response_headers {
-                response
-                    .extensions_mut()
-                    .insert(response::RequestEdits(edits.clone()));
-            }
-            if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
-                response.headers_mut().append(header::SET_COOKIE, cookie);
-            }
-            for (name, value) in set_headers {
-                response.headers_mut().insert(name, value);
-            }
-            for cookie in auth.cookies_for(response.status().as_u16()) {
-                response
-                    .headers_mut()
-                    .append(header::SET_COOKIE, cookie.clone());
-            }
+            finish_response(
+                &mut response,
+                response_headers.as_ref(),
+                set_cookie,
+                set_headers,
+                &auth,
+            );
             let response = response.map(|body| {
                 Either::Right(Either::Left(
                     idle::IdleBody::new(body, timeout)
@@ -624,23 +621,13 @@ impl Proxy {
         };
         // The body streams after this returns; the endpoint's load counts until headers.
         drop(in_flight);
-        forward::strip_response_hop_by_hop(response.headers_mut());
-        if let Some(edits) = &response_headers {
-            response
-                .extensions_mut()
-                .insert(response::RequestEdits(edits.clone()));
-        }
-        if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
-            response.headers_mut().append(header::SET_COOKIE, cookie);
-        }
-        for (name, value) in set_headers {
-            response.headers_mut().insert(name, value);
-        }
-        for cookie in auth.cookies_for(response.status().as_u16()) {
-            response
-                .headers_mut()
-                .append(header::SET_COOKIE, cookie.clone());
-        }
+        finish_response(
+            &mut response,
+            response_headers.as_ref(),
+            set_cookie,
+            set_headers,
+            &auth,
+        );
         let response = response.map(|body| {
             Either::Left(
                 idle::IdleBody::new(body, timeout)
@@ -656,6 +643,37 @@ impl Proxy {
                 refused: None,
             },
         )
+    }
+}
+
+/// An upstream's response as the client gets it, whichever protocol the upstream spoke: its
+/// hop-by-hop headers removed, then the affinity cookie, the headers the route sets (CORS),
+/// and authentication's cookies added.
+fn finish_response<B>(
+    response: &mut Response<B>,
+    response_headers: Option<&Arc<crate::snapshot::annotations::snippet::ResponseEdits>>,
+    set_cookie: Option<String>,
+    set_headers: crate::proxy::phase::cors::SetHeaders,
+    auth: &crate::proxy::phase::auth::Granted,
+) {
+    forward::strip_response_hop_by_hop(response.headers_mut());
+    // The edits made for this request (with its variables filled in) are applied where the
+    // response is written, and only if it is still the upstream's.
+    if let Some(edits) = response_headers {
+        response
+            .extensions_mut()
+            .insert(response::RequestEdits(edits.clone()));
+    }
+    if let Some(cookie) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    for (name, value) in set_headers {
+        response.headers_mut().insert(name, value);
+    }
+    for cookie in auth.cookies_for(response.status().as_u16()) {
+        response
+            .headers_mut()
+            .append(header::SET_COOKIE, cookie.clone());
     }
 }
 
