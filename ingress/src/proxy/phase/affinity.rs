@@ -24,7 +24,7 @@ use super::RequestHeaders;
 use super::identity::ConnInfo;
 use super::samesite;
 use crate::proxy::pool::PoolKey;
-use crate::snapshot::annotations::affinity::{Affinity, Mode, stable_hash};
+use crate::snapshot::annotations::affinity::{Affinity, Mode, StableHasher, stable_hash};
 use crate::snapshot::annotations::hash::{HashKey, Piece};
 use crate::snapshot::backend::{Backend, Endpoint};
 use crate::snapshot::policy::Balance;
@@ -77,7 +77,12 @@ pub(crate) fn pick(
     if let Some(key) = key {
         let found = match affinity.mode {
             Mode::Balanced => rendezvous(endpoints, key),
-            Mode::Persistent => endpoints.iter().find(|e| endpoint_key(e).as_bytes() == key),
+            Mode::Persistent => {
+                let wanted = hex_key(key);
+                endpoints
+                    .iter()
+                    .find(|e| wanted.is_some_and(|k| k == endpoint_hash(e)))
+            }
         };
         if let Some(endpoint) = found {
             sticky.from_cookie = true;
@@ -164,13 +169,11 @@ fn new_session(
 /// The second half of the cookie: which backend (Service and port) the session is on, so a
 /// canary can keep its sessions (ingress-nginx's `backend_key`).
 pub(crate) fn backend_key(backend: &Backend) -> String {
-    format!(
-        "{:016x}",
-        stable_hash(&[
-            backend.service.to_string().as_bytes(),
-            backend.port.to_string().as_bytes()
-        ])
-    )
+    let hash = StableHasher::new()
+        .display_part(&backend.service)
+        .display_part(&backend.port)
+        .finish();
+    format!("{hash:016x}")
 }
 
 /// The backend key of the session cookie a request carries, if any.
@@ -289,18 +292,31 @@ impl Subset {
 
 /// A persistent key: the endpoint's address, hashed.
 fn endpoint_key(endpoint: &Endpoint) -> String {
-    format!(
-        "{:016x}",
-        stable_hash(&[endpoint.addr.to_string().as_bytes()])
-    )
+    format!("{:016x}", endpoint_hash(endpoint))
+}
+
+fn endpoint_hash(endpoint: &Endpoint) -> u64 {
+    StableHasher::new().display_part(&endpoint.addr).finish()
+}
+
+/// A persistent cookie key as the hash it spells: exactly what [`endpoint_key`] writes (16
+/// lowercase hex digits), anything else names no endpoint.
+fn hex_key(key: &[u8]) -> Option<u64> {
+    let digits = key.len() == 16 && key.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    digits
+        .then(|| std::str::from_utf8(key).ok())
+        .flatten()
+        .and_then(|k| u64::from_str_radix(k, 16).ok())
 }
 
 /// The endpoint whose hash with `key` is highest: adding or removing an endpoint moves only
 /// the keys that it wins or held.
 fn rendezvous<'e>(endpoints: &'e [Arc<Endpoint>], key: &[u8]) -> Option<&'e Arc<Endpoint>> {
+    // The key's part is hashed once; each endpoint continues from a copy.
+    let seeded = StableHasher::new().part(key);
     endpoints
         .iter()
-        .max_by_key(|e| stable_hash(&[key, e.addr.to_string().as_bytes()]))
+        .max_by_key(|e| seeded.display_part(&e.addr).finish())
 }
 
 /// The cookie, with ingress-nginx's attributes: `HttpOnly` always, `Secure` on HTTPS unless
@@ -585,6 +601,22 @@ mod tests {
         }
         assert!((50..=150).contains(&moved), "{moved} of 500 moved");
         assert!(rendezvous(&[], b"k").is_none());
+    }
+
+    #[test]
+    fn persistent_keys_are_read_as_written() {
+        let e = Endpoint::new("10.0.0.7:8080".parse().unwrap());
+        let written = endpoint_key(&e);
+        assert_eq!(hex_key(written.as_bytes()), Some(endpoint_hash(&e)));
+        for other in [
+            written.to_uppercase(),
+            format!("{written}0"),
+            written[1..].to_string(),
+            format!("+{}", &written[1..]),
+            String::new(),
+        ] {
+            assert_eq!(hex_key(other.as_bytes()), None, "{other:?}");
+        }
     }
 
     #[test]

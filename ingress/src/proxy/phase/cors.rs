@@ -36,23 +36,10 @@ pub(crate) fn check(cors: Option<&Cors>, method: &str, headers: &dyn RequestHead
     let Ok(origin) = HeaderValue::from_bytes(origin) else {
         return Verdict::None;
     };
-    let value = |s: &str| HeaderValue::from_str(s).ok();
-    let mut set: SetHeaders = vec![(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin)];
-    if cors.credentials {
-        set.push((
-            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
-            HeaderValue::from_static("true"),
-        ));
-    }
-    set.extend(value(&cors.methods).map(|v| (header::ACCESS_CONTROL_ALLOW_METHODS, v)));
-    set.extend(value(&cors.headers).map(|v| (header::ACCESS_CONTROL_ALLOW_HEADERS, v)));
-    if let Some(expose) = cors.expose.as_deref().and_then(value) {
-        set.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, expose));
-    }
-    set.push((
-        header::ACCESS_CONTROL_MAX_AGE,
-        HeaderValue::from(cors.max_age),
-    ));
+    // The rest was made with the snapshot; a clone shares its bytes.
+    let mut set: SetHeaders = Vec::with_capacity(1 + cors.fixed.len());
+    set.push((header::ACCESS_CONTROL_ALLOW_ORIGIN, origin));
+    set.extend(cors.fixed.iter().cloned());
     if method == "OPTIONS" {
         Verdict::Preflight(set)
     } else {

@@ -168,18 +168,71 @@ pub(super) fn parse(
 }
 
 /// A stable 64-bit FNV-1a hash, the same in every process and release: cookie keys outlive
-/// the process that made them.
+/// the process that made them. Each part is followed by a 0xff separator, so `["a", "b"]` and
+/// `["ab"]` differ.
 pub fn stable_hash(parts: &[&[u8]]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        hash ^= 0xff;
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    parts
+        .iter()
+        .fold(StableHasher::new(), |h, part| h.part(part))
+        .finish()
+}
+
+/// [`stable_hash`] fed piece by piece: a part may be written through `Display` (an address,
+/// a port) without building its text first, and a hasher holding a request's key is copied
+/// for each endpoint it is hashed with.
+#[derive(Clone, Copy, Debug)]
+pub struct StableHasher(u64);
+
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+impl StableHasher {
+    pub fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
     }
-    hash
+
+    /// One part given as bytes.
+    pub fn part(mut self, bytes: &[u8]) -> Self {
+        self.feed(bytes);
+        self.end_part()
+    }
+
+    /// One part given as what `value` displays (its `to_string()`), without allocating.
+    pub fn display_part(mut self, value: &dyn std::fmt::Display) -> Self {
+        use std::fmt::Write as _;
+        // Writing into the hash cannot fail.
+        let _ = write!(self, "{value}");
+        self.end_part()
+    }
+
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(FNV_PRIME);
+        }
+    }
+
+    fn end_part(mut self) -> Self {
+        self.0 ^= 0xff;
+        self.0 = self.0.wrapping_mul(FNV_PRIME);
+        self
+    }
+}
+
+impl Default for StableHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Write for StableHasher {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.feed(s.as_bytes());
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -310,5 +363,15 @@ mod tests {
         );
         assert_ne!(stable_hash(&[b"a", b"b"]), stable_hash(&[b"ab"]));
         assert_eq!(stable_hash(&[]), 0xcbf2_9ce4_8422_2325);
+        // Fed through Display, a part hashes as its text: cookies made before stay valid.
+        let addr: std::net::SocketAddr = "[2001:db8::1]:8443".parse().unwrap();
+        assert_eq!(
+            StableHasher::new()
+                .part(b"key")
+                .display_part(&addr)
+                .display_part(&8443u16)
+                .finish(),
+            stable_hash(&[b"key", addr.to_string().as_bytes(), b"8443"])
+        );
     }
 }

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use http::{HeaderName, HeaderValue, header};
 use regex::Regex;
 
 use super::lookup;
@@ -27,6 +28,9 @@ pub struct Cors {
     pub headers: String,
     pub expose: Option<String>,
     pub max_age: u64,
+    /// The headers every CORS answer of the route carries besides its origin (credentials,
+    /// methods, headers, expose, max-age), made once here so a request only clones them.
+    pub fixed: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// `cors-allow-origin`.
@@ -93,6 +97,7 @@ pub(super) fn parse(
         headers: DEFAULT_HEADERS.into(),
         expose: None,
         max_age: DEFAULT_MAX_AGE,
+        fixed: Vec::new(),
     };
     if let Some((key, value)) = lookup(annotations, "cors-allow-origin") {
         let mut patterns = Vec::new();
@@ -163,7 +168,31 @@ pub(super) fn parse(
             )),
         }
     }
+    cors.fixed = fixed_headers(&cors);
     Some(cors)
+}
+
+/// The CORS headers that do not depend on the request, in the order ingress-nginx's template
+/// sets them. Every value passed the checks above, so none is left out for its bytes.
+fn fixed_headers(cors: &Cors) -> Vec<(HeaderName, HeaderValue)> {
+    let value = |s: &str| HeaderValue::from_str(s).ok();
+    let mut set = Vec::new();
+    if cors.credentials {
+        set.push((
+            header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+            HeaderValue::from_static("true"),
+        ));
+    }
+    set.extend(value(&cors.methods).map(|v| (header::ACCESS_CONTROL_ALLOW_METHODS, v)));
+    set.extend(value(&cors.headers).map(|v| (header::ACCESS_CONTROL_ALLOW_HEADERS, v)));
+    if let Some(expose) = cors.expose.as_deref().and_then(value) {
+        set.push((header::ACCESS_CONTROL_EXPOSE_HEADERS, expose));
+    }
+    set.push((
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from(cors.max_age),
+    ));
+    set
 }
 
 /// One allowed origin as a regex (ingress-nginx's `buildOriginRegex`: the text quoted, its `*`
