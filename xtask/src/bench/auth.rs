@@ -1,6 +1,7 @@
-//! Authentication through each proxy, side by side: basic auth (apr1, and bcrypt at cost 5) and
-//! external auth (an auth service answering 200), uncached and cached, ingress against nginx
-//! doing the same (`auth_basic`, `auth_request`, `proxy_cache`).
+//! Access control through each proxy, side by side: basic auth (apr1, and bcrypt at cost 5),
+//! external auth (an auth service answering 200), uncached and cached, and a source allow-list,
+//! ingress against nginx doing the same (`auth_basic`, `auth_request`, `proxy_cache`,
+//! `allow`/`deny`).
 //!
 //! ```text
 //!   core 1: wrk, the upstream (nginx, 200) and the auth service (nginx, 200 + X-Auth-Request-User)
@@ -9,6 +10,8 @@
 //!   paths:  /apr1 /bcrypt   basic auth, the same htpasswd
 //!           /external       auth-url, every request asks
 //!           /cached         auth-url with auth-cache-key $http_authorization (nginx: proxy_cache)
+//!           /allow          whitelist-source-range of four ranges, the client in the last
+//!                           (nginx: allow × 4; deny all), judged per request after the head
 //! ```
 //!
 //! Every request must be answered 2xx: a proxy that refused them would look fast, so a run with
@@ -32,6 +35,8 @@ const INGRESS_ADMIN: u16 = 19255;
 /// `alice:password` (apr1) and `bob:U*U` (bcrypt, cost 5: OpenBSD's test vector).
 const HTPASSWD: &str = "alice:$apr1$lZL6V/ci$eIMz/iKDkbtys/uU7LEK00\nbob:$2a$05$CCCCCCCCCCCCCCCCCCCCC.E5YPO9kmyuRGyh0XouQYb4YMJKvyOeW\n";
 const ALICE: &str = "Authorization: Basic YWxpY2U6cGFzc3dvcmQ=";
+/// The allow-list: the client (127.0.0.1) is in the last range, so every range is looked at.
+const ALLOW: &str = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,127.0.0.1/32";
 const BOB: &str = "Authorization: Basic Ym9iOlUqVQ==";
 
 pub fn run(bench: &Bench) -> Result<()> {
@@ -46,6 +51,7 @@ pub fn run(bench: &Bench) -> Result<()> {
         ("/bcrypt", BOB),
         ("/external", ALICE),
         ("/cached", ALICE),
+        ("/allow", ALICE),
     ] {
         for port in [NGINX, INGRESS] {
             wait_authorized(port, path, header, timeout)
@@ -73,6 +79,11 @@ pub fn run(bench: &Bench) -> Result<()> {
         (
             "external auth, cached (auth-cache-key $http_authorization; nginx proxy_cache)",
             "/cached",
+            ALICE,
+        ),
+        (
+            "source allow-list (whitelist-source-range; nginx allow/deny)",
+            "/allow",
             ALICE,
         ),
     ] {
@@ -190,7 +201,13 @@ fn start_nginx(dir: &Path) -> Result<Running> {
              location /apr1 {{ auth_basic \"bench\"; auth_basic_user_file {d}/htpasswd; proxy_set_header Authorization \"\"; {proxy} }}\n\
              location /bcrypt {{ auth_basic \"bench\"; auth_basic_user_file {d}/htpasswd; proxy_set_header Authorization \"\"; {proxy} }}\n\
              location /external {{ auth_request /_auth; auth_request_set $user $upstream_http_x_auth_request_user; proxy_set_header X-Auth-Request-User $user; {proxy} }}\n\
-             location /cached {{ auth_request /_auth_cached; auth_request_set $user $upstream_http_x_auth_request_user; proxy_set_header X-Auth-Request-User $user; {proxy} }} }} }}\n",
+             location /cached {{ auth_request /_auth_cached; auth_request_set $user $upstream_http_x_auth_request_user; proxy_set_header X-Auth-Request-User $user; {proxy} }}\n\
+             location /allow {{ {allow} deny all; {proxy} }} }} }}\n",
+            allow = ALLOW
+                .split(',')
+                .map(|r| format!("allow {r};"))
+                .collect::<Vec<_>>()
+                .join(" "),
             d = dir.display()
         ),
     )?;
@@ -223,11 +240,16 @@ fn start_ingress(bench: &Bench, dir: &Path) -> Result<Running> {
             "apiVersion: v1\nkind: Service\nmetadata: {{name: upstream, namespace: bench}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: upstream-1, namespace: bench, labels: {{kubernetes.io/service-name: upstream}}}}\n\
              addressType: IPv4\nports: [{{name: http, port: {UPSTREAM}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n---\n\
-             apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: bench}}\ntype: Opaque\nstringData:\n  auth: |\n{htpasswd}{}{}{}{}",
+             apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: bench}}\ntype: Opaque\nstringData:\n  auth: |\n{htpasswd}{}{}{}{}{}",
             ingress("apr1", "/apr1", basic),
             ingress("bcrypt", "/bcrypt", basic),
             ingress("external", "/external", &external),
             ingress("cached", "/cached", &cached),
+            ingress(
+                "allow",
+                "/allow",
+                &format!("    nginx.ingress.kubernetes.io/whitelist-source-range: \"{ALLOW}\"\n")
+            ),
         ),
     )?;
     let mut cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
