@@ -284,4 +284,23 @@ fn every_annotation_of_the_registry_is_in_the_docs_with_its_status() {
         missing.is_empty(),
         "rows missing from docs/annotations.md: {missing:#?}"
     );
+    // Row for row: a stale row beside the right one (a merge that kept both) would tell a
+    // reader two statuses.
+    let mut seen = std::collections::BTreeMap::new();
+    for line in page.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if let [_, name, category, _status, _] = cells[..]
+            && let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`'))
+            && ANNOTATIONS
+                .iter()
+                .any(|a| a.name == name && a.category.to_string() == category)
+        {
+            *seen.entry(name.to_string()).or_insert(0) += 1;
+        }
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "annotations with more than one status row in docs/annotations.md: {twice:?}"
+    );
 }
