@@ -109,11 +109,12 @@ fn compare(bench: &Bench, title: &str, path: &str, header: &str) -> Result<()> {
                 Some(header),
             )?;
             ensure!(
-                load.non_2xx == 0 && load.socket_errors == 0,
-                "{title}: port {port} answered {} of {} requests with something other than 2xx ({} socket errors)",
+                load.all_answered(),
+                "{title}: port {port} answered {} of {} requests with something other than 2xx ({} socket errors, {} of them timeouts)",
                 load.non_2xx,
                 load.requests,
-                load.socket_errors
+                load.socket_errors,
+                load.timeouts
             );
             runs.push(load);
         }

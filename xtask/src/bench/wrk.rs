@@ -17,9 +17,20 @@ pub struct Load {
     pub non_2xx: u64,
     /// Requests that got no response: connect, read, write errors and timeouts.
     pub socket_errors: u64,
+    /// Of them, the ones wrk gave up waiting for (its 2 s timeout).
+    pub timeouts: u64,
 }
 
 impl Load {
+    /// Every request answered 2xx or 3xx, except at most 1% that timed out: on a loaded machine
+    /// a slow peer (nginx checking bcrypt) makes wrk give up on a request that nothing refused,
+    /// while a refusal, a reset or a failed connect is never excused.
+    pub fn all_answered(&self) -> bool {
+        self.non_2xx == 0
+            && self.socket_errors == self.timeouts
+            && self.timeouts.saturating_mul(100) <= self.requests
+    }
+
     /// Of the requests attempted, the share that got a 2xx or 3xx answer.
     pub fn success_rate(&self) -> f64 {
         let attempted = self.requests + self.socket_errors;
@@ -90,6 +101,15 @@ pub fn parse(text: &str) -> Option<Load> {
                 .sum()
         })
         .unwrap_or(0);
+    let timeouts: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Socket errors:"))
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|part| part.trim().strip_prefix("timeout"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0);
     Some(Load {
         requests_per_sec: rps,
         p50_ms: percentile("50%")?,
@@ -97,6 +117,7 @@ pub fn parse(text: &str) -> Option<Load> {
         requests,
         non_2xx,
         socket_errors,
+        timeouts,
     })
 }
 
@@ -136,5 +157,14 @@ mod tests {
         let load = parse(&failing).unwrap();
         assert_eq!((load.non_2xx, load.socket_errors), (5, 15));
         assert!((load.success_rate() - (228826.0 - 5.0) / (228826.0 + 15.0)).abs() < 1e-3);
+        assert_eq!(load.timeouts, 12);
+        assert!(!load.all_answered());
+        // A few timeouts alone are a slow peer, not a refusal; a reset or too many are not.
+        let slow = format!("{text}  Socket errors: connect 0, read 0, write 0, timeout 2\n");
+        assert!(parse(&slow).unwrap().all_answered());
+        let reset = format!("{text}  Socket errors: connect 0, read 1, write 0, timeout 2\n");
+        assert!(!parse(&reset).unwrap().all_answered());
+        let stalled = format!("{text}  Socket errors: connect 0, read 0, write 0, timeout 9999\n");
+        assert!(!parse(&stalled).unwrap().all_answered());
     }
 }
