@@ -226,7 +226,7 @@ impl Proxy {
                 client: conn.peer.ip(),
                 at: started,
             };
-            *trace = Some(tracing.start(&started, req.headers()));
+            *trace = tracing.start(&started, req.headers());
         }
         let phases_at = Instant::now();
         let Phased {
