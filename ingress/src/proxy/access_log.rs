@@ -40,7 +40,7 @@ use base64::Engine as _;
 
 use super::connect::PoolKey;
 use crate::snapshot::Route;
-use crate::snapshot::backend::Backend;
+use crate::snapshot::backend::{Backend, PortRef};
 
 /// How access-log lines are written (`--access-log-format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -216,7 +216,7 @@ pub(crate) struct Line<'a> {
 pub(crate) fn upstream_line(out: &mut Vec<u8>, l: &Line<'_>) {
     let meter = l.meter;
     let mut numbers = itoa::Buffer::new();
-    let _ = write!(out, "{}", l.client);
+    write_ip(out, l.client);
     out.extend_from_slice(b" - ");
     escaped_or_dash(out, l.logged.user.as_deref());
     out.extend_from_slice(b" [");
@@ -254,7 +254,8 @@ pub(crate) fn upstream_line(out: &mut Vec<u8>, l: &Line<'_>) {
     out.extend_from_slice(b"] ");
     match &meter.upstream {
         Some(up) => {
-            let _ = write!(out, "{} ", up.addr);
+            write_key(out, &up.addr);
+            out.push(b' ');
             match up.response {
                 Some(times) => {
                     out.extend_from_slice(numbers.format(times.length).as_bytes());
@@ -298,7 +299,7 @@ pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
         .map_or(0, |d| d.subsec_micros());
     out.extend_from_slice(&six_digits(micros));
     out.extend_from_slice(b"Z\",\"level\":\"INFO\",\"client\":\"");
-    let _ = write!(JsonText(out), "{}", l.client);
+    write_ip(out, l.client);
     out.extend_from_slice(b"\",\"method\":");
     json_str(out, &l.logged.method);
     out.extend_from_slice(b",\"host\":");
@@ -317,9 +318,7 @@ pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
     out.extend_from_slice(numbers.format(meter.body_bytes_sent).as_bytes());
     out.extend_from_slice(b",\"upstream\":\"");
     match l.upstream {
-        Some(key) => {
-            let _ = write!(JsonText(out), "{key}");
-        }
+        Some(key) => write_key(out, key),
         None => out.push(b'-'),
     }
     out.extend_from_slice(b"\",\"upstream_status\":");
@@ -335,16 +334,12 @@ pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
     out.extend_from_slice(numbers.format(answered.map_or(0, |a| a.length)).as_bytes());
     out.extend_from_slice(b",\"ingress\":\"");
     match l.route {
-        Some(route) => {
-            let _ = write!(JsonText(out), "{}", route.ingress);
-        }
+        Some(route) => json_object_key(out, &route.ingress),
         None => out.push(b'-'),
     }
     out.extend_from_slice(b"\",\"service\":\"");
     match l.route {
-        Some(route) => {
-            let _ = write!(JsonText(out), "{}", route.backend.service);
-        }
+        Some(route) => json_object_key(out, &route.backend.service),
         None => out.push(b'-'),
     }
     out.extend_from_slice(b"\",\"canary\":");
@@ -412,13 +407,60 @@ impl std::fmt::Write for JsonText<'_> {
     }
 }
 
-/// ingress-nginx's name for a backend, `<namespace>-<service>-<port>`, appended to `out`.
+/// ingress-nginx's name for a backend, `<namespace>-<service>-<port>`, appended to `out`
+/// (escaped, though Kubernetes names need none).
 fn write_upstream_name(out: &mut Vec<u8>, backend: &Backend) {
-    let _ = write!(
-        out,
-        "{}-{}-{}",
-        backend.service.namespace, backend.service.name, backend.port
-    );
+    escape(out, backend.service.namespace.as_bytes());
+    out.push(b'-');
+    escape(out, backend.service.name.as_bytes());
+    out.push(b'-');
+    match &backend.port {
+        PortRef::Number(n) => out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes()),
+        PortRef::Name(name) => escape(out, name.as_bytes()),
+    }
+}
+
+/// An address as `Display` writes it; IPv4 without the formatting machinery, it being nearly
+/// every line's.
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut numbers = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                out.extend_from_slice(numbers.format(octet).as_bytes());
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// An upstream as `Display` writes it (`10.1.2.3:8080`, `[2001:db8::1]:80`, or the external
+/// name, escaped for a JSON string, which a DNS name never needs).
+fn write_key(out: &mut Vec<u8>, key: &PoolKey) {
+    match key {
+        PoolKey::Addr(std::net::SocketAddr::V4(addr)) => {
+            write_ip(out, IpAddr::V4(*addr.ip()));
+            out.push(b':');
+            out.extend_from_slice(itoa::Buffer::new().format(addr.port()).as_bytes());
+        }
+        other => {
+            let _ = write!(JsonText(out), "{other}");
+        }
+    }
+}
+
+/// `namespace/name` (or `name` alone) inside a JSON string, as `ObjectKey`'s `Display`.
+fn json_object_key(out: &mut Vec<u8>, key: &crate::object::ObjectKey) {
+    if !key.namespace.is_empty() {
+        json_escape(out, &key.namespace);
+        out.push(b'/');
+    }
+    json_escape(out, &key.name);
 }
 
 /// Seconds with millisecond resolution, as nginx's `$request_time`.
@@ -822,6 +864,34 @@ mod tests {
                 serde_json::from_str::<serde_json::Value>(&ours).is_ok(),
                 "{ours}"
             );
+        }
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.1.2.3",
+            "2001:db8::7",
+            "::1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
+            let mut out = Vec::new();
+            write_ip(&mut out, ip);
+            assert_eq!(String::from_utf8_lossy(&out), ip.to_string());
+        }
+        for addr in ["10.1.2.3:8080", "127.0.0.1:1", "[2001:db8::1]:443"] {
+            let key = PoolKey::Addr(addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}")));
+            let mut out = Vec::new();
+            write_key(&mut out, &key);
+            assert_eq!(String::from_utf8_lossy(&out), key.to_string());
+        }
+        for (namespace, name, want) in [("shop", "front", "shop/front"), ("", "alone", "alone")] {
+            let mut out = Vec::new();
+            json_object_key(&mut out, &crate::object::ObjectKey::new(namespace, name));
+            assert_eq!(String::from_utf8_lossy(&out), want);
         }
     }
 

@@ -200,3 +200,26 @@ where
         writeln!(writer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_lines_are_on_when_the_filter_lets_their_target_through_at_info() {
+        for (filter, on) in [
+            ("info", true),
+            ("debug", true),
+            ("warn", false),
+            ("error", false),
+            ("warn,access=info", true),
+            ("info,access=warn", false),
+            ("info,access=off", false),
+            ("off,access=trace", true),
+            ("ingress=debug", false),
+        ] {
+            let parsed = EnvFilter::try_new(filter).unwrap_or_else(|e| panic!("{filter}: {e}"));
+            assert_eq!(lets_access_through(parsed), on, "{filter}");
+        }
+    }
+}

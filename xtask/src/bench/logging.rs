@@ -6,6 +6,10 @@
 //! each time, in reverse order every other round), and each is reported as a ratio to "off" (goals: at most 5% fewer requests/s
 //! with the log on; tracing off costs nothing, as "off" is also the untraced path). nginx is
 //! not involved; its rig process idles.
+//!
+//! Each run is also measured as requests per CPU-second of the ingress process (all its
+//! threads: the log writer's `write`s count): on a shared machine, requests/s move with the
+//! neighbours' load on CPU 0, CPU per request much less.
 
 use anyhow::Result;
 
@@ -71,7 +75,7 @@ fn ensure_logged(bench: &Bench, requests: u64) -> Result<()> {
 
 pub fn run(bench: &Bench) -> Result<()> {
     let url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
-    let mut runs: Vec<Vec<wrk::Load>> = vec![Vec::new(); CONFIGS.len()];
+    let mut runs: Vec<Vec<(wrk::Load, f64)>> = vec![Vec::new(); CONFIGS.len()];
     for round in 0..bench.rounds {
         // Every other round runs the configurations backwards, so none is always measured
         // first (or last) when the shared machine's load drifts across a round.
@@ -89,11 +93,15 @@ pub fn run(bench: &Bench) -> Result<()> {
                 bench.connections,
                 None,
             )?;
+            let before = rig.ingress.cpu_time()?;
             let load = wrk::run(&url, rig::HOST, bench.duration, bench.connections, None)?;
             if args.contains(&"--access-log-format") {
                 ensure_logged(bench, load.requests)?;
             }
-            runs[i].push(load);
+            // After the log check: the writer thread's last batch is the run's cost too.
+            let cpu = rig.ingress.cpu_time()?.saturating_sub(before);
+            let per_cpu_second = load.requests as f64 / cpu.as_secs_f64().max(0.001);
+            runs[i].push((load, per_cpu_second));
             drop(rig);
         }
     }
@@ -104,20 +112,24 @@ pub fn run(bench: &Bench) -> Result<()> {
     );
     writeln!(
         bench.report,
-        "{:<16} {:>12} {:>10} {:>10} {:>10}",
-        "observability", "requests/s", "p50 ms", "p99 ms", "vs off"
+        "{:<16} {:>12} {:>10} {:>10} {:>10} {:>16} {:>10}",
+        "observability", "requests/s", "p50 ms", "p99 ms", "vs off", "requests/CPU-s", "vs off"
     );
-    let off = median(runs[0].iter().map(|l| l.requests_per_sec).collect());
+    let off = median(runs[0].iter().map(|(l, _)| l.requests_per_sec).collect());
+    let off_cpu = median(runs[0].iter().map(|(_, c)| *c).collect());
     for ((name, _), loads) in CONFIGS.iter().zip(&runs) {
-        let rate = median(loads.iter().map(|l| l.requests_per_sec).collect());
+        let rate = median(loads.iter().map(|(l, _)| l.requests_per_sec).collect());
+        let per_cpu = median(loads.iter().map(|(_, c)| *c).collect());
         writeln!(
             bench.report,
-            "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x",
+            "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x {:>16.0} {:>9.2}x",
             name,
             rate,
-            median(loads.iter().map(|l| l.p50_ms).collect()),
-            median(loads.iter().map(|l| l.p99_ms).collect()),
-            rate / off
+            median(loads.iter().map(|(l, _)| l.p50_ms).collect()),
+            median(loads.iter().map(|(l, _)| l.p99_ms).collect()),
+            rate / off,
+            per_cpu,
+            per_cpu / off_cpu
         );
     }
     Ok(())
