@@ -794,9 +794,12 @@ impl LogArgs {
 
     /// What the proxy makes of each request for the access log.
     pub fn access_format(&self) -> crate::proxy::access_log::AccessFormat {
-        match self.access_log_format {
-            Some(AccessLogFormat::Upstream) => crate::proxy::access_log::AccessFormat::Upstream,
-            _ => crate::proxy::access_log::AccessFormat::Event,
+        use crate::proxy::access_log::AccessFormat;
+        use crate::telemetry::logging::AccessLogFormat as Format;
+        match self.settings().access_format {
+            Format::Text => AccessFormat::Event,
+            Format::Json => AccessFormat::Json,
+            Format::Upstream => AccessFormat::Upstream,
         }
     }
 }

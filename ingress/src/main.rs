@@ -45,7 +45,7 @@ fn version() -> String {
 }
 
 fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
-    let _log_guard = ingress::telemetry::logging::init(&args.log.settings())?;
+    let logging = ingress::telemetry::logging::init(&args.log.settings())?;
     install_crypto_provider();
     // One worker: a current-thread runtime, like one nginx worker, without work-stealing's
     // cross-thread bookkeeping. More: the multi-threaded scheduler.
@@ -63,7 +63,7 @@ fn run(args: ingress::cli::RunArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    runtime.block_on(ingress::run::run(args))?;
+    runtime.block_on(ingress::run::run(args, &logging))?;
     Ok(ExitCode::SUCCESS)
 }
 

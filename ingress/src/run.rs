@@ -34,6 +34,7 @@ use crate::snapshot::tls::TlsSettings;
 use crate::source::watch;
 use crate::store::ObjectKey;
 use crate::telemetry::Telemetry;
+use crate::telemetry::logging::Logging;
 use ingress_wire::target::PathSettings;
 
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +75,7 @@ pub fn ebpf_object_embedded() -> bool {
     cfg!(ebpf_embedded)
 }
 
-pub async fn run(args: RunArgs) -> Result<(), RunError> {
+pub async fn run(args: RunArgs, logging: &Logging) -> Result<(), RunError> {
     check_flags(&args)?;
     if ebpf_object_embedded() {
         tracing::info!(
@@ -177,9 +178,10 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         .otel()
         .map(|settings| crate::telemetry::otel::start(&settings))
         .transpose()?;
-    let tracing = otel
-        .as_ref()
-        .map(|(_, tracer)| Arc::new(crate::proxy::trace::Tracing::new(tracer.clone())));
+    let (_otel, tracing) = match otel {
+        Some((provider, tracing)) => (Some(provider), Some(Arc::new(tracing))),
+        None => (None, None),
+    };
     let proxy = Arc::new(
         Proxy::new(
             published.clone(),
@@ -187,8 +189,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             ProxySettings {
                 client_body_timeout: args.limits.client_body_timeout,
                 client_send_timeout: args.limits.client_send_timeout,
-                access_log: args.log.access_log,
+                access_log: logging.access,
                 access_format: args.log.access_format(),
+                log_lines: Some(logging.lines.clone()),
                 https_port: args.listen.https_port,
                 paths: PathSettings {
                     escaped_slashes: args.requests.escaped_slashes.into(),

@@ -3,7 +3,8 @@
 //! `traceparent` continues that trace (server span under the caller's span, "phases" and
 //! "upstream" under the server span) and the upstream is sent the upstream span's context; one
 //! without starts a new trace; an unsampled caller is followed (nothing exported, the context
-//! still passed on); and with tracing off the client's `traceparent` reaches the upstream
+//! still passed on); one without that is not sampled is not traced (no span, no traceparent
+//! upstream); and with tracing off the client's `traceparent` reaches the upstream
 //! untouched.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -39,13 +40,17 @@ fn site(web: &Backend) -> Scratch {
 }
 
 fn traced(dir: &Scratch, receiver: &OtlpReceiver) -> Ingress {
+    traced_at(dir, receiver, "1")
+}
+
+fn traced_at(dir: &Scratch, receiver: &OtlpReceiver, ratio: &str) -> Ingress {
     Ingress::builder()
         .manifests(dir.path())
         .args([
             "--otlp-endpoint",
             &receiver.endpoint(),
             "--otel-sampler-ratio",
-            "1",
+            ratio,
             "--otel-service-name",
             "edge",
         ])
@@ -183,6 +188,44 @@ fn a_request_without_context_starts_a_trace_and_an_unsampled_caller_is_followed(
         .filter(|s| s.trace_id == "0af7651916cd43dd8448eb211c80319c")
         .collect();
     assert!(unsampled.is_empty(), "{unsampled:#?}");
+}
+
+#[test]
+fn an_unsampled_request_without_context_is_not_traced_at_all() {
+    let web = Backend::start("web");
+    let receiver = OtlpReceiver::start();
+    let dir = site(&web);
+    let ingress = traced_at(&dir, &receiver, "0");
+    for version in VERSIONS {
+        // No context and not sampled: no span, and no traceparent made up for the upstream.
+        let reply = curl::get(&ingress, "trace.test", "/", version, &[]);
+        let echo = reply.echo().expect("the backend answered");
+        assert_eq!(echo.headers.get("traceparent"), None, "{version}");
+        // A caller's context is still carried on, with its decision.
+        let sampled = "4bf92f3577b34da6a3ce929d0e0e4736";
+        let reply = curl::get(
+            &ingress,
+            "trace.test",
+            "/",
+            version,
+            &[
+                "-H",
+                &format!("traceparent: 00-{sampled}-00f067aa0ba902b7-01"),
+            ],
+        );
+        let (sent_trace, _, flags) = sent_upstream(&reply);
+        assert_eq!((sent_trace.as_str(), flags.as_str()), (sampled, "01"));
+        receiver.wait_for(sampled, 3, WAIT);
+    }
+    // Long enough for any export of an unsampled request to have arrived.
+    #[allow(clippy::disallowed_methods)]
+    std::thread::sleep(Duration::from_millis(1500));
+    let others: Vec<ReceivedSpan> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id != "4bf92f3577b34da6a3ce929d0e0e4736")
+        .collect();
+    assert!(others.is_empty(), "{others:#?}");
 }
 
 #[test]

@@ -6,9 +6,16 @@
 //!   request read   ── Logged: method, target, host, Referer, User-Agent, Basic user, request id
 //!   request done   ── Meter: bytes in and out, the upstream's address, status and timings
 //!                  ── Record (phase/mod.rs) ── response.rs: metrics, then one line:
-//!                       --access-log-format text|json  a `tracing` event (target `access`)
-//!                       --access-log-format upstream   upstream_line(): nginx's log_format
+//!                       --access-log-format text      a `tracing` event (target `access`)
+//!                       --access-log-format json      json_line(): the same event's JSON object
+//!                       --access-log-format upstream  upstream_line(): nginx's log_format
+//!                  ── json and upstream lines: formatted into a buffer the thread reuses, then
+//!                     copied into log_lines.rs's buffer, which one thread writes in batches
 //! ```
+//!
+//! The `json` and `upstream` lines are written here, not by `tracing`'s formatter: at full load
+//! the event machinery (a visitor per field, serde per value, a channel send per line) cost a
+//! fifth of the proxy's requests per second. The wall clock is formatted once a second.
 //!
 //! `upstream` is ingress-nginx's `log-format-upstream` default:
 //!
@@ -25,6 +32,7 @@
 
 use std::cell::Cell;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -32,14 +40,16 @@ use base64::Engine as _;
 
 use super::connect::PoolKey;
 use crate::snapshot::Route;
-use crate::snapshot::backend::Backend;
+use crate::snapshot::backend::{Backend, PortRef};
 
 /// How access-log lines are written (`--access-log-format`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AccessFormat {
-    /// A `tracing` event with named fields, rendered as text or JSON.
+    /// A `tracing` event with named fields, rendered as text.
     #[default]
     Event,
+    /// The same fields as a JSON object, written here.
+    Json,
     /// ingress-nginx's default `upstream` line.
     Upstream,
 }
@@ -184,7 +194,7 @@ impl UpstreamMeter {
     }
 }
 
-/// Everything one `upstream` line needs.
+/// Everything one access-log line says.
 pub(crate) struct Line<'a> {
     pub(crate) client: IpAddr,
     pub(crate) logged: &'a Logged,
@@ -192,123 +202,401 @@ pub(crate) struct Line<'a> {
     pub(crate) elapsed: Duration,
     pub(crate) route: Option<&'a Route>,
     pub(crate) meter: &'a Meter,
-    /// `$time_local`, from [`time_local`].
-    pub(crate) time: &'a str,
+    /// The client's HTTP version.
+    pub(crate) version: http::Version,
+    /// The upstream the request went to, when it went to one.
+    pub(crate) upstream: Option<&'a PoolKey>,
+    /// Why it failed or was refused, when it was.
+    pub(crate) error: Option<&'a dyn std::fmt::Display>,
+    /// When the line is written.
+    pub(crate) now: SystemTime,
 }
 
-/// One line of ingress-nginx's `upstream` format, without the newline.
-pub(crate) fn upstream_line(l: &Line<'_>) -> String {
-    let mut out = String::with_capacity(256);
+/// Appends one line of ingress-nginx's `upstream` format to `out`, without the newline.
+pub(crate) fn upstream_line(out: &mut Vec<u8>, l: &Line<'_>) {
     let meter = l.meter;
-    let _ = write!(out, "{} - ", l.client);
-    escaped_or_dash(&mut out, l.logged.user.as_deref());
-    let _ = write!(out, " [{}] \"", l.time);
-    escape(&mut out, l.logged.method.as_bytes());
-    out.push(' ');
-    escape(&mut out, l.logged.target.as_bytes());
-    out.push(' ');
-    out.push_str(l.logged.protocol);
-    let _ = write!(out, "\" {} {} \"", l.status, meter.body_bytes_sent);
-    escaped_or_dash(&mut out, l.logged.referer.as_deref());
-    out.push_str("\" \"");
-    escaped_or_dash(&mut out, l.logged.user_agent.as_deref());
-    let _ = write!(out, "\" {} {} [", meter.request_bytes, seconds(l.elapsed));
+    let mut numbers = itoa::Buffer::new();
+    write_ip(out, l.client);
+    out.extend_from_slice(b" - ");
+    escaped_or_dash(out, l.logged.user.as_deref());
+    out.extend_from_slice(b" [");
+    out.extend_from_slice(&clock(l.now).local);
+    out.extend_from_slice(b"] \"");
+    escape(out, l.logged.method.as_bytes());
+    out.push(b' ');
+    escape(out, l.logged.target.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(l.logged.protocol.as_bytes());
+    out.extend_from_slice(b"\" ");
+    out.extend_from_slice(numbers.format(l.status).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(numbers.format(meter.body_bytes_sent).as_bytes());
+    out.extend_from_slice(b" \"");
+    escaped_or_dash(out, l.logged.referer.as_deref());
+    out.extend_from_slice(b"\" \"");
+    escaped_or_dash(out, l.logged.user_agent.as_deref());
+    out.extend_from_slice(b"\" ");
+    out.extend_from_slice(numbers.format(meter.request_bytes).as_bytes());
+    out.push(b' ');
+    seconds(out, l.elapsed);
+    out.extend_from_slice(b" [");
     // ingress-nginx names the upstream of a request it did not route `upstream-default-backend`.
     match l.route {
-        Some(route) => out.push_str(&upstream_name(&route.backend)),
-        None => out.push_str("upstream-default-backend"),
+        Some(route) => write_upstream_name(out, &route.backend),
+        None => out.extend_from_slice(b"upstream-default-backend"),
     }
-    out.push_str("] [");
+    out.extend_from_slice(b"] [");
     if let (Some(route), true) = (l.route, meter.canary)
         && let Some(canary) = &route.policy.canary
     {
-        out.push_str(&upstream_name(&canary.backend));
+        write_upstream_name(out, &canary.backend);
     }
-    out.push_str("] ");
+    out.extend_from_slice(b"] ");
     match &meter.upstream {
         Some(up) => {
-            let _ = write!(out, "{} ", up.addr);
+            write_key(out, &up.addr);
+            out.push(b' ');
             match up.response {
                 Some(times) => {
-                    let _ = write!(
-                        out,
-                        "{} {} {} ",
-                        times.length,
-                        seconds(times.response),
-                        times.status
-                    );
+                    out.extend_from_slice(numbers.format(times.length).as_bytes());
+                    out.push(b' ');
+                    seconds(out, times.response);
+                    out.push(b' ');
+                    out.extend_from_slice(numbers.format(times.status).as_bytes());
+                    out.push(b' ');
                 }
                 // Tried, but no response: as nginx, no bytes, the time spent trying, and the
                 // status the proxy answered with (502, 504).
                 None => {
-                    let _ = write!(out, "0 {} {} ", seconds(up.spent), l.status);
+                    out.extend_from_slice(b"0 ");
+                    seconds(out, up.spent);
+                    out.push(b' ');
+                    out.extend_from_slice(numbers.format(l.status).as_bytes());
+                    out.push(b' ');
                 }
             }
         }
-        None => out.push_str("- - - - "),
+        None => out.extend_from_slice(b"- - - - "),
     }
-    out.push_str(&l.logged.request_id);
-    out
+    out.extend_from_slice(l.logged.request_id.as_bytes());
+}
+
+/// Appends the JSON access line to `out`, without the newline: the object tracing-subscriber's
+/// JSON formatter wrote for the access event (same keys, order, value types and escaping), so
+/// parsers of earlier lines read these.
+pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
+    let meter = l.meter;
+    let upstream = meter.upstream.as_ref();
+    let answered = upstream.and_then(|u| u.response);
+    let mut numbers = itoa::Buffer::new();
+    out.extend_from_slice(b"{\"timestamp\":\"");
+    let clock = clock(l.now);
+    out.extend_from_slice(&clock.iso);
+    out.push(b'.');
+    let micros = l
+        .now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_micros());
+    out.extend_from_slice(&six_digits(micros));
+    out.extend_from_slice(b"Z\",\"level\":\"INFO\",\"client\":\"");
+    write_ip(out, l.client);
+    out.extend_from_slice(b"\",\"method\":");
+    json_str(out, &l.logged.method);
+    out.extend_from_slice(b",\"host\":");
+    json_str(out, l.logged.host.as_deref().unwrap_or("-"));
+    out.extend_from_slice(b",\"uri\":");
+    json_str(out, &l.logged.target);
+    out.extend_from_slice(b",\"version\":\"");
+    let _ = write!(JsonText(out), "{:?}", l.version);
+    out.extend_from_slice(b"\",\"status\":");
+    out.extend_from_slice(numbers.format(l.status).as_bytes());
+    out.extend_from_slice(b",\"duration_ms\":\"");
+    milliseconds(out, l.elapsed);
+    out.extend_from_slice(b"\",\"request_bytes\":");
+    out.extend_from_slice(numbers.format(meter.request_bytes).as_bytes());
+    out.extend_from_slice(b",\"body_bytes_sent\":");
+    out.extend_from_slice(numbers.format(meter.body_bytes_sent).as_bytes());
+    out.extend_from_slice(b",\"upstream\":\"");
+    match l.upstream {
+        Some(key) => write_key(out, key),
+        None => out.push(b'-'),
+    }
+    out.extend_from_slice(b"\",\"upstream_status\":");
+    out.extend_from_slice(numbers.format(answered.map_or(0, |a| a.status)).as_bytes());
+    out.extend_from_slice(b",\"upstream_header_ms\":\"");
+    milliseconds(out, answered.map_or(Duration::ZERO, |a| a.header));
+    out.extend_from_slice(b"\",\"upstream_response_ms\":\"");
+    milliseconds(
+        out,
+        upstream.map_or(Duration::ZERO, |u| answered.map_or(u.spent, |a| a.response)),
+    );
+    out.extend_from_slice(b"\",\"upstream_bytes\":");
+    out.extend_from_slice(numbers.format(answered.map_or(0, |a| a.length)).as_bytes());
+    out.extend_from_slice(b",\"ingress\":\"");
+    match l.route {
+        Some(route) => json_object_key(out, &route.ingress),
+        None => out.push(b'-'),
+    }
+    out.extend_from_slice(b"\",\"service\":\"");
+    match l.route {
+        Some(route) => json_object_key(out, &route.backend.service),
+        None => out.push(b'-'),
+    }
+    out.extend_from_slice(b"\",\"canary\":");
+    out.extend_from_slice(if meter.canary { b"true" } else { b"false" });
+    out.extend_from_slice(b",\"request_id\":");
+    json_str(out, &l.logged.request_id);
+    out.extend_from_slice(b",\"error\":\"");
+    match l.error {
+        Some(error) => {
+            let _ = write!(JsonText(out), "{error}");
+        }
+        None => out.push(b'-'),
+    }
+    out.extend_from_slice(b"\",\"target\":\"access\"}");
+}
+
+/// `value` as a JSON string, quoted.
+fn json_str(out: &mut Vec<u8>, value: &str) {
+    out.push(b'"');
+    json_escape(out, value);
+    out.push(b'"');
+}
+
+/// The inside of a JSON string, escaped as serde_json escapes it: `"` and `\` with a backslash,
+/// the control characters below U+0020 as `\b \t \n \f \r` or `\u00xx`; everything else as it
+/// is (UTF-8).
+fn json_escape(out: &mut Vec<u8>, value: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = value.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            0x0c => b"\\f",
+            b'\r' => b"\\r",
+            0..=0x1f => &[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ],
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escaped);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+/// A `fmt::Write` that appends what it is given as the inside of a JSON string: how
+/// `Display` values reach a line with no `String` in between.
+struct JsonText<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for JsonText<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        json_escape(self.0, s);
+        Ok(())
+    }
+}
+
+/// ingress-nginx's name for a backend, `<namespace>-<service>-<port>`, appended to `out`
+/// (escaped, though Kubernetes names need none).
+fn write_upstream_name(out: &mut Vec<u8>, backend: &Backend) {
+    escape(out, backend.service.namespace.as_bytes());
+    out.push(b'-');
+    escape(out, backend.service.name.as_bytes());
+    out.push(b'-');
+    match &backend.port {
+        PortRef::Number(n) => out.extend_from_slice(itoa::Buffer::new().format(*n).as_bytes()),
+        PortRef::Name(name) => escape(out, name.as_bytes()),
+    }
+}
+
+/// An address as `Display` writes it; IPv4 without the formatting machinery, it being nearly
+/// every line's.
+fn write_ip(out: &mut Vec<u8>, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut numbers = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                out.extend_from_slice(numbers.format(octet).as_bytes());
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// An upstream as `Display` writes it (`10.1.2.3:8080`, `[2001:db8::1]:80`, or the external
+/// name, escaped for a JSON string, which a DNS name never needs).
+fn write_key(out: &mut Vec<u8>, key: &PoolKey) {
+    match key {
+        PoolKey::Addr(std::net::SocketAddr::V4(addr)) => {
+            write_ip(out, IpAddr::V4(*addr.ip()));
+            out.push(b':');
+            out.extend_from_slice(itoa::Buffer::new().format(addr.port()).as_bytes());
+        }
+        other => {
+            let _ = write!(JsonText(out), "{other}");
+        }
+    }
+}
+
+/// `namespace/name` (or `name` alone) inside a JSON string, as `ObjectKey`'s `Display`.
+fn json_object_key(out: &mut Vec<u8>, key: &crate::object::ObjectKey) {
+    if !key.namespace.is_empty() {
+        json_escape(out, &key.namespace);
+        out.push(b'/');
+    }
+    json_escape(out, &key.name);
 }
 
 /// Seconds with millisecond resolution, as nginx's `$request_time`.
-fn seconds(d: Duration) -> String {
+fn seconds(out: &mut Vec<u8>, d: Duration) {
     let ms = d.as_millis();
-    format!("{}.{:03}", ms / 1000, ms % 1000)
+    out.extend_from_slice(itoa::Buffer::new().format(ms / 1000).as_bytes());
+    out.push(b'.');
+    let frac = u32::try_from(ms % 1000).unwrap_or(0);
+    out.extend_from_slice(&six_digits(frac)[3..]);
 }
 
-fn escaped_or_dash(out: &mut String, bytes: Option<&[u8]>) {
+/// Milliseconds with three decimals (microseconds, rounded to the nearest).
+fn milliseconds(out: &mut Vec<u8>, d: Duration) {
+    let micros = (d.as_nanos() + 500) / 1000;
+    out.extend_from_slice(itoa::Buffer::new().format(micros / 1000).as_bytes());
+    out.push(b'.');
+    let frac = u32::try_from(micros % 1000).unwrap_or(0);
+    out.extend_from_slice(&six_digits(frac)[3..]);
+}
+
+/// `n` (below a million) in six digits, zero-padded.
+fn six_digits(n: u32) -> [u8; 6] {
+    let mut out = [b'0'; 6];
+    let mut n = n % 1_000_000;
+    for digit in out.iter_mut().rev() {
+        *digit = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    out
+}
+
+fn escaped_or_dash(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
     match bytes {
         Some(b) if !b.is_empty() => escape(out, b),
-        _ => out.push('-'),
+        _ => out.push(b'-'),
     }
 }
 
 /// nginx's `escape=default`: `"`, `\`, and bytes below 0x20 or above 0x7e as `\xHH`.
-fn escape(out: &mut String, bytes: &[u8]) {
+fn escape(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in bytes {
         if b == b'"' || b == b'\\' || !(0x20..=0x7e).contains(&b) {
-            let _ = write!(out, "\\x{b:02X}");
+            out.extend_from_slice(&[
+                b'\\',
+                b'x',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]);
         } else {
-            out.push(char::from(b));
+            out.push(b);
         }
     }
 }
 
-/// `$time_local` for now (`26/Nov/2026:21:46:28 +0000`; the proxy logs in UTC), made at
-/// most once a second per thread.
-pub(crate) fn time_local() -> String {
+/// One second of wall-clock time, as the access lines write it.
+#[derive(Clone, Copy)]
+struct Second {
+    at: u64,
+    /// `$time_local`: `26/Nov/2026:21:46:28 +0000` (the proxy logs in UTC).
+    local: [u8; 26],
+    /// `2026-11-26T21:46:28`, the JSON timestamp without its fraction.
+    iso: [u8; 19],
+}
+
+/// The second `now` falls in, formatted at most once a second per thread.
+fn clock(now: SystemTime) -> Second {
     thread_local! {
-        static CACHED: Cell<(u64, [u8; 26])> = const { Cell::new((u64::MAX, [0; 26])) };
+        static CACHED: Cell<Option<Second>> = const { Cell::new(None) };
     }
-    let now = SystemTime::now();
-    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let text = CACHED.with(|cached| {
-        let (at, text) = cached.get();
-        if at == second {
-            return text;
+    let at = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    CACHED.with(|cached| match cached.get() {
+        Some(second) if second.at == at => second,
+        _ => {
+            let second = format_second(at);
+            cached.set(Some(second));
+            second
         }
-        let text = local_from_http_date(&httpdate::fmt_http_date(now));
-        cached.set((second, text));
-        text
-    });
-    String::from_utf8_lossy(&text).into_owned()
+    })
 }
 
-/// `Thu, 26 Nov 2026 21:46:28 GMT` → `26/Nov/2026:21:46:28 +0000`: the same fields, in
-/// nginx's order.
-fn local_from_http_date(http: &str) -> [u8; 26] {
-    let mut out = [b'-'; 26];
-    let mut parts = http.split(' ').skip(1);
-    let (Some(day), Some(month), Some(year), Some(time)) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return out;
+/// The UTC calendar fields of `at` (seconds since the epoch), formatted.
+fn format_second(at: u64) -> Second {
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+        b"Dec",
+    ];
+    let (year, month, day) = civil_from_days(at / 86_400);
+    let secs = at % 86_400;
+    let two = |n: u64| {
+        let d = six_digits(u32::try_from(n % 100).unwrap_or(0));
+        [d[4], d[5]]
     };
-    let text = format!("{day}/{month}/{year}:{time} +0000");
-    let len = text.len().min(out.len());
-    out[..len].copy_from_slice(&text.as_bytes()[..len]);
-    out
+    let year4 = six_digits(u32::try_from(year % 10_000).unwrap_or(0));
+    let year4 = [year4[2], year4[3], year4[4], year4[5]];
+    let (hh, mm, ss) = (two(secs / 3600), two(secs / 60 % 60), two(secs % 60));
+    let (mo, dd) = (two(u64::from(month)), two(u64::from(day)));
+    let name = MONTHS[usize::from(month.clamp(1, 12) - 1)];
+    let mut local = [0u8; 26];
+    let parts: [&[u8]; 11] = [
+        &dd, b"/", name, b"/", &year4, b":", &hh, b":", &mm, b":", &ss,
+    ];
+    let mut at_byte = 0;
+    for part in parts.iter().chain([&b" +0000"[..]].iter()) {
+        local[at_byte..at_byte + part.len()].copy_from_slice(part);
+        at_byte += part.len();
+    }
+    let mut iso = [0u8; 19];
+    let parts: [&[u8]; 11] = [
+        &year4, b"-", &mo, b"-", &dd, b"T", &hh, b":", &mm, b":", &ss,
+    ];
+    let mut at_byte = 0;
+    for part in parts {
+        iso[at_byte..at_byte + part.len()].copy_from_slice(part);
+        at_byte += part.len();
+    }
+    Second { at, local, iso }
+}
+
+/// The proleptic Gregorian (year, month, day) of a day count since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`, for days on or after the epoch).
+fn civil_from_days(days: u64) -> (u64, u8, u8) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (
+        year,
+        u8::try_from(month).unwrap_or(1),
+        u8::try_from(day).unwrap_or(1),
+    )
 }
 
 #[cfg(test)]
@@ -350,22 +638,310 @@ mod tests {
             (b"caf\xc3\xa9", "caf\\xC3\\xA9"),
         ];
         for (raw, want) in cases {
-            let mut out = String::new();
+            let mut out = Vec::new();
             escape(&mut out, raw);
-            assert_eq!(out, *want);
+            assert_eq!(String::from_utf8_lossy(&out), *want);
         }
     }
 
     #[test]
-    fn time_local_has_nginx_shape() {
-        assert_eq!(
-            &local_from_http_date("Thu, 26 Nov 2026 21:46:28 GMT"),
-            b"26/Nov/2026:21:46:28 +0000"
-        );
-        assert_eq!(&local_from_http_date("garbage"), &[b'-'; 26]);
-        let now = time_local();
-        assert_eq!(now.len(), 26, "{now}");
-        assert!(now.ends_with(" +0000"), "{now}");
+    fn json_strings_are_escaped_as_serde_json_escapes_them() {
+        // Hostile bytes reach the JSON line as `&str` (the request id through
+        // `from_utf8_lossy`): invalid UTF-8 is U+FFFD by then.
+        let hostile: &[&[u8]] = &[
+            b"",
+            b"plain/1.0",
+            b"a\"b",
+            b"a\\b",
+            b"\\\"",
+            b"line\r\nbreak",
+            b"\x00\x01\x07\x08\x09\x0a\x0b\x0c\x0d\x1b\x1f\x20",
+            b"\x7f",
+            b"caf\xc3\xa9 \xe2\x80\xa8 \xf0\x9f\x98\x80",
+            b"\xff\xfe invalid \xc3 utf-8 \xed\xa0\x80",
+            b"</script>{\"a\":1}",
+        ];
+        for raw in hostile {
+            let text = String::from_utf8_lossy(raw);
+            let mut out = Vec::new();
+            json_str(&mut out, &text);
+            let want = serde_json::to_vec(&*text).unwrap_or_default();
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&want),
+                "{raw:?}"
+            );
+            let back: String = serde_json::from_slice(&out)
+                .unwrap_or_else(|e| panic!("{raw:?} is not a JSON string: {e}"));
+            assert_eq!(back, text);
+            // The same through `Display`, split at every byte the formatter may split at.
+            let mut via_display = Vec::new();
+            let _ =
+                std::fmt::Write::write_fmt(&mut JsonText(&mut via_display), format_args!("{text}"));
+            assert_eq!(via_display, out[1..out.len() - 1], "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn json_control_bytes_have_their_short_or_unicode_escapes() {
+        let cases: &[(&str, &str)] = &[
+            ("\u{8}", "\\b"),
+            ("\t", "\\t"),
+            ("\n", "\\n"),
+            ("\u{c}", "\\f"),
+            ("\r", "\\r"),
+            ("\u{0}", "\\u0000"),
+            ("\u{1b}", "\\u001b"),
+            ("\u{1f}", "\\u001f"),
+            ("\u{7f}", "\u{7f}"),
+            ("\"", "\\\""),
+            ("\\", "\\\\"),
+            ("/", "/"),
+        ];
+        for (raw, want) in cases {
+            let mut out = Vec::new();
+            json_escape(&mut out, raw);
+            assert_eq!(String::from_utf8_lossy(&out), *want, "{raw:?}");
+        }
+    }
+
+    /// The JSON object tracing-subscriber's formatter (`json().flatten_event(true)`) wrote for
+    /// the access event before this module wrote the line itself, for the same values: the
+    /// event is the one the proxy emitted, field for field.
+    fn formatted_by_tracing(l: &Line<'_>) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                if let Ok(mut kept) = self.0.lock() {
+                    kept.extend_from_slice(buf);
+                }
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+            type Writer = Captured;
+            fn make_writer(&'a self) -> Captured {
+                self.clone()
+            }
+        }
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .json()
+            .flatten_event(true)
+            .finish();
+        let (logged, meter) = (l.logged, l.meter);
+        let upstream = meter.upstream.as_ref();
+        let answered = upstream.and_then(|u| u.response);
+        let error = l.error.map_or_else(|| "-".to_string(), ToString::to_string);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(
+                target: "access",
+                client = %l.client,
+                method = logged.method,
+                host = logged.host.as_deref().unwrap_or("-"),
+                uri = logged.target,
+                version = ?l.version,
+                status = l.status,
+                duration_ms = %format_args!("{:.3}", l.elapsed.as_secs_f64() * 1000.0),
+                request_bytes = meter.request_bytes,
+                body_bytes_sent = meter.body_bytes_sent,
+                upstream = %l.upstream.map_or_else(|| "-".to_string(), ToString::to_string),
+                upstream_status = answered.map_or(0, |a| a.status),
+                upstream_header_ms = %format_args!("{:.3}", answered.map_or(0.0, |a| a.header.as_secs_f64() * 1000.0)),
+                upstream_response_ms = %format_args!("{:.3}", upstream.map_or(0.0, |u| answered.map_or(u.spent, |a| a.response).as_secs_f64() * 1000.0)),
+                upstream_bytes = answered.map_or(0, |a| a.length),
+                ingress = "-",
+                service = "-",
+                canary = meter.canary,
+                request_id = logged.request_id,
+                error = error,
+            );
+        });
+        let bytes = captured.0.lock().map(|b| b.clone()).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).trim_end().to_string()
+    }
+
+    #[test]
+    fn json_lines_are_the_objects_tracing_wrote() {
+        let hostile = Logged {
+            method: "GET".into(),
+            target: "/a\"b\\c\u{1}\u{7f}?q=</script>".into(),
+            host: Some("h\u{e9}st\r\n.example".into()),
+            protocol: "HTTP/1.1",
+            request_id: String::from_utf8_lossy(b"id\xff\"\n").into_owned(),
+            ..Logged::default()
+        };
+        let plain = Logged {
+            method: "POST".into(),
+            target: "/".into(),
+            host: None,
+            protocol: "HTTP/2.0",
+            request_id: "0123456789abcdef0123456789abcdef".into(),
+            ..Logged::default()
+        };
+        let addr = PoolKey::Addr(([10, 1, 2, 3], 8080).into());
+        let started = Instant::now();
+        let answered = Meter {
+            request_bytes: 112,
+            body_bytes_sent: 24,
+            canary: true,
+            upstream: Some(UpstreamMeter {
+                addr: addr.clone(),
+                started,
+                spent: Duration::from_micros(301),
+                response: Some(UpstreamResponse {
+                    status: 200,
+                    header: Duration::from_micros(301),
+                    response: Duration::from_micros(1_318),
+                    length: 24,
+                }),
+            }),
+        };
+        let failed = Meter {
+            upstream: Some(UpstreamMeter {
+                addr: addr.clone(),
+                started,
+                spent: Duration::from_millis(5_000),
+                response: None,
+            }),
+            ..Meter::default()
+        };
+        let refusal = "source address not allowed \"x\"";
+        let cases: [(
+            &Logged,
+            &Meter,
+            Option<&PoolKey>,
+            Option<&dyn std::fmt::Display>,
+            u16,
+        ); 4] = [
+            (&hostile, &answered, Some(&addr), None, 200),
+            (&plain, &Meter::default(), None, Some(&refusal), 403),
+            (
+                &plain,
+                &failed,
+                Some(&addr),
+                Some(&"upstream timed out"),
+                504,
+            ),
+            (&hostile, &Meter::default(), None, None, 404),
+        ];
+        for (n, (logged, meter, upstream, error, status)) in cases.into_iter().enumerate() {
+            let line = Line {
+                client: "2001:db8::7"
+                    .parse()
+                    .unwrap_or(IpAddr::from([127, 0, 0, 1])),
+                logged,
+                status,
+                elapsed: Duration::from_micros(412_250),
+                route: None,
+                meter,
+                version: if n % 2 == 0 {
+                    http::Version::HTTP_11
+                } else {
+                    http::Version::HTTP_2
+                },
+                upstream,
+                error,
+                now: SystemTime::now(),
+            };
+            let mut ours = Vec::new();
+            json_line(&mut ours, &line);
+            let ours = String::from_utf8_lossy(&ours).into_owned();
+            let theirs = formatted_by_tracing(&line);
+            // Everything after the timestamp is the same, byte for byte; the timestamp has the
+            // same shape (the two were taken at different instants).
+            let after = |s: &str| s.split_once("Z\",").map(|(_, rest)| rest.to_string());
+            assert_eq!(after(&ours), after(&theirs), "case {n}");
+            assert!(after(&ours).is_some(), "{ours}");
+            let stamp = |s: &str| s.split_once("Z\",").map(|(head, _)| head.len());
+            assert_eq!(stamp(&ours), stamp(&theirs), "{ours}\n{theirs}");
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&ours).is_ok(),
+                "{ours}"
+            );
+        }
+    }
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for ip in [
+            "127.0.0.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.1.2.3",
+            "2001:db8::7",
+            "::1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
+            let mut out = Vec::new();
+            write_ip(&mut out, ip);
+            assert_eq!(String::from_utf8_lossy(&out), ip.to_string());
+        }
+        for addr in ["10.1.2.3:8080", "127.0.0.1:1", "[2001:db8::1]:443"] {
+            let key = PoolKey::Addr(addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}")));
+            let mut out = Vec::new();
+            write_key(&mut out, &key);
+            assert_eq!(String::from_utf8_lossy(&out), key.to_string());
+        }
+        for (namespace, name, want) in [("shop", "front", "shop/front"), ("", "alone", "alone")] {
+            let mut out = Vec::new();
+            json_object_key(&mut out, &crate::object::ObjectKey::new(namespace, name));
+            assert_eq!(String::from_utf8_lossy(&out), want);
+        }
+    }
+
+    #[test]
+    fn calendar_fields_are_utc() {
+        let cases: &[(u64, &str, &str)] = &[
+            (0, "01/Jan/1970:00:00:00 +0000", "1970-01-01T00:00:00"),
+            (
+                951_782_400,
+                "29/Feb/2000:00:00:00 +0000",
+                "2000-02-29T00:00:00",
+            ),
+            (
+                1_795_729_588,
+                "26/Nov/2026:21:46:28 +0000",
+                "2026-11-26T21:46:28",
+            ),
+            (
+                4_133_980_799,
+                "31/Dec/2100:23:59:59 +0000",
+                "2100-12-31T23:59:59",
+            ),
+            (
+                253_402_300_799,
+                "31/Dec/9999:23:59:59 +0000",
+                "9999-12-31T23:59:59",
+            ),
+        ];
+        for (at, local, iso) in cases {
+            let second = format_second(*at);
+            assert_eq!(String::from_utf8_lossy(&second.local), *local, "{at}");
+            assert_eq!(String::from_utf8_lossy(&second.iso), *iso, "{at}");
+            // The same as the HTTP date of that second, in nginx's order.
+            let http = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(*at));
+            let parts: Vec<&str> = http.split(' ').collect();
+            assert_eq!(
+                format!("{}/{}/{}:{} +0000", parts[1], parts[2], parts[3], parts[4]),
+                *local
+            );
+        }
+    }
+
+    #[test]
+    fn the_cached_second_follows_the_clock() {
+        let at = UNIX_EPOCH + Duration::from_secs(1_795_729_588);
+        let first = clock(at);
+        assert_eq!(&first.local, b"26/Nov/2026:21:46:28 +0000");
+        let next = clock(at + Duration::from_millis(1_500));
+        assert_eq!(&next.local, b"26/Nov/2026:21:46:29 +0000");
+        assert_eq!(&clock(at).iso, b"2026-11-26T21:46:28");
     }
 
     #[test]
@@ -375,7 +951,24 @@ mod tests {
             (Duration::from_micros(1_500), "0.001"),
             (Duration::from_millis(12_345), "12.345"),
         ] {
-            assert_eq!(seconds(d), want);
+            let mut out = Vec::new();
+            seconds(&mut out, d);
+            assert_eq!(String::from_utf8_lossy(&out), want);
+        }
+    }
+
+    #[test]
+    fn milliseconds_have_three_decimals() {
+        for (d, want) in [
+            (Duration::ZERO, "0.000"),
+            (Duration::from_nanos(499), "0.000"),
+            (Duration::from_nanos(1_500), "0.002"),
+            (Duration::from_micros(123_456), "123.456"),
+            (Duration::from_secs(2), "2000.000"),
+        ] {
+            let mut out = Vec::new();
+            milliseconds(&mut out, d);
+            assert_eq!(String::from_utf8_lossy(&out), want, "{d:?}");
         }
     }
 }

@@ -11,6 +11,7 @@
 //!   forward.rs   the header rules between client and upstream, for both paths
 //!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
 //!   auth_client.rs  connections to auth services (auth-url), on connect.rs
+//!   access_log.rs, log_lines.rs  access-log lines, and the buffer every log line goes through
 //!   multiplex.rs HTTP/2 upstreams (GRPC, GRPCS, h2c): multiplexed connections per endpoint
 //! ```
 //!
@@ -26,6 +27,7 @@ pub mod h1;
 pub mod h2;
 pub mod idle;
 pub mod listener;
+pub mod log_lines;
 pub mod metrics;
 pub mod multiplex;
 pub mod passthrough;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use ingress_wire::target::PathSettings;
 
 use super::access_log::AccessFormat;
+use super::log_lines::LogLines;
 use super::phase::tls::NoSniRequests;
 
 #[derive(Clone, Debug)]
@@ -17,8 +18,12 @@ pub struct ProxySettings {
     /// The most a write to the client may stall (`send_timeout`).
     pub client_send_timeout: Duration,
     pub access_log: bool,
-    /// `--access-log-format`: an event with fields, or ingress-nginx's `upstream` line.
+    /// `--access-log-format`: an event with fields, its JSON line, or ingress-nginx's
+    /// `upstream` line.
     pub access_format: AccessFormat,
+    /// Where the `json` and `upstream` lines are written (the process's log); without it,
+    /// only `text` events are.
+    pub log_lines: Option<LogLines>,
     /// The HTTPS port clients use, for redirect locations.
     pub https_port: u16,
     pub paths: PathSettings,
@@ -32,6 +37,7 @@ impl Default for ProxySettings {
             client_send_timeout: Duration::from_secs(60),
             access_log: true,
             access_format: AccessFormat::Event,
+            log_lines: None,
             https_port: 443,
             paths: PathSettings::default(),
             no_sni_requests: NoSniRequests::default(),

@@ -12,16 +12,28 @@
 //!
 //! Spans are built with the request's own timestamps and exported in batches by the runtime
 //! (see `run.rs`), never on the request's path.
+//!
+//! A request without `traceparent` is sampled before anything is built: its trace id is drawn
+//! and put to the sampler, and when the sampler drops it the request has no trace at all (no
+//! span, no context, no `traceparent` upstream), which at a 1% ratio is 99 requests in 100.
+//! When it is sampled, the span is built on that same id ([`PresetIds`]), so the SDK's sampler,
+//! asked again, decides the same. A request with `traceparent` always takes the full path: its
+//! context is propagated whether or not it is sampled.
 
+use std::cell::Cell;
 use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderValue;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{
+    Span as _, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer as _,
+};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, Span};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer, ShouldSample, Span,
+};
 
 use super::access_log::Meter;
 use super::connect::PoolKey;
@@ -31,7 +43,33 @@ use crate::snapshot::Route;
 /// The tracer requests are traced with; present only with `--otlp-endpoint`.
 pub struct Tracing {
     tracer: SdkTracer,
+    /// The tracer provider's sampler, asked first for requests that carry no context.
+    sampler: Sampler,
+    ids: RandomIdGenerator,
     propagator: TraceContextPropagator,
+}
+
+/// The tracer provider's id generator: random ids, except the trace id [`Tracing::start`] has
+/// just drawn and sampled, which the next root span on this thread takes.
+#[derive(Debug, Default)]
+pub struct PresetIds {
+    random: RandomIdGenerator,
+}
+
+thread_local! {
+    static PRESET_TRACE_ID: Cell<Option<TraceId>> = const { Cell::new(None) };
+}
+
+impl IdGenerator for PresetIds {
+    fn new_trace_id(&self) -> TraceId {
+        PRESET_TRACE_ID
+            .take()
+            .unwrap_or_else(|| self.random.new_trace_id())
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        self.random.new_span_id()
+    }
 }
 
 /// One request's spans while it is served.
@@ -53,15 +91,41 @@ pub(crate) struct Started<'a> {
 }
 
 impl Tracing {
-    pub fn new(tracer: SdkTracer) -> Self {
+    /// `tracer` must come from a provider with `sampler` and [`PresetIds`].
+    pub fn new(tracer: SdkTracer, sampler: Sampler) -> Self {
         Self {
             tracer,
+            sampler,
+            ids: RandomIdGenerator::default(),
             propagator: TraceContextPropagator::new(),
         }
     }
 
-    /// The server span of a request, continuing the client's trace when it sent one.
-    pub(crate) fn start(&self, s: &Started<'_>, headers: &dyn RequestHeaders) -> RequestTrace {
+    /// The server span of a request, continuing the client's trace when it sent one; nothing
+    /// when the request carries no trace context and is not sampled.
+    pub(crate) fn start(
+        &self,
+        s: &Started<'_>,
+        headers: &dyn RequestHeaders,
+    ) -> Option<RequestTrace> {
+        if headers.header("traceparent").is_none() {
+            let trace_id = self.ids.new_trace_id();
+            let decision = self
+                .sampler
+                .should_sample(None, trace_id, "", &SpanKind::Server, &[], &[])
+                .decision;
+            if decision == SamplingDecision::Drop {
+                return None;
+            }
+            PRESET_TRACE_ID.set(Some(trace_id));
+        }
+        let trace = self.start_span(s, headers);
+        // Taken by the span's id generator; cleared in case the tracer made no root span.
+        PRESET_TRACE_ID.set(None);
+        Some(trace)
+    }
+
+    fn start_span(&self, s: &Started<'_>, headers: &dyn RequestHeaders) -> RequestTrace {
         let parent = self.propagator.extract(&HeaderSource(headers));
         let mut attributes = vec![
             KeyValue::new("http.request.method", s.method.to_string()),
@@ -237,7 +301,94 @@ impl Injector for HeaderSink {
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
     use super::*;
+
+    fn tracing(sampler: Sampler) -> (SdkTracerProvider, Tracing) {
+        let provider = SdkTracerProvider::builder()
+            .with_sampler(sampler.clone())
+            .with_id_generator(PresetIds::default())
+            .build();
+        let tracer = provider.tracer("test");
+        (provider, Tracing::new(tracer, sampler))
+    }
+
+    fn started() -> Started<'static> {
+        Started {
+            method: "GET",
+            target: "/",
+            host: Some("a.example"),
+            protocol: "1.1",
+            client: IpAddr::from([127, 0, 0, 1]),
+            at: Instant::now(),
+        }
+    }
+
+    fn traceparent(flags: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        let value = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert("traceparent", value);
+        }
+        headers
+    }
+
+    #[test]
+    fn an_unsampled_request_without_context_gets_no_trace_at_all() {
+        let (_provider, tracing) = tracing(Sampler::ParentBased(Box::new(
+            Sampler::TraceIdRatioBased(0.0),
+        )));
+        assert!(tracing.start(&started(), &http::HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn the_early_decision_is_the_sdks_decision() {
+        for parent_based in [false, true] {
+            let ratio = Sampler::TraceIdRatioBased(0.5);
+            let sampler = if parent_based {
+                Sampler::ParentBased(Box::new(ratio))
+            } else {
+                ratio
+            };
+            let (_provider, tracing) = tracing(sampler);
+            let mut traced = 0;
+            for _ in 0..400 {
+                if let Some(trace) = tracing.start(&started(), &http::HeaderMap::new()) {
+                    // Sampled early, so sampled by the SDK on the same trace id.
+                    assert!(trace.sampled(), "parent-based {parent_based}");
+                    traced += 1;
+                }
+            }
+            assert!((120..=280).contains(&traced), "{traced} of 400 at 0.5");
+        }
+    }
+
+    #[test]
+    fn a_request_with_context_is_always_propagated() {
+        let (_provider, tracing) = tracing(Sampler::ParentBased(Box::new(
+            Sampler::TraceIdRatioBased(0.0),
+        )));
+        for (flags, sampled) in [("00", false), ("01", true)] {
+            let mut trace = tracing
+                .start(&started(), &traceparent(flags))
+                .unwrap_or_else(|| panic!("flags {flags}: no trace"));
+            assert_eq!(trace.sampled(), sampled, "flags {flags}");
+            let sent = tracing.upstream(&mut trace, &PoolKey::Addr(([127, 0, 0, 1], 80).into()));
+            let value = sent
+                .iter()
+                .find(|(name, _)| *name == "traceparent")
+                .map(|(_, v)| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_else(|| panic!("flags {flags}: no traceparent upstream"));
+            assert!(
+                value.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+                "{value}"
+            );
+            assert!(value.ends_with(&format!("-{flags}")), "{value}");
+            trace.finish(200, &Meter::default());
+        }
+    }
 
     #[test]
     fn the_path_never_carries_the_query() {

@@ -1,22 +1,24 @@
-//! Logging: `tracing` to stdout through a non-blocking writer, so a slow log consumer never
-//! stalls a request. Access-log lines are ordinary events with target `access`, written by a
-//! layer of their own so they can have a format of their own (`--access-log-format`): the
-//! `upstream` format's events carry the finished line, written as it is.
+//! Logging: `tracing` events and access-log lines to stdout, through one buffer that a thread
+//! of its own writes in batches (`proxy::log_lines`), so a request never waits for a `write`.
+//! `text` access lines are ordinary events with target `access`, written by a layer of their
+//! own; `json` and `upstream` lines are written by the proxy itself (`proxy::access_log`), into
+//! the same buffer, and obey the same log filter.
 
 use std::fmt;
 
 use tracing::field::{Field, Visit};
-use tracing_appender::non_blocking::{NonBlocking, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::Registry;
 use tracing_subscriber::filter::FilterFn;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
+use crate::proxy::log_lines::{LogLines, LogLinesGuard};
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -59,42 +61,90 @@ pub enum TelemetryError {
     },
     #[error("a global logger is already installed")]
     AlreadyInstalled,
+    #[error("cannot start the log writer thread: {0}")]
+    Writer(std::io::Error),
 }
 
-/// Installs the global subscriber. Keep the guard alive: dropping it flushes and stops the
-/// writer thread.
-pub fn init(args: &LogSettings) -> Result<WorkerGuard, TelemetryError> {
-    let mut filter = EnvFilter::try_new(&args.filter).map_err(|source| TelemetryError::Filter {
-        filter: args.filter.clone(),
-        source,
-    })?;
+/// The installed logger. Keep it alive: dropping it writes what is still buffered and stops
+/// the writer thread.
+pub struct Logging {
+    /// Where the proxy writes `json` and `upstream` access lines.
+    pub lines: LogLines,
+    /// Whether access lines are written at all: `--access-log`, and a log filter that lets
+    /// target `access` through at `info` (`--log-level warn` does not; `warn,access=info`
+    /// does).
+    pub access: bool,
+    _guard: LogLinesGuard,
+}
+
+/// Installs the global subscriber.
+pub fn init(args: &LogSettings) -> Result<Logging, TelemetryError> {
+    let filter = |filter: &str| {
+        EnvFilter::try_new(filter).map_err(|source| TelemetryError::Filter {
+            filter: filter.to_string(),
+            source,
+        })
+    };
+    let mut events = filter(&args.filter)?;
+    let access = args.access_log && lets_access_through(filter(&args.filter)?);
     if !args.access_log {
-        filter = filter.add_directive("access=off".parse().map_err(|source| {
+        events = events.add_directive("access=off".parse().map_err(|source| {
             TelemetryError::Filter {
                 filter: "access=off".into(),
                 source,
             }
         })?);
     }
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        // Buffered: under load the writer thread takes many lines per wake-up, and one write
-        // for all of them beats a syscall per line. It flushes whenever its queue runs dry, so
-        // a quiet proxy's lines are not held back.
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stdout(),
-        ));
+    let (lines, guard) = LogLines::start(std::io::stdout()).map_err(TelemetryError::Writer)?;
+    let writer = LineWriter(lines.clone());
     let general = |meta: &tracing::Metadata<'_>| meta.target() != ACCESS;
-    let access = |meta: &tracing::Metadata<'_>| meta.target() == ACCESS;
+    let access_events = |meta: &tracing::Metadata<'_>| meta.target() == ACCESS;
     let logs = layer(args.format.into(), writer.clone(), FilterFn::new(general));
-    let access_lines = layer(args.access_format, writer, FilterFn::new(access));
+    let access_lines = layer(args.access_format, writer, FilterFn::new(access_events));
     tracing_subscriber::registry()
-        .with(filter)
+        .with(events)
         .with(vec![logs, access_lines])
         .try_init()
         .map_err(|_| TelemetryError::AlreadyInstalled)?;
-    Ok(guard)
+    Ok(Logging {
+        lines,
+        access,
+        _guard: guard,
+    })
+}
+
+/// Whether `filter` lets an `info` event of target `access` through: asked once, of a
+/// subscriber that holds only the filter.
+fn lets_access_through(filter: EnvFilter) -> bool {
+    let probe = tracing_subscriber::registry().with(filter);
+    tracing::subscriber::with_default(
+        probe,
+        || tracing::enabled!(target: "access", tracing::Level::INFO),
+    )
+}
+
+/// The log buffer as `tracing_subscriber`'s writer: the formatter hands over each event as
+/// one `write_all` of its whole line.
+#[derive(Clone)]
+struct LineWriter(LogLines);
+
+impl std::io::Write for LineWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.push(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for LineWriter {
+    type Writer = LineWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
 }
 
 type Boxed = Box<dyn Layer<tracing_subscriber::layer::Layered<EnvFilter, Registry>> + Send + Sync>;
@@ -102,7 +152,7 @@ type Boxed = Box<dyn Layer<tracing_subscriber::layer::Layered<EnvFilter, Registr
 /// One output layer, for the events `only` lets through.
 fn layer(
     format: AccessLogFormat,
-    writer: NonBlocking,
+    writer: LineWriter,
     only: FilterFn<impl Fn(&tracing::Metadata<'_>) -> bool + Send + Sync + 'static>,
 ) -> Boxed {
     let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
@@ -148,5 +198,28 @@ where
         event.record(&mut message);
         message.1?;
         writeln!(writer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_lines_are_on_when_the_filter_lets_their_target_through_at_info() {
+        for (filter, on) in [
+            ("info", true),
+            ("debug", true),
+            ("warn", false),
+            ("error", false),
+            ("warn,access=info", true),
+            ("info,access=warn", false),
+            ("info,access=off", false),
+            ("off,access=trace", true),
+            ("ingress=debug", false),
+        ] {
+            let parsed = EnvFilter::try_new(filter).unwrap_or_else(|e| panic!("{filter}: {e}"));
+            assert_eq!(lets_access_through(parsed), on, "{filter}");
+        }
     }
 }

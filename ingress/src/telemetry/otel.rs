@@ -8,7 +8,9 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+
+use crate::proxy::trace::{PresetIds, Tracing};
 
 /// What `--otlp-endpoint` and the `--otel-*` flags ask for.
 #[derive(Clone, Debug)]
@@ -32,8 +34,8 @@ pub enum OtelError {
 }
 
 /// The provider (keep it: dropping the last handle flushes and stops the exporter) and the
-/// tracer requests are traced with. Must be called on the Tokio runtime.
-pub fn start(settings: &OtelSettings) -> Result<(SdkTracerProvider, SdkTracer), OtelError> {
+/// tracing requests are traced with. Must be called on the Tokio runtime.
+pub fn start(settings: &OtelSettings) -> Result<(SdkTracerProvider, Tracing), OtelError> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
@@ -54,7 +56,8 @@ pub fn start(settings: &OtelSettings) -> Result<(SdkTracerProvider, SdkTracer), 
     };
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
-        .with_sampler(sampler)
+        .with_sampler(sampler.clone())
+        .with_id_generator(PresetIds::default())
         .with_resource(
             Resource::builder()
                 .with_service_name(settings.service_name.clone())
@@ -62,5 +65,5 @@ pub fn start(settings: &OtelSettings) -> Result<(SdkTracerProvider, SdkTracer), 
         )
         .build();
     let tracer = provider.tracer("ingress");
-    Ok((provider, tracer))
+    Ok((provider, Tracing::new(tracer, sampler)))
 }

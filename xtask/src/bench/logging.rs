@@ -3,9 +3,13 @@
 //! as a container runtime would take them from stdout), and with OpenTelemetry tracing at a 1%
 //! and a 100% sample ratio (spans exported over OTLP/HTTP to the rig's upstream nginx, which
 //! answers 200 to anything). The configurations are interleaved round by round (a fresh rig
-//! each time), and each is reported as a ratio to "off" (goals: at most 5% fewer requests/s
+//! each time, in reverse order every other round), and each is reported as a ratio to "off" (goals: at most 5% fewer requests/s
 //! with the log on; tracing off costs nothing, as "off" is also the untraced path). nginx is
 //! not involved; its rig process idles.
+//!
+//! Each run is also measured as requests per CPU-second of the ingress process (all its
+//! threads: the log writer's `write`s count): on a shared machine, requests/s move with the
+//! neighbours' load on CPU 0, CPU per request much less.
 
 use anyhow::Result;
 
@@ -49,11 +53,38 @@ const CONFIGS: [(&str, &[&str]); 5] = [
     ),
 ];
 
+/// A run with the access log on must have written a line per request it measured: a log
+/// that silently wrote nothing (a filter, a format that fell back) would look free.
+fn ensure_logged(bench: &Bench, requests: u64) -> Result<()> {
+    let log = bench.dir.join("rig").join("ingress.log");
+    // The writer thread may still be finishing its last batch.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let lines = std::fs::read(&log)?.iter().filter(|b| **b == b'\n').count() as u64;
+        if lines >= requests {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{}: {lines} lines for {requests} requests",
+            log.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 pub fn run(bench: &Bench) -> Result<()> {
     let url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
-    let mut runs: Vec<Vec<wrk::Load>> = vec![Vec::new(); CONFIGS.len()];
-    for _ in 0..bench.rounds {
-        for (i, (_, args)) in CONFIGS.iter().enumerate() {
+    let mut runs: Vec<Vec<(wrk::Load, f64)>> = vec![Vec::new(); CONFIGS.len()];
+    for round in 0..bench.rounds {
+        // Every other round runs the configurations backwards, so none is always measured
+        // first (or last) when the shared machine's load drifts across a round.
+        let mut order: Vec<usize> = (0..CONFIGS.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let args = CONFIGS[i].1;
             let rig = Rig::start(bench, args)?;
             wrk::run(
                 &url,
@@ -62,13 +93,15 @@ pub fn run(bench: &Bench) -> Result<()> {
                 bench.connections,
                 None,
             )?;
-            runs[i].push(wrk::run(
-                &url,
-                rig::HOST,
-                bench.duration,
-                bench.connections,
-                None,
-            )?);
+            let before = rig.ingress.cpu_time()?;
+            let load = wrk::run(&url, rig::HOST, bench.duration, bench.connections, None)?;
+            if args.contains(&"--access-log-format") {
+                ensure_logged(bench, load.requests)?;
+            }
+            // After the log check: the writer thread's last batch is the run's cost too.
+            let cpu = rig.ingress.cpu_time()?.saturating_sub(before);
+            let per_cpu_second = load.requests as f64 / cpu.as_secs_f64().max(0.001);
+            runs[i].push((load, per_cpu_second));
             drop(rig);
         }
     }
@@ -79,20 +112,24 @@ pub fn run(bench: &Bench) -> Result<()> {
     );
     writeln!(
         bench.report,
-        "{:<16} {:>12} {:>10} {:>10} {:>10}",
-        "observability", "requests/s", "p50 ms", "p99 ms", "vs off"
+        "{:<16} {:>12} {:>10} {:>10} {:>10} {:>16} {:>10}",
+        "observability", "requests/s", "p50 ms", "p99 ms", "vs off", "requests/CPU-s", "vs off"
     );
-    let off = median(runs[0].iter().map(|l| l.requests_per_sec).collect());
+    let off = median(runs[0].iter().map(|(l, _)| l.requests_per_sec).collect());
+    let off_cpu = median(runs[0].iter().map(|(_, c)| *c).collect());
     for ((name, _), loads) in CONFIGS.iter().zip(&runs) {
-        let rate = median(loads.iter().map(|l| l.requests_per_sec).collect());
+        let rate = median(loads.iter().map(|(l, _)| l.requests_per_sec).collect());
+        let per_cpu = median(loads.iter().map(|(_, c)| *c).collect());
         writeln!(
             bench.report,
-            "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x",
+            "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x {:>16.0} {:>9.2}x",
             name,
             rate,
-            median(loads.iter().map(|l| l.p50_ms).collect()),
-            median(loads.iter().map(|l| l.p99_ms).collect()),
-            rate / off
+            median(loads.iter().map(|(l, _)| l.p50_ms).collect()),
+            median(loads.iter().map(|(l, _)| l.p99_ms).collect()),
+            rate / off,
+            per_cpu,
+            per_cpu / off_cpu
         );
     }
     Ok(())

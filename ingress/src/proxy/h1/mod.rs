@@ -288,7 +288,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             )
         });
         let authority = req.authority.as_ref().map(|a| a.raw);
-        let mut trace = proxy.tracing.as_ref().map(|tracing| {
+        let mut trace = proxy.tracing.as_ref().and_then(|tracing| {
             let started = trace::Started {
                 method: req.method,
                 target: &req.target,

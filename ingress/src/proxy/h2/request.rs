@@ -239,7 +239,7 @@ impl Proxy {
                 client: conn.peer.ip(),
                 at: started,
             };
-            *trace = Some(tracing.start(&started, req.headers()));
+            *trace = tracing.start(&started, req.headers());
         }
         // `$request_id` is the id the upstream is sent: made now when the client sent none
         // usable, so forwarding keeps it (as the access log does).

@@ -1,7 +1,9 @@
 //! The response phase: what every response gets from the proxy (its `Server`, and HSTS on
 //! HTTPS), and what every finished request leaves behind (metrics, the access log line).
 
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use http::{HeaderName, HeaderValue};
 
@@ -160,17 +162,44 @@ impl Proxy {
             return;
         };
         let outcome = r.outcome;
-        if self.settings.access_format == AccessFormat::Upstream {
-            let line = access_log::upstream_line(&access_log::Line {
+        if let Some(lines) = &self.settings.log_lines
+            && self.settings.access_format != AccessFormat::Event
+        {
+            thread_local! {
+                // One line's buffer per thread, kept between requests.
+                static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(1024));
+            }
+            let error: Option<&dyn std::fmt::Display> = match (&outcome.error, &outcome.refused) {
+                (Some(error), _) => Some(error),
+                (None, Some(reason)) => Some(reason),
+                (None, None) => None,
+            };
+            let line = access_log::Line {
                 client: r.conn.peer.ip(),
                 logged,
                 status: r.status,
                 elapsed: r.elapsed,
                 route: r.route.map(Arc::as_ref),
                 meter: r.meter,
-                time: &access_log::time_local(),
+                version: r.version,
+                upstream: outcome.upstream.as_ref(),
+                error,
+                now: SystemTime::now(),
+            };
+            LINE.with_borrow_mut(|buf| {
+                buf.clear();
+                if self.settings.access_format == AccessFormat::Upstream {
+                    access_log::upstream_line(buf, &line);
+                } else {
+                    access_log::json_line(buf, &line);
+                }
+                buf.push(b'\n');
+                lines.push(buf);
+                // A freak line (a huge header) does not keep its memory.
+                if buf.capacity() > 64 * 1024 {
+                    *buf = Vec::with_capacity(1024);
+                }
             });
-            tracing::info!(target: "access", "{line}");
             return;
         }
         let error = match (&outcome.error, outcome.refused) {
