@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ingress_tests::netns::NetChain;
 use ingress_tests::passthrough::payload::{End, MIB, Sha256, drain, send_pattern};
-use ingress_tests::passthrough::{DB, HTTPS, RAW, STEP, Site, WWW};
+use ingress_tests::passthrough::{BACKEND_PORT, DB, HTTPS, RAW, STEP, Site, WWW};
 use ingress_tests::sockopt::linger_zero;
 use ingress_tests::tls_client::client_hello;
 use ingress_tests::{Mode, both_modes};
@@ -352,6 +352,93 @@ async fn a_reset_on_either_side_reaches_the_other(mode: Mode) {
         )
     };
     assert_eq!((ended("upstream_reset"), ended("client_reset")), (1.0, 1.0));
+}
+
+/// The backend reports a connection whose handshake a reset cut short instead of staying
+/// silent. Through the proxy that happens when a client's RST overtakes its own Finished (the
+/// splice resets the upstream while the Finished still waits in a send queue); the backend used
+/// to drop such a connection without a report, and `a_reset_on_either_side_reaches_the_other`
+/// timed out waiting for one. Here the cut is made on purpose, straight to the backend.
+#[tokio::test]
+async fn the_backend_reports_a_handshake_cut_short() {
+    let Some(mut site) = Site::start("cut", Mode::Userspace, &[]).await else {
+        return;
+    };
+    // The test thread lives in the proxy namespace, which reaches the backend directly.
+    let mut tcp = tokio::net::TcpStream::connect((NetChain::BACKEND_IP, BACKEND_PORT))
+        .await
+        .expect("connect to the backend");
+    tcp.write_all(&client_hello(DB)).await.unwrap();
+    let mut header = [0u8; 5];
+    tokio::time::timeout(STEP, tcp.read_exact(&mut header))
+        .await
+        .expect("the server's flight in time")
+        .unwrap();
+    assert_eq!(
+        header[0], 22,
+        "a handshake record, not an alert: {header:?}"
+    );
+    linger_zero(&tcp);
+    drop(tcp);
+    let served = site.backend.next().await;
+    assert_eq!(
+        (served.command, &served.end),
+        (None, &End::Reset),
+        "{served:?}"
+    );
+}
+
+/// A damaged stream fails the test with where it went wrong, even when rustls panics on it: a
+/// record repeated under the client's TLS session (what a splice that forwarded bytes twice
+/// would do), after the backend's own close_notify, which is where rustls' debug assertion
+/// `!sent_fatal_alert` fires as it tries to send its alert. Straight to the backend, so only
+/// the harness is under test.
+#[tokio::test]
+async fn a_damaged_stream_is_reported_with_where_it_broke() {
+    use futures_util::FutureExt as _;
+    use ingress_tests::passthrough::tap::Tap;
+    let Some(mut site) = Site::start("damage", Mode::Userspace, &[]).await else {
+        return;
+    };
+    let tcp = tokio::net::TcpStream::connect((NetChain::BACKEND_IP, BACKEND_PORT))
+        .await
+        .expect("connect to the backend");
+    let connector = tokio_rustls::TlsConnector::from(site.backend_ca.client_config(&[]));
+    let name = rustls::pki_types::ServerName::try_from(DB.to_string()).unwrap();
+    let mut tls = connector.connect(name, Tap::new(tcp)).await.unwrap();
+    let tap = tls.get_ref().0.log();
+    tls.write_all(b"S").await.unwrap();
+    tls.write_all(&1000u64.to_le_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    let (received, _, end) = tokio::time::timeout(STEP, drain(&mut tls)).await.unwrap();
+    assert_eq!((received, end), (1000, End::Eof));
+    send_pattern(&mut tls, 3000).await.unwrap();
+    tls.flush().await.unwrap();
+    // The last record the session wrote, once more, under the tap.
+    let record = {
+        let log = tap.lock();
+        let len = log.written.len();
+        log.written[len - (3000 + 17 + 5)..].to_vec()
+    };
+    tls.get_mut().0.get_mut().write_all(&record).await.unwrap();
+    tls.shutdown().await.unwrap();
+    let failure = std::panic::AssertUnwindSafe(site.backend.next_from(&tap))
+        .catch_unwind()
+        .await
+        .expect_err("the damage fails the test");
+    let text = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    eprintln!("{text}");
+    for expected in [
+        "sent_fatal_alert",
+        // rustls fails the whole read, so the good record before the repeat is not delivered.
+        "command Some('S'); 0 plaintext bytes received",
+        "bytes duplicated",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
 }
 
 both_modes!(bytes_behind_the_client_hello_arrive);

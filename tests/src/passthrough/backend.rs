@@ -43,8 +43,17 @@ pub struct Served {
     pub damage: Option<String>,
     /// The ciphertext this connection read and wrote.
     pub raw: TapLog,
-    /// The plaintext after the command byte, kept for the pattern check (first [`CHECKED`]
-    /// bytes).
+    /// What the connection's task has seen so far, shared with the task that reports it if
+    /// it panics.
+    progress: Arc<std::sync::Mutex<Progress>>,
+}
+
+/// The command, the plaintext count and the plaintext after the command byte (the first
+/// [`CHECKED`] bytes, for the pattern check).
+#[derive(Debug, Default)]
+struct Progress {
+    command: Option<u8>,
+    received: u64,
     plain: Vec<u8>,
 }
 
@@ -52,21 +61,34 @@ pub struct Served {
 const CHECKED: usize = 16 * super::payload::MIB;
 
 impl Served {
-    fn new(raw: TapLog) -> Served {
+    fn new(raw: TapLog, progress: Arc<std::sync::Mutex<Progress>>) -> Served {
+        let (command, received) = {
+            let seen = lock(&progress);
+            (seen.command, seen.received)
+        };
         Served {
-            command: None,
-            received: 0,
+            command,
+            received,
             digest: Vec::new(),
             end: End::Eof,
             damage: None,
             raw,
-            plain: Vec::new(),
+            progress,
         }
     }
 
+    fn set_command(&mut self, command: u8) {
+        self.command = Some(command);
+        lock(&self.progress).command = Some(command);
+    }
+
+    /// Counts and keeps plaintext that arrived.
     fn take(&mut self, data: &[u8]) {
-        let room = CHECKED.saturating_sub(self.plain.len()).min(data.len());
-        self.plain.extend_from_slice(&data[..room]);
+        self.received += data.len() as u64;
+        let mut seen = lock(&self.progress);
+        seen.received = self.received;
+        let room = CHECKED.saturating_sub(seen.plain.len()).min(data.len());
+        seen.plain.extend_from_slice(&data[..room]);
     }
 
     /// Records a TLS-level failure (`what`) with the backend's own view of the stream: how much
@@ -74,10 +96,11 @@ impl Served {
     /// framing broke.
     fn damaged(&mut self, what: &str) {
         let raw = self.raw.lock();
-        let plain = match pattern_mismatch(&self.plain) {
+        let seen = lock(&self.progress);
+        let plain = match pattern_mismatch(&seen.plain) {
             None => format!(
                 "all {} plaintext bytes kept match the pattern",
-                self.plain.len()
+                seen.plain.len()
             ),
             Some(at) => format!("the plaintext departs from the pattern at byte {at}"),
         };
@@ -146,9 +169,11 @@ impl TlsBackend {
                             let Ok((stream, _)) = accepted else { continue };
                             let _ = stream.set_nodelay(true);
                             let stream = Tap::new(stream);
-                            let raw = stream.log();
-                            let task = tokio::spawn(serve_one(acceptor.clone(), stream, tx.clone()));
-                            tokio::spawn(report_panic(task, raw, tx.clone()));
+                            // Shared with the task that reports a panic.
+                            let report = Served::new(stream.log(), Arc::default());
+                            let (raw, progress) = (report.raw.clone(), report.progress.clone());
+                            let task = tokio::spawn(serve_one(acceptor.clone(), stream, report, tx.clone()));
+                            tokio::spawn(report_panic(task, raw, progress, tx.clone()));
                         }
                     }
                 }
@@ -229,6 +254,7 @@ fn server_config(leaf: &Leaf) -> Arc<rustls::ServerConfig> {
 async fn report_panic(
     task: tokio::task::JoinHandle<()>,
     raw: TapLog,
+    progress: Arc<std::sync::Mutex<Progress>>,
     tx: mpsc::UnboundedSender<Served>,
 ) {
     let Err(e) = task.await else { return };
@@ -240,7 +266,7 @@ async fn report_panic(
         .map(|s| (*s).to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-text panic".into());
-    let mut report = Served::new(raw);
+    let mut report = Served::new(raw, progress);
     report.end = End::Other(format!("panicked: {message}"));
     report.damaged(&format!("the connection task panicked: {message}"));
     let _ = tx.send(report);
@@ -249,9 +275,9 @@ async fn report_panic(
 async fn serve_one(
     acceptor: TlsAcceptor,
     stream: Tap<TcpStream>,
+    mut report: Served,
     tx: mpsc::UnboundedSender<Served>,
 ) {
-    let mut report = Served::new(stream.log());
     let mut tls = match acceptor.accept(stream).await {
         Ok(tls) => tls,
         // Reported, not dropped: a reset can reach this side before the client's Finished
@@ -268,7 +294,7 @@ async fn serve_one(
     };
     let mut command = [0u8; 1];
     match tls.read(&mut command).await {
-        Ok(1) => report.command = Some(command[0]),
+        Ok(1) => report.set_command(command[0]),
         Ok(_) => {
             let _ = tx.send(report);
             return;
@@ -292,7 +318,6 @@ async fn serve_one(
                     Ok(n) => {
                         hash.update(&buf[..n]);
                         report.take(&buf[..n]);
-                        report.received += n as u64;
                         // tokio-rustls may keep a write buffered until flushed.
                         let echoed = match tls.write_all(&buf[..n]).await {
                             Ok(()) => tls.flush().await,
@@ -369,7 +394,6 @@ async fn drain_into<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, report: &mu
             Ok(n) => {
                 hash.update(&buf[..n]);
                 report.take(&buf[..n]);
-                report.received += n as u64;
             }
             Err(e) => {
                 report.end = ending(&e);
@@ -462,4 +486,11 @@ impl RawBackend {
             .expect("the raw backend reported no connection in time")
             .expect("the raw backend stopped")
     }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicking connection task leaves whole values behind: still worth reporting.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -76,6 +76,12 @@ impl<S> Tap<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The stream under the tap: what is written here is not recorded, as bytes a network
+    /// path added would not be.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
 }
 
 impl<S: std::os::fd::AsRawFd> std::os::fd::AsRawFd for Tap<S> {
