@@ -263,26 +263,35 @@ async fn half_closes_keep_their_checksums_with_small_buffers(mode: Mode) {
 }
 
 /// Client closes its side first: the backend sees EOF and still answers, and the client
-/// reads that answer; `len` bytes of the pattern were echoed and counted at both ends.
+/// reads that answer; `len` bytes of the pattern were echoed and counted at both ends. The echo
+/// is read while the pattern is sent: with buffers smaller than the payload, a client that
+/// sent everything first would stall both ends.
 async fn client_closes_first(site: &mut Site, len: usize) {
-    let mut tls = site.tls(DB).await;
+    let tls = site.tls(DB).await;
     let tap = tls.get_ref().0.log();
-    tls.write_all(b"E").await.expect("command");
-    let (sent, digest) = send_pattern(&mut tls, len).await.unwrap();
-    tls.shutdown().await.unwrap();
-    let mut echo = vec![0u8; sent];
-    tokio::time::timeout(STEP, tls.read_exact(&mut echo))
-        .await
-        .expect("echo in time")
-        .unwrap();
+    let (mut rx, mut tx) = tokio::io::split(tls);
+    tx.write_all(b"E").await.expect("command");
+    let send = async {
+        let sent = send_pattern(&mut tx, len).await.expect("send");
+        tx.shutdown().await.expect("half-close");
+        sent
+    };
+    let receive = async {
+        let mut echo = vec![0u8; len];
+        rx.read_exact(&mut echo).await.expect("the echo");
+        let mut trailer = Vec::new();
+        rx.read_to_end(&mut trailer)
+            .await
+            .expect("the backend's answer after our half-close");
+        (echo, trailer)
+    };
+    let ((sent, digest), (echo, trailer)) =
+        tokio::time::timeout(6 * STEP, async { tokio::join!(send, receive) })
+            .await
+            .expect("the echo and the answer in time");
     let mut echo_hash = Sha256::new();
     echo_hash.update(&echo);
     assert_eq!(echo_hash.finish(), digest, "the echo is what was sent");
-    let mut trailer = Vec::new();
-    tokio::time::timeout(STEP, tls.read_to_end(&mut trailer))
-        .await
-        .expect("the backend's answer after our half-close")
-        .unwrap();
     assert_eq!(&trailer[..4], b"DONE");
     assert_eq!(&trailer[12..], digest.as_slice());
     let served = site.backend.next_from(&tap).await;
