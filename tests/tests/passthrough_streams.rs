@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ingress_tests::netns::NetChain;
 use ingress_tests::passthrough::payload::{End, MIB, Sha256, drain, send_pattern};
-use ingress_tests::passthrough::{DB, HTTPS, RAW, STEP, Site, WWW};
+use ingress_tests::passthrough::{BACKEND_PORT, DB, HTTPS, RAW, STEP, Site, WWW};
 use ingress_tests::sockopt::linger_zero;
 use ingress_tests::tls_client::client_hello;
 use ingress_tests::{Mode, both_modes};
@@ -208,49 +208,8 @@ async fn half_close_works_in_each_direction(mode: Mode) {
     let Some(mut site) = Site::start("half", mode, &[]).await else {
         return;
     };
-    // Client closes its side first: the backend sees EOF and still answers, and the client
-    // reads that answer.
-    let mut tls = site.tls(DB).await;
-    tls.write_all(b"E").await.expect("command");
-    let (sent, digest) = send_pattern(&mut tls, 3 * MIB + 17).await.unwrap();
-    tls.shutdown().await.unwrap();
-    let mut echo = vec![0u8; sent];
-    tokio::time::timeout(STEP, tls.read_exact(&mut echo))
-        .await
-        .expect("echo in time")
-        .unwrap();
-    let mut trailer = Vec::new();
-    tokio::time::timeout(STEP, tls.read_to_end(&mut trailer))
-        .await
-        .expect("the backend's answer after our half-close")
-        .unwrap();
-    assert_eq!(&trailer[..4], b"DONE");
-    assert_eq!(&trailer[12..], digest.as_slice());
-    let served = site.backend.next().await;
-    assert_eq!((served.received, served.end), (sent as u64, End::Eof));
-
-    // Backend closes its side first: the client sees EOF and can still send, and the backend
-    // gets every byte.
-    let mut tls = site.tls(DB).await;
-    const N: u64 = 2 * MIB as u64 + 5;
-    tls.write_all(b"S").await.unwrap();
-    tls.write_all(&N.to_le_bytes()).await.unwrap();
-    tls.flush().await.unwrap();
-    let (received, _, end) = tokio::time::timeout(STEP, drain(&mut tls))
-        .await
-        .expect("the backend's half-close");
-    assert_eq!((received, end), (N, End::Eof));
-    let (sent, digest) = send_pattern(&mut tls, MIB + 3)
-        .await
-        .expect("send after the backend's FIN");
-    tls.shutdown().await.unwrap();
-    let served = site.backend.next().await;
-    assert_eq!(served.command, Some(b'S'));
-    assert_eq!(
-        (served.received, served.end.clone()),
-        (sent as u64, End::Eof)
-    );
-    assert_eq!(served.digest, digest);
+    client_closes_first(&mut site, 3 * MIB + 17).await;
+    backend_closes_first(&mut site, 2 * MIB as u64 + 5, MIB + 3).await;
     site.wait_idle().await;
     assert_eq!(
         site.metric(
@@ -260,6 +219,108 @@ async fn half_close_works_in_each_direction(mode: Mode) {
         2.0
     );
     site.assert_spliced();
+}
+
+both_modes!(half_closes_keep_their_checksums_with_small_buffers);
+
+/// The two half-close exchanges again and again for a bounded time, with TCP buffers of a few
+/// KiB in all three namespaces: the splice's redirects then keep meeting full send buffers (the
+/// kernel's backlog retrying on EAGAIN, partial sends) and the catch-up path keeps waiting for
+/// room, which is where a lost, repeated or reordered byte would come from. Every connection's
+/// bytes are checked at both ends (SHA-256 and count), and a damaged stream fails with where the
+/// ciphertext first differed from what the client sent (`TlsBackend::next_from`).
+async fn half_closes_keep_their_checksums_with_small_buffers(mode: Mode) {
+    let Some(mut site) = Site::start("small", mode, &[]).await else {
+        return;
+    };
+    // Per-namespace settings: they bound the buffers (and autotuning) of every socket made
+    // from here on, and touch nothing outside the test's namespaces.
+    for ns in [&site.net.client, &site.net.proxy, &site.net.backend] {
+        for key in ["net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"] {
+            ns.exec("sysctl", &["-q", "-w", &format!("{key}=4096 8192 32768")])
+                .expect("small TCP buffers in the test namespaces");
+        }
+    }
+    let bounded = Instant::now() + Duration::from_secs(20);
+    let mut rounds = 0u32;
+    while rounds < 3 || (Instant::now() < bounded && rounds < 40) {
+        // Odd lengths, different each round, so record and segment boundaries move around.
+        let odd = usize::try_from(rounds).unwrap() * 4099;
+        client_closes_first(&mut site, MIB + 17 + odd).await;
+        backend_closes_first(&mut site, MIB as u64 / 2 + 5, MIB + 3 + odd).await;
+        rounds += 1;
+    }
+    eprintln!("{mode:?}: {rounds} rounds with small buffers");
+    site.wait_idle().await;
+    assert_eq!(
+        site.metric(
+            "ingress_passthrough_ended_total",
+            &[("mode", mode.label()), ("how", "closed")]
+        ),
+        f64::from(2 * rounds)
+    );
+    site.assert_spliced();
+}
+
+/// Client closes its side first: the backend sees EOF and still answers, and the client
+/// reads that answer; `len` bytes of the pattern were echoed and counted at both ends. The echo
+/// is read while the pattern is sent: with buffers smaller than the payload, a client that
+/// sent everything first would stall both ends.
+async fn client_closes_first(site: &mut Site, len: usize) {
+    let tls = site.tls(DB).await;
+    let tap = tls.get_ref().0.log();
+    let (mut rx, mut tx) = tokio::io::split(tls);
+    tx.write_all(b"E").await.expect("command");
+    let send = async {
+        let sent = send_pattern(&mut tx, len).await.expect("send");
+        tx.shutdown().await.expect("half-close");
+        sent
+    };
+    let receive = async {
+        let mut echo = vec![0u8; len];
+        rx.read_exact(&mut echo).await.expect("the echo");
+        let mut trailer = Vec::new();
+        rx.read_to_end(&mut trailer)
+            .await
+            .expect("the backend's answer after our half-close");
+        (echo, trailer)
+    };
+    let ((sent, digest), (echo, trailer)) =
+        tokio::time::timeout(6 * STEP, async { tokio::join!(send, receive) })
+            .await
+            .expect("the echo and the answer in time");
+    let mut echo_hash = Sha256::new();
+    echo_hash.update(&echo);
+    assert_eq!(echo_hash.finish(), digest, "the echo is what was sent");
+    assert_eq!(&trailer[..4], b"DONE");
+    assert_eq!(&trailer[12..], digest.as_slice());
+    let served = site.backend.next_from(&tap).await;
+    assert_eq!((served.received, served.end), (sent as u64, End::Eof));
+}
+
+/// Backend closes its side first after `from_backend` bytes: the client sees EOF and can still
+/// send, and the backend gets every one of the client's `from_client` bytes.
+async fn backend_closes_first(site: &mut Site, from_backend: u64, from_client: usize) {
+    let mut tls = site.tls(DB).await;
+    let tap = tls.get_ref().0.log();
+    tls.write_all(b"S").await.unwrap();
+    tls.write_all(&from_backend.to_le_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    let (received, _, end) = tokio::time::timeout(STEP, drain(&mut tls))
+        .await
+        .expect("the backend's half-close");
+    assert_eq!((received, end), (from_backend, End::Eof));
+    let (sent, digest) = send_pattern(&mut tls, from_client)
+        .await
+        .expect("send after the backend's FIN");
+    tls.shutdown().await.unwrap();
+    let served = site.backend.next_from(&tap).await;
+    assert_eq!(served.command, Some(b'S'));
+    assert_eq!(
+        (served.received, served.end.clone()),
+        (sent as u64, End::Eof)
+    );
+    assert_eq!(served.digest, digest);
 }
 
 both_modes!(a_reset_on_either_side_reaches_the_other);
@@ -300,6 +361,93 @@ async fn a_reset_on_either_side_reaches_the_other(mode: Mode) {
         )
     };
     assert_eq!((ended("upstream_reset"), ended("client_reset")), (1.0, 1.0));
+}
+
+/// The backend reports a connection whose handshake a reset cut short instead of staying
+/// silent. Through the proxy that happens when a client's RST overtakes its own Finished (the
+/// splice resets the upstream while the Finished still waits in a send queue); the backend used
+/// to drop such a connection without a report, and `a_reset_on_either_side_reaches_the_other`
+/// timed out waiting for one. Here the cut is made on purpose, straight to the backend.
+#[tokio::test]
+async fn the_backend_reports_a_handshake_cut_short() {
+    let Some(mut site) = Site::start("cut", Mode::Userspace, &[]).await else {
+        return;
+    };
+    // The test thread lives in the proxy namespace, which reaches the backend directly.
+    let mut tcp = tokio::net::TcpStream::connect((NetChain::BACKEND_IP, BACKEND_PORT))
+        .await
+        .expect("connect to the backend");
+    tcp.write_all(&client_hello(DB)).await.unwrap();
+    let mut header = [0u8; 5];
+    tokio::time::timeout(STEP, tcp.read_exact(&mut header))
+        .await
+        .expect("the server's flight in time")
+        .unwrap();
+    assert_eq!(
+        header[0], 22,
+        "a handshake record, not an alert: {header:?}"
+    );
+    linger_zero(&tcp);
+    drop(tcp);
+    let served = site.backend.next().await;
+    assert_eq!(
+        (served.command, &served.end),
+        (None, &End::Reset),
+        "{served:?}"
+    );
+}
+
+/// A damaged stream fails the test with where it went wrong, even when rustls panics on it: a
+/// record repeated under the client's TLS session (what a splice that forwarded bytes twice
+/// would do), after the backend's own close_notify, which is where rustls' debug assertion
+/// `!sent_fatal_alert` fires as it tries to send its alert. Straight to the backend, so only
+/// the harness is under test.
+#[tokio::test]
+async fn a_damaged_stream_is_reported_with_where_it_broke() {
+    use futures_util::FutureExt as _;
+    use ingress_tests::passthrough::tap::Tap;
+    let Some(mut site) = Site::start("damage", Mode::Userspace, &[]).await else {
+        return;
+    };
+    let tcp = tokio::net::TcpStream::connect((NetChain::BACKEND_IP, BACKEND_PORT))
+        .await
+        .expect("connect to the backend");
+    let connector = tokio_rustls::TlsConnector::from(site.backend_ca.client_config(&[]));
+    let name = rustls::pki_types::ServerName::try_from(DB.to_string()).unwrap();
+    let mut tls = connector.connect(name, Tap::new(tcp)).await.unwrap();
+    let tap = tls.get_ref().0.log();
+    tls.write_all(b"S").await.unwrap();
+    tls.write_all(&1000u64.to_le_bytes()).await.unwrap();
+    tls.flush().await.unwrap();
+    let (received, _, end) = tokio::time::timeout(STEP, drain(&mut tls)).await.unwrap();
+    assert_eq!((received, end), (1000, End::Eof));
+    send_pattern(&mut tls, 3000).await.unwrap();
+    tls.flush().await.unwrap();
+    // The last record the session wrote, once more, under the tap.
+    let record = {
+        let log = tap.lock();
+        let len = log.written.len();
+        log.written[len - (3000 + 17 + 5)..].to_vec()
+    };
+    tls.get_mut().0.get_mut().write_all(&record).await.unwrap();
+    tls.shutdown().await.unwrap();
+    let failure = std::panic::AssertUnwindSafe(site.backend.next_from(&tap))
+        .catch_unwind()
+        .await
+        .expect_err("the damage fails the test");
+    let text = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    eprintln!("{text}");
+    for expected in [
+        "sent_fatal_alert",
+        // rustls fails the whole read, so the good record before the repeat is not delivered.
+        "command Some('S'); 0 plaintext bytes received",
+        "bytes duplicated",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
 }
 
 both_modes!(bytes_behind_the_client_hello_arrive);

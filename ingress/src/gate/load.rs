@@ -157,7 +157,14 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
         proxy_protocol: options.proxy_protocol,
         timeout: options.verdict_timeout,
         pin_dir: options.pin_dir.clone(),
+        splice_kernel: super::splice::kernel_fit(),
     });
+    if let super::splice::KernelFit::Duplicates(version) = shared.splice_kernel {
+        tracing::warn!(
+            kernel = %version,
+            "this kernel's sockmap can send a partly sent message twice (fixed by 'bpf, sockmap: fix duplicated data transmission'); TLS passthrough connections are copied in userspace instead of spliced"
+        );
+    }
     match &options.policy {
         Some(policy) => {
             shared.sync_hosts(policy, 0)?;

@@ -185,6 +185,8 @@ pub enum GateError {
     Load(#[source] Box<aya::EbpfError>),
     #[error("the eBPF object has no {0}")]
     Missing(&'static str),
+    #[error("kernel {0} can send part of a redirected message twice; not splicing")]
+    SpliceDuplicates(String),
     #[error("map {name}: {}", chain(source))]
     Map {
         name: &'static str,
@@ -384,6 +386,8 @@ struct Shared {
     proxy_protocol: bool,
     timeout: Duration,
     pin_dir: PathBuf,
+    /// Whether this kernel may splice at all (see `splice::kernel_fit`).
+    splice_kernel: splice::KernelFit,
 }
 
 /// HOSTS and what userspace last wrote to it (read back from the map at load, so a restart that

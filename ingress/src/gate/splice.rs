@@ -68,6 +68,8 @@ pub enum SpliceStep {
     ClientSocket,
     /// Writing the first record to the upstream: the upstream failed, not the kernel.
     Prefix,
+    /// This kernel's sockmap can send a partly sent message twice (see [`kernel_fit`]).
+    Kernel,
 }
 
 impl SpliceStep {
@@ -78,6 +80,7 @@ impl SpliceStep {
             SpliceStep::UpstreamSocket => "upstream_socket",
             SpliceStep::ClientSocket => "client_socket",
             SpliceStep::Prefix => "prefix",
+            SpliceStep::Kernel => "kernel",
         }
     }
 }
@@ -132,6 +135,59 @@ impl SpliceEnd {
     }
 }
 
+/// Whether this kernel's sockmap delivers redirected bytes once each.
+///
+/// `sk_psock_backlog` sends a redirected message out of the peer socket; when the peer's send
+/// buffer fills part way through, it saves how far it got and retries later. From "bpf,
+/// sockmap: Improved check for empty queue" (405df89dd52c) until "bpf, sockmap: fix duplicated
+/// data transmission" (3b4f14b7) the retry overwrote the saved offset and sent the whole
+/// message again: the peer receives a run of bytes twice, in the middle of a TLS record, and
+/// its TLS stack fails on a bad record. That takes a full send buffer, so it shows under load
+/// and with slow receivers. Kernels known to carry the fix, by stable line: 5.15.186, 6.1.142,
+/// 6.6.94, 6.12.34, 6.15.3, and everything from 6.16; lines that left support unfixed (6.8,
+/// 6.11, 6.13, 6.14, …) never got it. Before 5.15 the defect did not exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFit {
+    Splices,
+    /// The version, for the log and the fallback's error.
+    Duplicates(aya::util::KernelVersion),
+}
+
+/// [`KernelFit`] for the running kernel. A version that cannot be read is assumed fit: the
+/// gate itself needs a kernel new enough to report one, so this does not happen in practice.
+pub fn kernel_fit() -> KernelFit {
+    match aya::util::KernelVersion::current() {
+        Ok(version) => {
+            let code = version.code();
+            // LINUX_VERSION_CODE: major << 16 | minor << 8 | patch (capped at 255).
+            let (major, minor, patch) = (code >> 16, (code >> 8) & 0xff, code & 0xff);
+            if redirects_once(major, minor, patch) {
+                KernelFit::Splices
+            } else {
+                KernelFit::Duplicates(version)
+            }
+        }
+        Err(_) => KernelFit::Splices,
+    }
+}
+
+/// See [`KernelFit`]: `false` for a version whose `sk_psock_backlog` may resend a partly sent
+/// message.
+fn redirects_once(major: u32, minor: u32, patch: u32) -> bool {
+    match (major, minor) {
+        (0..=4, _) | (5, 0..=14) => true,
+        (5, 15) => patch >= 186,
+        (6, 1) => patch >= 142,
+        (6, 6) => patch >= 94,
+        (6, 12) => patch >= 34,
+        (6, 15) => patch >= 3,
+        (6, 16..) | (7.., _) => true,
+        // Every other 5.x and 6.x line either had the defect when it left support or is not
+        // known to have been fixed.
+        _ => false,
+    }
+}
+
 /// Two sockets whose bytes the kernel moves. Dropping it (including when its task is
 /// cancelled) removes every map entry, then closes both sockets.
 pub struct Splice {
@@ -171,6 +227,14 @@ impl Gate {
                 error,
             })
         };
+        if let KernelFit::Duplicates(version) = self.shared.splice_kernel {
+            return Err(fail(
+                client,
+                upstream,
+                SpliceStep::Kernel,
+                GateError::SpliceDuplicates(version.to_string()),
+            ));
+        }
         let setup = (|| {
             let cookies = [
                 sys::socket_cookie(client.as_fd())?,
@@ -843,4 +907,40 @@ pub fn pinned_entries(pin_dir: &Path) -> Result<PinnedSpliceEntries> {
         splice_socks: socks.keys().filter(|k| k.is_ok()).count(),
         splice_state: state.keys().filter(|k| k.is_ok()).count(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redirects_once;
+
+    #[test]
+    fn kernels_that_resend_partly_sent_messages_are_not_spliced() {
+        let cases = [
+            ((5, 10, 200), true),
+            ((5, 15, 185), false),
+            ((5, 15, 186), true),
+            ((6, 1, 141), false),
+            ((6, 1, 142), true),
+            ((6, 5, 0), false),
+            ((6, 6, 93), false),
+            ((6, 6, 94), true),
+            ((6, 8, 0), false),
+            ((6, 11, 11), false),
+            ((6, 12, 33), false),
+            ((6, 12, 34), true),
+            ((6, 14, 8), false),
+            ((6, 15, 2), false),
+            ((6, 15, 3), true),
+            ((6, 16, 0), true),
+            ((6, 18, 44), true),
+            ((7, 0, 0), true),
+        ];
+        for ((major, minor, patch), fit) in cases {
+            assert_eq!(
+                redirects_once(major, minor, patch),
+                fit,
+                "{major}.{minor}.{patch}"
+            );
+        }
+    }
 }

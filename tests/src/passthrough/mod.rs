@@ -15,6 +15,7 @@
 
 pub mod backend;
 pub mod payload;
+pub mod tap;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -35,6 +36,7 @@ use crate::process::{Ingress, Ports};
 use crate::scratch::Scratch;
 use crate::upstream::Backend;
 use backend::{RawBackend, TlsBackend};
+use tap::Tap;
 
 pub const BACKEND_PORT: u16 = 8443;
 /// In the backend's subnet, answered by nobody: connects to it hang until they time out.
@@ -154,9 +156,11 @@ impl Site {
             .await
     }
 
-    /// A TLS session to `name` through the proxy, verified against the backend's CA only.
-    pub async fn tls(&self, name: &str) -> TlsStream<TcpStream> {
-        let tcp = self.tcp().await;
+    /// A TLS session to `name` through the proxy, verified against the backend's CA only, over
+    /// a tap that keeps the ciphertext (`tls.get_ref().0.log()`, for
+    /// [`TlsBackend::next_from`]).
+    pub async fn tls(&self, name: &str) -> TlsStream<Tap<TcpStream>> {
+        let tcp = Tap::new(self.tcp().await);
         let connector = TlsConnector::from(self.backend_ca.client_config(&[]));
         let name = ServerName::try_from(name.to_string()).expect("server name");
         tokio::time::timeout(STEP, connector.connect(name, tcp))

@@ -115,11 +115,12 @@ impl Failure {
 }
 
 /// The fallback steps that can be counted (the prefix step is a failure, not a fallback).
-const FALLBACK_STEPS: [SpliceStep; 4] = [
+const FALLBACK_STEPS: [SpliceStep; 5] = [
     SpliceStep::Socket,
     SpliceStep::Entries,
     SpliceStep::UpstreamSocket,
     SpliceStep::ClientSocket,
+    SpliceStep::Kernel,
 ];
 
 pub struct PassthroughMetrics {
