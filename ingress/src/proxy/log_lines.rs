@@ -17,7 +17,9 @@
 //! takes what 10 ms brought, so it wakes a hundred times a second however many lines there
 //! are, and no request wakes it (profiled: writing as soon as anything was there, the writer
 //! woke for nearly every line, and the context switches cost more than the lines). The access log and the other log lines share the buffer, so they never interleave
-//! inside a line and keep their order.
+//! inside a line and keep their order. The other lines (warnings, errors, diagnostics: few, and
+//! read by people following the log) are pushed with [`LogLines::push_now`], which ends the
+//! linger: they and everything before them are written at once.
 //!
 //! A slow log reader (a full pipe) is felt only when [`LIMIT`] bytes are waiting: then a
 //! request waits for room, as nginx's worker waits for its log `write`, and no line is lost.
@@ -49,6 +51,8 @@ pub struct LogLinesGuard {
 
 struct Shared {
     state: Mutex<State>,
+    /// [`LINGER`]; a field so a test can make it long enough to tell.
+    linger: Duration,
     /// Signalled when the first line arrives while the writer sleeps, and on close.
     wake_writer: Condvar,
     /// Signalled when the writer takes a full buffer.
@@ -60,6 +64,8 @@ struct State {
     pending: Vec<u8>,
     /// The writer is waiting for lines: the next push must wake it.
     writer_asleep: bool,
+    /// A line that must not wait out the linger is pending.
+    urgent: bool,
     /// Threads waiting for room.
     waiting_for_room: usize,
     closed: bool,
@@ -73,10 +79,16 @@ impl std::fmt::Debug for LogLines {
 
 impl LogLines {
     /// Starts the writer thread, writing to `out`.
-    pub fn start(
+    pub fn start(out: impl Write + Send + 'static) -> std::io::Result<(LogLines, LogLinesGuard)> {
+        Self::start_lingering(out, LINGER)
+    }
+
+    fn start_lingering(
         mut out: impl Write + Send + 'static,
+        linger: Duration,
     ) -> std::io::Result<(LogLines, LogLinesGuard)> {
         let shared = Arc::new(Shared {
+            linger,
             state: Mutex::new(State {
                 pending: Vec::with_capacity(64 * 1024),
                 ..State::default()
@@ -99,8 +111,19 @@ impl LogLines {
         ))
     }
 
-    /// Appends `line`, which must be whole lines (each ending with `\n`).
+    /// Appends `line`, which must be whole lines (each ending with `\n`); it is written with
+    /// the next batch.
     pub fn push(&self, line: &[u8]) {
+        self.append(line, false);
+    }
+
+    /// Appends `line` and has it written now, with whatever waited before it: for the few
+    /// lines a person is waiting to read (a diagnostic, a warning), not for access lines.
+    pub fn push_now(&self, line: &[u8]) {
+        self.append(line, true);
+    }
+
+    fn append(&self, line: &[u8], urgent: bool) {
         let mut state = self.shared.lock();
         while state.pending.len() >= LIMIT && !state.closed {
             state.waiting_for_room += 1;
@@ -116,7 +139,9 @@ impl LogLines {
         }
         let before = state.pending.len();
         state.pending.extend_from_slice(line);
+        state.urgent |= urgent;
         let wake = std::mem::take(&mut state.writer_asleep)
+            || urgent
             || (before < WAKE_AT && state.pending.len() >= WAKE_AT);
         drop(state);
         if wake {
@@ -143,8 +168,8 @@ impl Shared {
         loop {
             let mut state = self.lock();
             if wrote {
-                let until = Instant::now() + LINGER;
-                while state.pending.len() < WAKE_AT && !state.closed {
+                let until = Instant::now() + self.linger;
+                while state.pending.len() < WAKE_AT && !state.closed && !state.urgent {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
@@ -163,6 +188,7 @@ impl Shared {
                     .unwrap_or_else(PoisonError::into_inner);
             }
             state.writer_asleep = false;
+            state.urgent = false;
             if state.pending.is_empty() {
                 return;
             }
@@ -270,6 +296,40 @@ mod tests {
         assert_eq!(kept.0.len(), pushed * 7);
         // About one write per 10 ms: 30, and a margin for a loaded machine.
         assert!(kept.1 <= 60, "{} writes for {pushed} lines", kept.1);
+    }
+
+    /// With a linger far longer than the test, a batched line after a write waits; a line
+    /// pushed now is written at once, and takes the waiting one with it, in order.
+    #[test]
+    // A plain test thread polls: no runtime to block.
+    #[allow(clippy::disallowed_methods)]
+    fn a_line_pushed_now_does_not_wait_out_the_linger() {
+        let kept = Kept::default();
+        let (lines, _guard) =
+            LogLines::start_lingering(kept.clone(), std::time::Duration::from_secs(600))
+                .unwrap_or_else(|e| panic!("{e}"));
+        let written = || {
+            String::from_utf8_lossy(&kept.0.lock().unwrap_or_else(PoisonError::into_inner).0)
+                .into_owned()
+        };
+        let wait_for = |want: &str| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while written() != want {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "held back: {:?}",
+                    written()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        };
+        lines.push(b"first\n");
+        wait_for("first\n");
+        lines.push(b"batched\n");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(written(), "first\n", "a batched line waits for the linger");
+        lines.push_now(b"diagnostic\n");
+        wait_for("first\nbatched\ndiagnostic\n");
     }
 
     #[test]

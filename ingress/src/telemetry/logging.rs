@@ -96,11 +96,24 @@ pub fn init(args: &LogSettings) -> Result<Logging, TelemetryError> {
         })?);
     }
     let (lines, guard) = LogLines::start(std::io::stdout()).map_err(TelemetryError::Writer)?;
-    let writer = LineWriter(lines.clone());
     let general = |meta: &tracing::Metadata<'_>| meta.target() != ACCESS;
     let access_events = |meta: &tracing::Metadata<'_>| meta.target() == ACCESS;
-    let logs = layer(args.format.into(), writer.clone(), FilterFn::new(general));
-    let access_lines = layer(args.access_format, writer, FilterFn::new(access_events));
+    let logs = layer(
+        args.format.into(),
+        LineWriter {
+            lines: lines.clone(),
+            now: true,
+        },
+        FilterFn::new(general),
+    );
+    let access_lines = layer(
+        args.access_format,
+        LineWriter {
+            lines: lines.clone(),
+            now: false,
+        },
+        FilterFn::new(access_events),
+    );
     tracing_subscriber::registry()
         .with(events)
         .with(vec![logs, access_lines])
@@ -124,13 +137,21 @@ fn lets_access_through(filter: EnvFilter) -> bool {
 }
 
 /// The log buffer as `tracing_subscriber`'s writer: the formatter hands over each event as
-/// one `write_all` of its whole line.
+/// one `write_all` of its whole line. Access lines are batched; the other events (few, and
+/// someone may be following them) are written at once.
 #[derive(Clone)]
-struct LineWriter(LogLines);
+struct LineWriter {
+    lines: LogLines,
+    now: bool,
+}
 
 impl std::io::Write for LineWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.push(buf);
+        if self.now {
+            self.lines.push_now(buf);
+        } else {
+            self.lines.push(buf);
+        }
         Ok(buf.len())
     }
 
