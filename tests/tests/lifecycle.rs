@@ -195,9 +195,13 @@ fn bad_input_is_isolated_and_reported() {
             "{kind}"
         );
     }
-    let logs = ingress.logs();
+    // The log is written by a background thread: wait for each line rather than race it.
     for needle in ["ServiceNotFound", "InvalidRegex", "ManifestInvalid"] {
-        assert!(logs.contains(needle), "log mentions {needle}:\n{logs}");
+        assert!(
+            ingress.wait_for_log(needle, Duration::from_secs(5)),
+            "log mentions {needle}:\n{}",
+            ingress.logs()
+        );
     }
 
     let out = Command::new(binary())
@@ -271,7 +275,12 @@ fn json_logs_and_one_access_line_per_request() {
     for i in 0..5 {
         ingress_tests::client::blocking_get(ingress.http, &format!("/req-{i}"), "j.example.com");
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Access lines are written in batches by a background thread: wait for the last one.
+    assert!(
+        ingress.wait_for_log("/req-4", Duration::from_secs(5)),
+        "{}",
+        ingress.logs()
+    );
     let logs = ingress.logs();
     let access: Vec<serde_json::Value> = logs
         .lines()
