@@ -356,7 +356,6 @@ fn set_cookie(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::annotations::affinity::DEFAULT_COOKIE;
 
     fn endpoints(n: u8) -> Vec<Arc<Endpoint>> {
         (1..=n)
@@ -376,16 +375,8 @@ mod tests {
 
     fn affinity(mode: Mode, change_on_failure: bool) -> Arc<Affinity> {
         Arc::new(Affinity {
-            mode,
-            name: DEFAULT_COOKIE.into(),
-            path: None,
-            domain: None,
-            max_age: None,
-            expires: None,
-            samesite: None,
-            conditional_samesite_none: false,
-            secure: None,
             change_on_failure,
+            ..Affinity::new(mode)
         })
     }
 
@@ -622,16 +613,8 @@ mod tests {
     #[test]
     fn cookie_attributes() {
         let base = Affinity {
-            mode: Mode::Balanced,
-            name: DEFAULT_COOKIE.into(),
             path: Some("/app".into()),
-            domain: None,
-            max_age: None,
-            expires: None,
-            samesite: None,
-            conditional_samesite_none: false,
-            secure: None,
-            change_on_failure: false,
+            ..Affinity::new(Mode::Balanced)
         };
         assert_eq!(
             set_cookie(&base, "k", "b", false, true),

@@ -256,7 +256,7 @@ pub(crate) fn expand(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::annotations::affinity::{Affinity, DEFAULT_COOKIE, Mode};
+    use crate::snapshot::annotations::affinity::{Affinity, Mode};
 
     fn backend(name: &str, addrs: &[&str]) -> Arc<Backend> {
         Arc::new(Backend {
@@ -287,18 +287,7 @@ mod tests {
             how: Repick::Balance,
         };
         // A session whose cookie named 10.0.1.1, kept there (change-on-failure off).
-        let affinity = Arc::new(Affinity {
-            mode: Mode::Persistent,
-            name: DEFAULT_COOKIE.into(),
-            path: None,
-            domain: None,
-            max_age: None,
-            expires: None,
-            samesite: None,
-            conditional_samesite_none: false,
-            secure: None,
-            change_on_failure: false,
-        });
+        let affinity = Arc::new(Affinity::new(Mode::Persistent));
         let new = affinity::pick(
             &canary,
             &affinity,

@@ -42,6 +42,25 @@ pub struct Affinity {
     pub change_on_failure: bool,
 }
 
+impl Affinity {
+    /// An affinity in `mode` with ingress-nginx's defaults: the cookie `INGRESSCOOKIE` and no
+    /// attribute set.
+    pub fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            name: DEFAULT_COOKIE.to_string(),
+            path: None,
+            domain: None,
+            max_age: None,
+            expires: None,
+            samesite: None,
+            conditional_samesite_none: false,
+            secure: None,
+            change_on_failure: false,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Balanced,
@@ -80,18 +99,7 @@ pub(super) fn parse(
         ));
         return None;
     }
-    let mut affinity = Affinity {
-        mode: Mode::Balanced,
-        name: DEFAULT_COOKIE.to_string(),
-        path: None,
-        domain: None,
-        max_age: None,
-        expires: None,
-        samesite: None,
-        conditional_samesite_none: false,
-        secure: None,
-        change_on_failure: false,
-    };
+    let mut affinity = Affinity::new(Mode::Balanced);
     let mut check = |name: &str, ok: &dyn Fn(&str) -> bool, what: &str| -> Option<String> {
         let (key, value) = lookup(annotations, name)?;
         let value = value.trim();
@@ -250,18 +258,7 @@ mod tests {
 
     #[test]
     fn table() {
-        let default = Affinity {
-            mode: Mode::Balanced,
-            name: DEFAULT_COOKIE.into(),
-            path: None,
-            domain: None,
-            max_age: None,
-            expires: None,
-            samesite: None,
-            conditional_samesite_none: false,
-            secure: None,
-            change_on_failure: false,
-        };
+        let default = Affinity::new(Mode::Balanced);
         let cases: Vec<(Vec<(&str, &str)>, Option<Affinity>, usize)> = vec![
             (vec![], None, 0),
             (vec![("affinity", "cookie")], Some(default.clone()), 0),
