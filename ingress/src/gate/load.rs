@@ -127,10 +127,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
 
     // Loaded, never attached: `Probe::run` test-runs it from `early::Programs`, which keeps it.
     let probe: &mut Xdp = program(&mut ebpf, PROBE_PROGRAM)?;
-    probe.load().map_err(|source| GateError::Program {
-        name: PROBE_PROGRAM,
-        source,
-    })?;
+    load_program(PROBE_PROGRAM, || probe.load())?;
 
     let shared = Arc::new(Shared {
         hosts: Mutex::new(HostsState {
@@ -174,18 +171,14 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
 
     for name in ["gate_parser", "gate_verdict"] {
         let prog: &mut SkSkb = program(&mut ebpf, name)?;
-        prog.load()
-            .map_err(|source| GateError::Program { name, source })?;
+        load_program(name, || prog.load())?;
         prog.attach(&socks_fd)
             .map_err(|source| GateError::Program { name, source })?;
     }
     // No parser on SPLICE_SOCKS: the verdict sees whole skbs straight from the receive queue,
     // the cheapest path the kernel has for a byte stream it only forwards.
     let splice: &mut SkSkb = program(&mut ebpf, "splice_verdict")?;
-    splice.load().map_err(|source| GateError::Program {
-        name: "splice_verdict",
-        source,
-    })?;
+    load_program("splice_verdict", || splice.load())?;
     splice
         .attach(&splice_socks_fd)
         .map_err(|source| GateError::Program {
@@ -193,10 +186,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
             source,
         })?;
     let sock_ops: &mut SockOps = program(&mut ebpf, "gate_sock_ops")?;
-    sock_ops.load().map_err(|source| GateError::Program {
-        name: "gate_sock_ops",
-        source,
-    })?;
+    load_program("gate_sock_ops", || sock_ops.load())?;
     // A cgroup link (what aya creates on this kernel) always coexists with other programs on
     // the cgroup, and the kernel refuses attach flags on link creation: hence Single.
     sock_ops
@@ -209,10 +199,7 @@ pub(super) fn load(options: GateOptions) -> Result<Gate> {
     // Last: it judges with the policy already written, and a connection it leaves alone goes
     // through everything attached above.
     let early_prog: &mut SchedClassifier = program(&mut ebpf, early::PROGRAM)?;
-    early_prog.load().map_err(|source| GateError::Program {
-        name: early::PROGRAM,
-        source,
-    })?;
+    load_program(early::PROGRAM, || early_prog.load())?;
     let mut programs = early::Programs::new(ebpf);
     let outcome = programs.sync(&options.early_reset)?;
     if options.early_reset != EarlyReset::All
@@ -371,6 +358,34 @@ where
         .map_err(|source| GateError::Program { name, source })
 }
 
+/// How many times a program load is tried when the verifier gives up with EAGAIN, as libbpf does.
+const LOAD_ATTEMPTS: u32 = 5;
+
+/// Runs one `BPF_PROG_LOAD`, again if it failed with EAGAIN: the verifier abandons its check
+/// when a signal is pending on the loading thread (one child process exiting under tokio's
+/// SIGCHLD handler is enough), which says nothing about the program.
+fn load_program(
+    name: &'static str,
+    mut load: impl FnMut() -> std::result::Result<(), ProgramError>,
+) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        match load() {
+            Err(ProgramError::LoadError { io_error, .. })
+                if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < LOAD_ATTEMPTS =>
+            {
+                tracing::debug!(
+                    program = name,
+                    attempt,
+                    "the verifier was interrupted; loading again"
+                );
+                attempt += 1;
+            }
+            other => return other.map_err(|source| GateError::Program { name, source }),
+        }
+    }
+}
+
 /// The XDP program that runs the verdict's decision on a buffer (`BPF_PROG_TEST_RUN`).
 pub(super) const PROBE_PROGRAM: &str = "gate_probe";
 
@@ -419,5 +434,47 @@ impl Probe {
             },
         })?;
         self.map.get(&0, 0).map_err(map_err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    fn failure(errno: i32) -> ProgramError {
+        ProgramError::LoadError {
+            io_error: io::Error::from_raw_os_error(errno),
+            verifier_log: aya_obj::VerifierLog::new(String::new()),
+        }
+    }
+
+    /// Runs `load_program` over a script of results; returns its outcome and the calls made.
+    fn run(script: &[Option<i32>]) -> (Result<()>, usize) {
+        let mut calls = 0;
+        let outcome = load_program("test", || {
+            let step = script.get(calls).copied().flatten();
+            calls += 1;
+            step.map_or(Ok(()), |errno| Err(failure(errno)))
+        });
+        (outcome, calls)
+    }
+
+    #[test]
+    fn an_interrupted_verifier_is_tried_again_and_nothing_else_is() {
+        let eagain = Some(libc::EAGAIN);
+        let cases: [(&[Option<i32>], bool, usize); 5] = [
+            (&[None], true, 1),
+            (&[eagain, None], true, 2),
+            (&[eagain, eagain, eagain, eagain, None], true, 5),
+            (&[eagain; 6], false, LOAD_ATTEMPTS as usize),
+            (&[Some(libc::EACCES), None], false, 1),
+        ];
+        for (script, loads, calls) in cases {
+            let (outcome, made) = run(script);
+            assert_eq!(outcome.is_ok(), loads, "{script:?}");
+            assert_eq!(made, calls, "{script:?}");
+        }
     }
 }
