@@ -16,7 +16,7 @@
 //!            (rendezvous over the subsets), a random member per request, retries within it
 //! ```
 
-use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,7 +26,7 @@ use super::samesite;
 use crate::proxy::pool::PoolKey;
 use crate::snapshot::annotations::affinity::{Affinity, Mode, StableHasher, stable_hash};
 use crate::snapshot::annotations::hash::{HashKey, Piece};
-use crate::snapshot::backend::{Backend, Endpoint};
+use crate::snapshot::backend::{Backend, Endpoint, PortRef};
 use crate::snapshot::policy::Balance;
 
 /// What the affinity phase chose for a request: the endpoint, the `Set-Cookie` when the client
@@ -142,9 +142,11 @@ fn new_session(
     let endpoints = backend.endpoints();
     let (endpoint, key) = match sticky.affinity.mode {
         Mode::Balanced => (0..KEY_DRAWS).find_map(|_| {
-            let key = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-            let endpoint = rendezvous(endpoints, key.as_bytes())?;
-            untried(endpoint).then(|| (endpoint.clone(), key))
+            let mut key = [0; 32];
+            key[..16].copy_from_slice(&hex16(fastrand::u64(..)));
+            key[16..].copy_from_slice(&hex16(fastrand::u64(..)));
+            let endpoint = rendezvous(endpoints, &key)?;
+            untried(endpoint).then(|| (endpoint.clone(), SessionKey::Random(key)))
         })?,
         Mode::Persistent => {
             let endpoint = backend
@@ -152,13 +154,13 @@ fn new_session(
                 .filter(|e| untried(e))
                 .or_else(|| endpoints.iter().find(|e| untried(e)))?
                 .clone();
-            let key = endpoint_key(&endpoint);
+            let key = SessionKey::Endpoint(endpoint_key(&endpoint));
             (endpoint, key)
         }
     };
     let cookie = set_cookie(
         &sticky.affinity,
-        &key,
+        key.as_bytes(),
         &backend_key(backend),
         sticky.https,
         sticky.samesite_none_ok,
@@ -166,14 +168,51 @@ fn new_session(
     Some((endpoint, cookie))
 }
 
+/// A new session's key: 32 random hex digits (balanced) or the endpoint's 16 (persistent).
+enum SessionKey {
+    Random([u8; 32]),
+    Endpoint([u8; 16]),
+}
+
+impl SessionKey {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            SessionKey::Random(key) => key,
+            SessionKey::Endpoint(key) => key,
+        }
+    }
+}
+
+/// `n` as 16 lowercase hex digits, as `format!("{n:016x}")` writes it.
+fn hex16(n: u64) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0; 16];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = HEX[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
 /// The second half of the cookie: which backend (Service and port) the session is on, so a
-/// canary can keep its sessions (ingress-nginx's `backend_key`).
-pub(crate) fn backend_key(backend: &Backend) -> String {
-    let hash = StableHasher::new()
-        .display_part(&backend.service)
-        .display_part(&backend.port)
-        .finish();
-    format!("{hash:016x}")
+/// canary can keep its sessions (ingress-nginx's `backend_key`). The hash of the Service's and
+/// the port's `Display` text, fed piece by piece: this runs for every new session.
+pub(crate) fn backend_key(backend: &Backend) -> [u8; 16] {
+    let service = &backend.service;
+    let hasher = if service.namespace.is_empty() {
+        StableHasher::new().pieces_part(&[service.name.as_bytes()])
+    } else {
+        StableHasher::new().pieces_part(&[
+            service.namespace.as_bytes(),
+            b"/",
+            service.name.as_bytes(),
+        ])
+    };
+    let hash = match &backend.port {
+        PortRef::Number(n) => hasher.pieces_part(&[itoa::Buffer::new().format(*n).as_bytes()]),
+        PortRef::Name(name) => hasher.pieces_part(&[name.as_bytes()]),
+    }
+    .finish();
+    hex16(hash)
 }
 
 /// The backend key of the session cookie a request carries, if any.
@@ -291,12 +330,35 @@ impl Subset {
 }
 
 /// A persistent key: the endpoint's address, hashed.
-fn endpoint_key(endpoint: &Endpoint) -> String {
-    format!("{:016x}", endpoint_hash(endpoint))
+fn endpoint_key(endpoint: &Endpoint) -> [u8; 16] {
+    hex16(endpoint_hash(endpoint))
 }
 
 fn endpoint_hash(endpoint: &Endpoint) -> u64 {
-    StableHasher::new().display_part(&endpoint.addr).finish()
+    addr_part(StableHasher::new(), &endpoint.addr).finish()
+}
+
+/// `hasher` fed `addr` as its `Display` text: IPv4 (nearly every endpoint) written by hand,
+/// as rendezvous hashing does this for every endpoint of every new session.
+fn addr_part(hasher: StableHasher, addr: &SocketAddr) -> StableHasher {
+    let SocketAddr::V4(v4) = addr else {
+        return hasher.display_part(addr);
+    };
+    let mut numbers = itoa::Buffer::new();
+    let [a, b, c, d] = v4.ip().octets();
+    let mut text = [0u8; 21];
+    let mut len = 0;
+    for (i, piece) in [a, b, c, d].into_iter().enumerate() {
+        let digits = numbers.format(piece).as_bytes();
+        text[len..len + digits.len()].copy_from_slice(digits);
+        len += digits.len();
+        text[len] = if i < 3 { b'.' } else { b':' };
+        len += 1;
+    }
+    let port = numbers.format(v4.port()).as_bytes();
+    text[len..len + port.len()].copy_from_slice(port);
+    len += port.len();
+    hasher.part(&text[..len])
 }
 
 /// A persistent cookie key as the hash it spells: exactly what [`endpoint_key`] writes (16
@@ -316,30 +378,41 @@ fn rendezvous<'e>(endpoints: &'e [Arc<Endpoint>], key: &[u8]) -> Option<&'e Arc<
     let seeded = StableHasher::new().part(key);
     endpoints
         .iter()
-        .max_by_key(|e| seeded.display_part(&e.addr).finish())
+        .max_by_key(|e| addr_part(seeded, &e.addr).finish())
 }
 
 /// The cookie, with ingress-nginx's attributes: `HttpOnly` always, `Secure` on HTTPS unless
 /// the annotation says, `Path` the route's unless set.
 fn set_cookie(
     affinity: &Affinity,
-    key: &str,
-    backend_key: &str,
+    key: &[u8],
+    backend_key: &[u8],
     https: bool,
     samesite_none_ok: bool,
 ) -> String {
-    let mut out = format!("{}={key}|{backend_key}", affinity.name);
+    // Built by pushing pieces: this runs for every new session.
+    let mut out = String::with_capacity(128);
+    out.push_str(&affinity.name);
+    out.push('=');
+    // Both keys are hex digits.
+    out.extend(key.iter().map(|&b| char::from(b)));
+    out.push('|');
+    out.extend(backend_key.iter().map(|&b| char::from(b)));
     if let Some(seconds) = affinity.expires {
         let at = SystemTime::now() + Duration::from_secs(seconds.min(10 * 365 * 86_400));
-        let _ = write!(out, "; Expires={}", httpdate::fmt_http_date(at));
+        out.push_str("; Expires=");
+        out.push_str(&httpdate::fmt_http_date(at));
     }
     if let Some(seconds) = affinity.max_age {
-        let _ = write!(out, "; Max-Age={seconds}");
+        out.push_str("; Max-Age=");
+        out.push_str(itoa::Buffer::new().format(seconds));
     }
     if let Some(domain) = &affinity.domain {
-        let _ = write!(out, "; Domain={domain}");
+        out.push_str("; Domain=");
+        out.push_str(domain);
     }
-    let _ = write!(out, "; Path={}", affinity.path.as_deref().unwrap_or("/"));
+    out.push_str("; Path=");
+    out.push_str(affinity.path.as_deref().unwrap_or("/"));
     if affinity.secure.unwrap_or(https) {
         out.push_str("; Secure");
     }
@@ -348,7 +421,8 @@ fn set_cookie(
         .samesite
         .filter(|s| *s != "None" || samesite_none_ok)
     {
-        let _ = write!(out, "; SameSite={samesite}");
+        out.push_str("; SameSite=");
+        out.push_str(samesite);
     }
     out
 }
@@ -597,7 +671,7 @@ mod tests {
     #[test]
     fn persistent_keys_are_read_as_written() {
         let e = Endpoint::new("10.0.0.7:8080".parse().unwrap());
-        let written = endpoint_key(&e);
+        let written = String::from_utf8_lossy(&endpoint_key(&e)).into_owned();
         assert_eq!(hex_key(written.as_bytes()), Some(endpoint_hash(&e)));
         for other in [
             written.to_uppercase(),
@@ -611,17 +685,56 @@ mod tests {
     }
 
     #[test]
+    fn hand_written_keys_hash_what_display_writes() {
+        let addrs = [
+            "0.0.0.0:0",
+            "10.1.2.3:8080",
+            "255.255.255.255:65535",
+            "127.0.0.1:80",
+            "[2001:db8::1]:443",
+            "[::1]:1",
+        ];
+        for addr in addrs {
+            let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            let seeded = StableHasher::new().part(b"key");
+            assert_eq!(
+                addr_part(seeded, &addr).finish(),
+                seeded.display_part(&addr).finish(),
+                "{addr}"
+            );
+        }
+        for n in [0, 1, 0xfff, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(hex16(n).as_slice(), format!("{n:016x}").as_bytes());
+        }
+        let services = [("shop", "front"), ("", "alone")];
+        let ports = [PortRef::Number(8080), PortRef::Name("http".into())];
+        for ((namespace, name), port) in services.into_iter().zip(ports) {
+            let mut backend = backend(1);
+            backend.service = crate::object::ObjectKey::new(namespace, name);
+            backend.port = port;
+            let by_display = StableHasher::new()
+                .display_part(&backend.service)
+                .display_part(&backend.port)
+                .finish();
+            assert_eq!(
+                backend_key(&backend).as_slice(),
+                format!("{by_display:016x}").as_bytes()
+            );
+        }
+    }
+
+    #[test]
     fn cookie_attributes() {
         let base = Affinity {
             path: Some("/app".into()),
             ..Affinity::new(Mode::Balanced)
         };
         assert_eq!(
-            set_cookie(&base, "k", "b", false, true),
+            set_cookie(&base, b"k", b"b", false, true),
             "INGRESSCOOKIE=k|b; Path=/app; HttpOnly"
         );
         assert_eq!(
-            set_cookie(&base, "k", "b", true, true),
+            set_cookie(&base, b"k", b"b", true, true),
             "INGRESSCOOKIE=k|b; Path=/app; Secure; HttpOnly"
         );
         let full = Affinity {
@@ -633,23 +746,23 @@ mod tests {
             ..base.clone()
         };
         assert_eq!(
-            set_cookie(&full, "k", "b", true, true),
+            set_cookie(&full, b"k", b"b", true, true),
             "INGRESSCOOKIE=k|b; Max-Age=60; Domain=example.com; Path=/app; HttpOnly; SameSite=None"
         );
         // A browser that mishandles SameSite=None is not sent it; Lax and Strict are always sent.
         assert_eq!(
-            set_cookie(&full, "k", "b", true, false),
+            set_cookie(&full, b"k", b"b", true, false),
             "INGRESSCOOKIE=k|b; Max-Age=60; Domain=example.com; Path=/app; HttpOnly"
         );
         let lax = Affinity {
             samesite: Some("Lax"),
             ..full.clone()
         };
-        assert!(set_cookie(&lax, "k", "b", true, false).ends_with("; SameSite=Lax"));
+        assert!(set_cookie(&lax, b"k", b"b", true, false).ends_with("; SameSite=Lax"));
         let expiring = Affinity {
             expires: Some(3600),
             ..base
         };
-        assert!(set_cookie(&expiring, "k", "b", false, true).contains("; Expires="));
+        assert!(set_cookie(&expiring, b"k", b"b", false, true).contains("; Expires="));
     }
 }

@@ -25,10 +25,10 @@ pub(crate) fn backend<'r>(route: &'r Route, headers: &dyn RequestHeaders) -> &'r
         && canary.sticky
         && let Some(session) = affinity::session_backend(affinity, headers)
     {
-        if session == affinity::backend_key(&canary.backend).as_bytes() {
+        if session == affinity::backend_key(&canary.backend) {
             return &canary.backend;
         }
-        if session == affinity::backend_key(&route.backend).as_bytes() {
+        if session == affinity::backend_key(&route.backend) {
             return &route.backend;
         }
     }

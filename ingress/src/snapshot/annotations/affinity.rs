@@ -212,6 +212,15 @@ impl StableHasher {
         self.end_part()
     }
 
+    /// One part given as pieces fed in order: the same hash as `display_part` of a value whose
+    /// `Display` writes exactly these pieces, without the formatting machinery.
+    pub fn pieces_part(mut self, pieces: &[&[u8]]) -> Self {
+        for piece in pieces {
+            self.feed(piece);
+        }
+        self.end_part()
+    }
+
     pub fn finish(self) -> u64 {
         self.0
     }
