@@ -516,15 +516,41 @@ fn headers_the_proxy_sets_cannot_be_spoofed() {
         assert_eq!(h(name), *want, "{name}");
     }
 
+    // Allowed underscores pass, but never as a header the proxy sets or drops: a backend that
+    // reads `_` as `-` (CGI, WSGI, Rack, PHP) would believe these over the proxy's own.
     let lax = Site::start("edge-underscores", &["--enable-underscores-in-headers"]);
     let reply = exchange(
         lax.ingress.http,
-        b"GET / HTTP/1.1\r\nHost: t.example\r\nX-Auth_User: root\r\n\r\n",
+        concat!(
+            "GET / HTTP/1.1\r\n",
+            "Host: t.example\r\n",
+            "X-Auth_User: root\r\n",
+            "X_Real_IP: 203.0.113.9\r\n",
+            "X_Forwarded_For: 203.0.113.9\r\n",
+            "x-forwarded_proto: https\r\n",
+            "ssl_client_verify: SUCCESS\r\n",
+            "SSL_CLIENT_SUBJECT_DN: CN=admin\r\n",
+            "X_Forwarded_Prefix: /admin\r\n",
+            "Content_Length: 5\r\n",
+            "\r\n"
+        )
+        .as_bytes(),
     );
-    assert_eq!(
-        reply.echo().headers.get("x-auth_user").map(String::as_str),
-        Some("root")
-    );
+    let echo = reply.echo();
+    let h = |name: &str| echo.headers.get(name).map(String::as_str);
+    assert_eq!(h("x-auth_user"), Some("root"));
+    assert_eq!(h("x-real-ip"), Some("127.0.0.1"));
+    for name in [
+        "x_real_ip",
+        "x_forwarded_for",
+        "x-forwarded_proto",
+        "ssl_client_verify",
+        "ssl_client_subject_dn",
+        "x_forwarded_prefix",
+        "content_length",
+    ] {
+        assert_eq!(h(name), None, "{name}");
+    }
 }
 
 /// The classic request-smuggling vectors: each is refused, or framed one way only, and the

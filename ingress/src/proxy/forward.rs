@@ -20,7 +20,7 @@
 //! there travels as `X-Original-Forwarded-For`, as ingress-nginx passes it.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use ingress_wire::header::{Kind, chain_value, kind, passes, tokens, usable_request_id};
+use ingress_wire::header::{Kind, chain_value, kind, passes, same_name, tokens, usable_request_id};
 
 use super::phase::identity::ClientSide;
 
@@ -116,6 +116,19 @@ pub fn rewrite_request(
         HeaderValue::from_bytes(&new_request_id()).unwrap_or_else(|_| HeaderValue::from_static("0"))
     });
     headers.insert(X_REQUEST_ID.clone(), id);
+}
+
+/// Drops the client's headers that a backend reading `_` as `-` would take for one of `set`,
+/// the names the proxy sets on this request (auth response headers, `proxy-set-headers`):
+/// only names with `_` can be such, so only `--enable-underscores-in-headers` leaves any.
+pub fn drop_underscore_aliases<'n>(
+    headers: &mut HeaderMap,
+    set: impl Iterator<Item = &'n HeaderName> + Clone,
+) {
+    headers.retain_names(|name| {
+        let name = name.as_str();
+        !name.contains('_') || !set.clone().any(|s| same_name(s.as_str(), name))
+    });
 }
 
 /// Removes hop-by-hop headers from an upstream's response, including every header its
@@ -320,6 +333,23 @@ mod tests {
         assert_eq!(names(&h), ["content-type"]);
     }
 
+    #[test]
+    fn underscore_aliases_of_the_headers_a_route_sets_are_dropped() {
+        let mut h = headers(&[
+            ("x_auth_request_user", "root"),
+            ("X_Auth_Request_Email", "root@example"),
+            ("x-auth-request-user", "exact, replaced by the caller"),
+            ("x_other", "kept"),
+            ("accept", "kept"),
+        ]);
+        let set = [
+            HeaderName::from_static("x-auth-request-user"),
+            HeaderName::from_static("x-auth-request-email"),
+        ];
+        drop_underscore_aliases(&mut h, set.iter());
+        assert_eq!(names(&h), ["accept", "x-auth-request-user", "x_other"]);
+    }
+
     /// The HTTP/1.1 path's upstream head and the HTTP/2 path's HeaderMap rewrite agree.
     #[test]
     fn upstream_heads_match_the_header_map_rules() {
@@ -372,6 +402,20 @@ mod tests {
                 true,
             ),
             (&[("host", "a"), ("x-request-id", "bad id")], false, false),
+            (
+                &[
+                    ("host", "a"),
+                    ("X_Real_IP", "1.1.1.1"),
+                    ("x-forwarded_proto", "https"),
+                    ("ssl_client_verify", "SUCCESS"),
+                    ("SSL_CLIENT_SUBJECT_DN", "CN=admin"),
+                    ("x_request_id", "abc"),
+                    ("content_length", "5"),
+                    ("x_custom", "kept"),
+                ],
+                true,
+                true,
+            ),
         ];
         let paths = PathSettings::default();
         for (pairs, https, underscores) in cases {
@@ -440,6 +484,15 @@ mod tests {
                 n
             };
             assert_eq!(names(&fast), names(&slow), "{pairs:?}");
+            // Whatever `_` passed is no header the proxy owns, however a backend spells it.
+            for name in slow.keys().filter(|n| n.as_str().contains('_')) {
+                assert!(*underscores, "{name}");
+                assert_eq!(
+                    ingress_wire::header::kind_as_dashes(name.as_str()),
+                    Kind::Other,
+                    "{name}"
+                );
+            }
             for name in slow.keys() {
                 if name == "x-request-id" && slow.get(name).is_some_and(|v| v.len() == 32) {
                     assert_eq!(fast.get(name).unwrap().len(), 32);

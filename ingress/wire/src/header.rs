@@ -41,7 +41,33 @@ pub enum Kind {
 
 /// By length first: this runs for every header line in both directions.
 pub fn kind(name: &str) -> Kind {
-    let is = |known: &str| name.eq_ignore_ascii_case(known);
+    classify(name, |known| name.eq_ignore_ascii_case(known))
+}
+
+/// The kind a name has to a backend that reads `_` as `-` (CGI, WSGI, Rack, PHP and the
+/// frameworks on them turn both into `HTTP_X_FORWARDED_FOR`): `X_Forwarded_For` is
+/// [`Kind::Forwarding`] here.
+pub fn kind_as_dashes(name: &str) -> Kind {
+    classify(name, |known| same_name(name, known))
+}
+
+/// Whether two header names are one to such a backend: equal but for ASCII case, and for `_`
+/// against `-`.
+pub fn same_name(a: &str, b: &str) -> bool {
+    let dash = |c: u8| {
+        if c == b'_' {
+            b'-'
+        } else {
+            c.to_ascii_lowercase()
+        }
+    };
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .all(|(x, y)| x == y || dash(x) == dash(y))
+}
+
+fn classify(name: &str, is: impl Fn(&str) -> bool) -> Kind {
     match name.len() {
         2 if is("te") => Kind::HopByHop,
         4 if is("host") => Kind::Host,
@@ -80,10 +106,12 @@ pub fn kind(name: &str) -> Kind {
 
 /// Whether a client's request header is passed on as it is. `underscores`: names with `_`
 /// too (nginx's `underscores_in_headers`, off by default there: `X_Forwarded_For` is
-/// `X-Forwarded-For` to many frameworks).
+/// `X-Forwarded-For` to many frameworks). Even then, a name that is one the proxy sets or
+/// drops once `_` reads as `-` (`X_Real_IP`, `ssl_client_verify`) is dropped: nginx passes
+/// those, and a backend that merges the spellings would believe the client's value.
 pub fn passes(name: &str, kind: Kind, underscores: bool) -> bool {
-    matches!(kind, Kind::Other | Kind::Server | Kind::Date | Kind::Hsts)
-        && (underscores || !name.contains('_'))
+    let passable = |kind| matches!(kind, Kind::Other | Kind::Server | Kind::Date | Kind::Hsts);
+    passable(kind) && (!name.contains('_') || (underscores && passable(kind_as_dashes(name))))
 }
 
 /// The comma-separated tokens of a header value, trimmed.
@@ -142,6 +170,28 @@ mod tests {
         assert!(passes("x_a", Kind::Other, true));
         assert!(!passes("forwarded", Kind::Spoofable, true));
         assert!(!passes("x-real-ip", Kind::Forwarding, true));
+        // With underscores allowed, what reads as a header the proxy owns still does not pass.
+        for name in [
+            "X_Real_IP",
+            "x_forwarded_for",
+            "X-Forwarded_Proto",
+            "SSL_CLIENT_VERIFY",
+            "ssl_client_subject_dn",
+            "x_forwarded_prefix",
+            "x_request_id",
+            "content_length",
+            "transfer_encoding",
+            "proxy_connection",
+        ] {
+            assert_ne!(kind_as_dashes(name), Kind::Other, "{name}");
+            assert!(!passes(name, kind(name), true), "{name}");
+            assert!(!passes(name, kind(name), false), "{name}");
+        }
+        assert!(passes("x_custom_thing", kind("x_custom_thing"), true));
+        assert!(same_name("X_Auth_Request_User", "x-auth-request-user"));
+        assert!(same_name("x-a", "X_A"));
+        assert!(!same_name("x-a", "x-b"));
+        assert!(!same_name("x-a", "x-ab"));
         assert!(usable_request_id(b"abc-123"));
         assert!(!usable_request_id(b"a b"));
         assert!(!usable_request_id(b""));

@@ -411,7 +411,7 @@ pub fn write_upstream(out: &mut Vec<u8>, req: &RequestHead<'_, '_>, up: &Upstrea
             || up
                 .set_headers
                 .iter()
-                .any(|(name, _)| name.eq_ignore_ascii_case(h.name))
+                .any(|(name, _)| header::same_name(name, h.name))
         {
             continue;
         }

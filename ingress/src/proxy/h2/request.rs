@@ -489,6 +489,13 @@ impl Proxy {
             request,
             &forward::HeaderOptions { underscores },
         );
+        if underscores {
+            let snippet_set = request_headers
+                .iter()
+                .flat_map(|e| e.set.iter().map(|(n, _)| n));
+            let auth_set = auth_headers.iter().map(|(n, _)| n);
+            forward::drop_underscore_aliases(&mut parts.headers, snippet_set.chain(auth_set));
+        }
         for (name, value) in request_headers.iter().flat_map(|edits| edits.set.iter()) {
             parts.headers.remove(name);
             if let Some(value) = value {
