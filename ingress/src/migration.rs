@@ -152,13 +152,19 @@ fn judge(key: &str, invalid: &[&str], unsupported: UnsupportedAccess) -> Option<
     let no_op = entry
         .filter(|e| e.status == Status::NoOp)
         .and_then(|e| registry::no_op_reason(e.name));
+    // Diagnostics name their annotation in full, or (older messages) start with its short name.
+    let about_it = |m: &&&str| {
+        m.contains(key)
+            || m.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', ':']))
+    };
     let (outcome, why) = if let Some(reason) = no_op {
-        match invalid.iter().find(|m| m.contains(key)) {
+        match invalid.iter().find(about_it) {
             Some(message) => (Outcome::Invalid, Some((*message).to_string())),
             None => (Outcome::NoOp, Some(reason.to_string())),
         }
     } else if supported {
-        match invalid.iter().find(|m| m.contains(key)) {
+        match invalid.iter().find(about_it) {
             Some(message) => (Outcome::Invalid, Some((*message).to_string())),
             None => (Outcome::Applied, None),
         }
@@ -192,8 +198,9 @@ fn judge(key: &str, invalid: &[&str], unsupported: UnsupportedAccess) -> Option<
     })
 }
 
-/// The messages of the `InvalidAnnotation` diagnostics about one Ingress (each names its key),
-/// and of the `ConfigMapNotFound` ones (an annotation naming a ConfigMap that is missing).
+/// The messages of the `InvalidAnnotation` diagnostics about one Ingress (each names its
+/// annotation), and of the ones about what an annotation names: a ConfigMap or a Secret that is
+/// missing or unusable (`auth-secret`, `auth-tls-secret`, `proxy-ssl-secret`).
 fn invalid_messages<'s>(snapshot: &'s Snapshot, key: &ObjectKey) -> Vec<&'s str> {
     let subject = Subject::object(Kind::Ingress, key);
     snapshot
@@ -202,7 +209,11 @@ fn invalid_messages<'s>(snapshot: &'s Snapshot, key: &ObjectKey) -> Vec<&'s str>
         .filter(|d| {
             matches!(
                 d.kind,
-                DiagnosticKind::InvalidAnnotation | DiagnosticKind::ConfigMapNotFound
+                DiagnosticKind::InvalidAnnotation
+                    | DiagnosticKind::ConfigMapNotFound
+                    | DiagnosticKind::SecretNotFound
+                    | DiagnosticKind::SecretInvalid
+                    | DiagnosticKind::CertificateKeyMismatch
             ) && d.subject == subject
         })
         .map(|d| d.message.as_str())
@@ -332,6 +343,51 @@ mod tests {
         assert_eq!(row.annotations[0].outcome, Outcome::Invalid);
         let why = row.annotations[0].why.as_deref().unwrap_or_default();
         assert!(why.contains("ConfigMap t/gone does not exist"), "{why}");
+    }
+
+    /// An annotation naming a Secret that does not exist is not applied, whichever way its
+    /// diagnostic names it; access control without its Secret is also not served.
+    #[test]
+    fn annotations_naming_missing_secrets_are_invalid() {
+        let n = |s: &str| format!("nginx.ingress.kubernetes.io/{s}");
+        let yaml = SERVICE.to_string()
+            + &ingress(
+                "basic",
+                &[(&n("auth-type"), "basic"), (&n("auth-secret"), "gone")],
+            )
+            + &ingress("mtls", &[(&n("auth-tls-secret"), "t/gone")])
+            + &ingress(
+                "upstream",
+                &[
+                    (&n("backend-protocol"), "HTTPS"),
+                    (&n("proxy-ssl-secret"), "t/gone"),
+                ],
+            );
+        let got = migration(&yaml, UnsupportedAccess::Refuse);
+        let judged = |ingress: &str, annotation: &str| {
+            let row = got
+                .ingresses
+                .iter()
+                .find(|r| r.ingress == ingress)
+                .unwrap_or_else(|| panic!("{ingress} has no row"));
+            let a = row
+                .annotations
+                .iter()
+                .find(|a| a.key == n(annotation))
+                .unwrap_or_else(|| panic!("{ingress}: no {annotation}"));
+            (row.served, a.outcome, a.why.clone().unwrap_or_default())
+        };
+        for (ingress, annotation, served) in [
+            ("t/basic", "auth-secret", false),
+            ("t/mtls", "auth-tls-secret", false),
+            ("t/upstream", "proxy-ssl-secret", true),
+        ] {
+            let (is_served, outcome, why) = judged(ingress, annotation);
+            assert_eq!(outcome, Outcome::Invalid, "{ingress} {annotation}");
+            assert!(why.contains("not found"), "{ingress}: {why}");
+            assert_eq!(is_served, served, "{ingress}");
+        }
+        assert_eq!(judged("t/upstream", "backend-protocol").1, Outcome::Applied);
     }
 
     #[test]
