@@ -177,19 +177,37 @@ fn headers_of_configmaps_reach_responses_upstreams_and_the_auth_service() {
 
         // A missing ConfigMap, or a header global-allowed-response-headers does not list:
         // the Ingress is not served, as ingress-nginx denies its location.
-        // The proxy's own answers carry add-headers' literal values (nginx's http-level
-        // more_set_headers reaches them), never the refused Ingress's.
+        // The proxy's own answers carry add-headers (nginx's http-level more_set_headers
+        // reaches them), variables expanded for the request, never the refused Ingress's.
         for host in ["missing.test", "denied.test"] {
             let reply = curl::get(ingress, host, "/", version, &[]);
             assert_eq!(reply.status, 503, "{version} {host}");
             assert_eq!(reply.header("x-custom"), Some("global"), "{version} {host}");
             assert_eq!(reply.header("x-global"), Some("g"), "{version} {host}");
-            assert_eq!(reply.header("x-seen-scheme"), None, "{version} {host}");
+            assert_eq!(
+                reply.header("x-seen-scheme"),
+                Some("http"),
+                "{version} {host}"
+            );
         }
-        let reply = curl::get(ingress, "nowhere.test", "/", version, &[]);
+        let reply = curl::get(
+            ingress,
+            "nowhere.test",
+            "/",
+            version,
+            &["-H", "X-Request-ID: own-answer-id-7"],
+        );
         assert_eq!(reply.status, 404, "{version}");
         assert_eq!(reply.header("x-global"), Some("g"), "{version}");
         assert_eq!(reply.header("server"), Some("ingress"), "{version}");
+        assert_eq!(
+            reply.header("x-request-echo"),
+            Some("own-answer-id-7"),
+            "{version}"
+        );
+        let made = curl::get(ingress, "nowhere.test", "/", version, &[]);
+        let made = made.header("x-request-echo").unwrap_or_default();
+        assert_eq!(made.len(), 32, "{version}: a new id, {made:?}");
 
         // auth-proxy-set-headers: on the auth service's request, variables expanded.
         let before = site.auth.requests();

@@ -85,6 +85,8 @@ pub struct GlobalSettings {
     /// `add-headers` with literal values, for the proxy's own answers (404, 503, redirects):
     /// set by `Snapshot::build`, which reads that ConfigMap, never by `resolve`.
     pub own_response_headers: Option<Arc<super::annotations::snippet::ResponseEdits>>,
+    /// `add-headers` with nginx variables, for the same answers: expanded per request.
+    pub own_response_templates: Option<super::policy::HeaderTemplates>,
 }
 
 /// The ConfigMap keys about headers listed in other ConfigMaps, which `Snapshot::build`
@@ -134,6 +136,7 @@ impl Default for GlobalSettings {
             limit_conn_status: 503,
             headers: HeaderMaps::default(),
             own_response_headers: None,
+            own_response_templates: None,
             auth: GlobalAuth::default(),
         }
     }

@@ -20,6 +20,7 @@ use super::annotations::configmap_headers::{self, ConfigHeaders, Headers, Header
 use super::annotations::snippet::ResponseEdits;
 use super::annotations::{self, auth::Refusal};
 use super::global::HeaderMaps;
+use super::policy::HeaderTemplates;
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Subject};
 use crate::object::Kind;
 use crate::store::{ObjectKey, Store};
@@ -114,17 +115,21 @@ pub(super) fn global(
     }
 }
 
-/// `add-headers` for the proxy's own answers: the literal values (a value with variables is
-/// made from a request the upstream phase reads, which those answers may not have reached).
-pub(super) fn own_responses(global: &ConfigHeaders) -> Option<Arc<ResponseEdits>> {
-    let (literal, _) = configmap_headers::split(&global.response);
+/// `add-headers` for the proxy's own answers: the literal values, and the values with nginx
+/// variables, which the proxy expands for each request it answers itself.
+pub(super) fn own_responses(
+    global: &ConfigHeaders,
+) -> (Option<Arc<ResponseEdits>>, Option<HeaderTemplates>) {
+    let (literal, templated) = configmap_headers::split(&global.response);
     let replace: Vec<_> = literal.into_iter().filter(|(_, v)| v.is_some()).collect();
-    (!replace.is_empty()).then(|| {
+    let literal = (!replace.is_empty()).then(|| {
         Arc::new(ResponseEdits {
             replace,
             add: Vec::new(),
         })
-    })
+    });
+    let templated = (!templated.is_empty()).then(|| templated.into());
+    (literal, templated)
 }
 
 /// The headers of an Ingress's routes: the global ones with its `custom-headers` over them.
@@ -192,4 +197,45 @@ fn read_strict(
             };
             (kind, message)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderName, HeaderValue};
+
+    use super::*;
+    use crate::snapshot::annotations::configmap_headers::HeaderSetting;
+    use crate::snapshot::annotations::variables::Template;
+
+    #[test]
+    fn own_answers_get_literal_values_and_templates_apart() {
+        let name = |n: &'static str| HeaderName::from_static(n);
+        let template = |t: &str| Template::parse(t).unwrap_or_else(|e| panic!("{t}: {e}"));
+        let global = ConfigHeaders {
+            response: vec![
+                (
+                    name("x-literal"),
+                    HeaderSetting::Literal(HeaderValue::from_static("v")),
+                ),
+                (name("x-cleared"), HeaderSetting::Clear),
+                (
+                    name("x-id"),
+                    HeaderSetting::Template(template("$request_id")),
+                ),
+            ],
+            request: Vec::new(),
+        };
+        let (literal, templates) = own_responses(&global);
+        let literal = literal.expect("a literal value");
+        assert_eq!(
+            literal.replace,
+            [(name("x-literal"), Some(HeaderValue::from_static("v")))]
+        );
+        let templates = templates.expect("a template");
+        assert_eq!(templates.len(), 1);
+        assert_eq!(templates[0].0, name("x-id"));
+
+        let (literal, templates) = own_responses(&ConfigHeaders::default());
+        assert!(literal.is_none() && templates.is_none());
+    }
 }

@@ -274,7 +274,8 @@ impl Snapshot {
             builder.add_canary(key, ingress);
         }
         global.error_backend = builder.error_backend(&global, settings.config_map.as_ref());
-        global.own_response_headers = headers::own_responses(&builder.config_headers);
+        (global.own_response_headers, global.own_response_templates) =
+            headers::own_responses(&builder.config_headers);
         let mut tls = builder.tls.finish(&mut builder.diagnostics);
         let mut diagnostics = builder.diagnostics;
         let mut hosts = HostTable::default();

@@ -188,6 +188,9 @@ struct Prepared {
     client: Option<Box<ConnInfo>>,
     /// The global settings of the snapshot it was decided on.
     global: Arc<GlobalSettings>,
+    /// `add-headers` with variables, expanded for this request, for an answer the proxy
+    /// makes itself (else `global`'s literal ones).
+    own_headers: Option<Arc<crate::snapshot::annotations::snippet::ResponseEdits>>,
     /// Its spans, with `--otlp-endpoint`.
     trace: Option<RequestTrace>,
     /// `custom-http-errors` on its route (or, unrouted, the global list): what the error
@@ -332,6 +335,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             conn: client,
             global,
             auth,
+            own_headers,
         } = phased;
         let facts = client.as_deref().unwrap_or(self.conn).client.facts();
         let errors = error_page::plan(route.as_ref(), &global).map(|plan| {
@@ -475,6 +479,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .map(Box::from),
             client,
             global,
+            own_headers,
             trace,
             errors,
         };
@@ -515,6 +520,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             host: None,
             client: None,
             global: self.proxy.published.load().global.clone(),
+            own_headers: None,
             trace: None,
             errors: None,
         }
@@ -530,6 +536,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             Decision::Respond(StatusCode::NOT_FOUND),
         );
         let upgrade = prepared.upgrade.take();
+        let own_headers = prepared.own_headers.take();
         let (set_cookie, set_headers, edits, rewrite) = match &action {
             Decision::Forward(forward) => (
                 forward.set_cookie.clone(),
@@ -561,7 +568,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),
-            own_headers: global.own_response_headers.as_deref(),
+            own_headers: own_headers
+                .as_deref()
+                .or(global.own_response_headers.as_deref()),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if forward.wire == Wire::Http2 => {

@@ -40,6 +40,7 @@ use crate::proxy::trace::{self, RequestTrace};
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Proxy, ProxyBody, forward, idle, respond};
 use crate::snapshot::Route;
+use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::global::GlobalSettings;
 use crate::snapshot::policy::Wire;
 
@@ -58,7 +59,7 @@ impl Proxy {
             ..Meter::default()
         };
         let mut trace = None;
-        let (mut response, route, host, outcome, client, global) = self
+        let (mut response, route, host, outcome, client, global, own_headers) = self
             .serve_h2(req, &conn, &mut meter, &mut trace, started)
             .await;
         // The client as this request named it (trusted forwarded headers), else the connection's.
@@ -93,7 +94,10 @@ impl Proxy {
         // The proxy's own answers get the ConfigMap's add-headers (nginx's http-level
         // more_set_headers reaches them); an error page keeps the error backend's headers.
         if !from_upstream && upstreams {
-            response::add_own_headers(&global, response.headers_mut());
+            let own = own_headers
+                .as_deref()
+                .or(global.own_response_headers.as_deref());
+            response::add_own_headers(own, response.headers_mut());
         }
         if let (Some(route), Some(_), None, true) =
             (&route, &outcome.upstream, &outcome.error, upstreams)
@@ -181,6 +185,7 @@ impl Proxy {
         Outcome,
         Option<Box<ConnInfo>>,
         Arc<GlobalSettings>,
+        Option<Arc<ResponseEdits>>,
     ) {
         let refuse = |refusal: Refusal, host: Option<String>| {
             (
@@ -190,6 +195,7 @@ impl Proxy {
                 Outcome::refused(refusal),
                 None,
                 self.published.load().global.clone(),
+                None,
             )
         };
         match *req.method() {
@@ -259,6 +265,7 @@ impl Proxy {
             conn: client,
             global,
             auth,
+            own_headers,
         } = self.request_phases(
             conn,
             RequestView {
@@ -403,7 +410,15 @@ impl Proxy {
             }
             None => response,
         };
-        (response, route, Some(host), outcome, client, global)
+        (
+            response,
+            route,
+            Some(host),
+            outcome,
+            client,
+            global,
+            own_headers,
+        )
     }
 
     /// Sends a request through the pool its route's protocol needs, retrying

@@ -267,6 +267,9 @@ pub(crate) struct Phased<'t> {
     pub(crate) global: Arc<GlobalSettings>,
     /// The request must authenticate before its forward goes anywhere ([`Proxy::authorize`]).
     pub(crate) auth: Option<auth::Pending>,
+    /// `add-headers` for an answer the proxy makes itself to this request, when some of them
+    /// have nginx variables (expanded for it); else `global`'s literal ones apply.
+    pub(crate) own_headers: Option<Arc<ResponseEdits>>,
 }
 
 /// How a request ended, for the access log.
@@ -329,8 +332,24 @@ impl Proxy {
     ) -> Phased<'t> {
         let snapshot = self.published.load();
         let own = conn.for_request(&snapshot.global.forwarded, request.headers);
-        let (target, route, decision, auth) =
-            self.decide(&snapshot, own.as_deref().unwrap_or(conn), request);
+        let client = own.as_deref().unwrap_or(conn);
+        let (target, route, decision, auth) = self.decide(&snapshot, client, request);
+        // add-headers with variables, should the proxy answer this request itself (a 404, a
+        // redirect, an upstream failure): made from the request as the client sent it, as
+        // nginx's http-level more_set_headers makes them.
+        let own_headers = snapshot
+            .global
+            .own_response_templates
+            .as_deref()
+            .zip(target.as_ref())
+            .and_then(|(templates, target)| {
+                let facts = auth::RequestFacts::of(client, &request, target);
+                response::expand(
+                    snapshot.global.own_response_headers.clone(),
+                    templates,
+                    &facts,
+                )
+            });
         Phased {
             target,
             route,
@@ -338,6 +357,7 @@ impl Proxy {
             conn: own,
             global: snapshot.global.clone(),
             auth,
+            own_headers,
         }
     }
 

@@ -47,11 +47,11 @@ pub(crate) fn edits(policy: &ResponsePolicy) -> Option<Arc<ResponseEdits>> {
 }
 
 /// `add-headers` on one of the proxy's own answers (404, 503, a redirect, an upstream
-/// failure): each header the answer does not already carry (the proxy's framing, `Server`,
+/// failure), `own` being the request's ([`super::Phased::own_headers`]): each header the
+/// answer does not already carry (the proxy's framing, `Server`,
 /// `Location` and the like stay its own). The HTTP/2 path; HTTP/1.x writes the same with
 /// [`own_headers`] as it writes the head.
-pub(crate) fn add_own_headers(global: &GlobalSettings, headers: &mut http::HeaderMap) {
-    let own = global.own_response_headers.as_deref();
+pub(crate) fn add_own_headers(own: Option<&ResponseEdits>, headers: &mut http::HeaderMap) {
     for (name, value) in own_headers(own, &|name| headers.contains_key(name)) {
         headers.insert(name.clone(), value.clone());
     }
