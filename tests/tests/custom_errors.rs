@@ -197,6 +197,19 @@ fn listed_codes_are_answered_by_the_error_backend() {
             "{version}"
         );
     }
+    // Pages come over kept connections: one after another, they need one between them, not a
+    // new connection (and a TIME_WAIT socket on the proxy) each.
+    let (connections, served) = (errors.connections(), errors.served());
+    for n in 0..10 {
+        let reply = curl::get(&ingress, "pages.test", "/k?status=404", "--http1.1", &[]);
+        assert_eq!(reply.backend(), "errors", "page {n}: {reply:?}");
+    }
+    assert_eq!(errors.served(), served + 10);
+    assert!(
+        errors.connections() <= connections + 1,
+        "10 pages took {} new connections",
+        errors.connections() - connections
+    );
 }
 
 const CONFIG: &str = "t/ingress-config";

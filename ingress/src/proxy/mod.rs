@@ -75,6 +75,8 @@ pub struct Proxy {
     auth: phase::auth::AuthState,
     /// The buckets of `limit-*`: runtime state beside the snapshot, kept across its swaps.
     rate_limits: rate_limit::RateLimiters,
+    /// Kept connections to error backends (`custom-http-errors`).
+    pages: phase::error_page::PagePool,
 }
 
 impl Proxy {
@@ -100,6 +102,7 @@ impl Proxy {
             tracing: None,
             auth: phase::auth::AuthState::new(connectors),
             rate_limits: rate_limit::RateLimiters::default(),
+            pages: phase::error_page::PagePool::default(),
         }
     }
 

@@ -669,7 +669,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         code: StatusCode,
         ctx: &ResponseContext<'_>,
     ) -> (u16, bool) {
-        let status = match error_page::fetch(errors, code).await {
+        let status = match error_page::fetch(&self.proxy.pages, errors, code).await {
             Some(page) => {
                 response::write_page(&mut self.response, &page, ctx);
                 page.status.as_u16()

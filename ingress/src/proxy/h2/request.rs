@@ -401,7 +401,7 @@ impl Proxy {
             // its HTTP/1.1 connection), so none of it is passed on or pooled half-read.
             Some(errors) => {
                 drop(response);
-                let mut page = match error_page::fetch(&errors, code).await {
+                let mut page = match error_page::fetch(&self.pages, &errors, code).await {
                     Some(page) => respond::page(page),
                     None => respond::status(code),
                 };

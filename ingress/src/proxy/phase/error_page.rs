@@ -18,8 +18,13 @@
 //! (.*) / break`); the request's own target is in `X-Original-URI`. The upstream's response
 //! whose code was listed is not read: its connection is closed (HTTP/1.1) or its stream reset
 //! (HTTP/2) by the caller dropping it.
+//!
+//! Connections to the error backend are kept alive for the next page ([`PagePool`]), as
+//! ingress-nginx keeps its upstreams': a connection per page left a TIME_WAIT socket on the
+//! proxy per error, and a flood of 404s could use up its ports.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -128,10 +133,45 @@ pub(crate) struct Page {
     pub(crate) body: Bytes,
 }
 
+/// A connection to an error backend, ready for a page request.
+type Sender = http1::SendRequest<Empty<Bytes>>;
+
+/// The most idle connections kept per error backend endpoint.
+const IDLE_PER_ENDPOINT: usize = 32;
+
+/// Idle connections to error backends, by endpoint: runtime state of the proxy, kept across
+/// snapshots (a connection the backend closed is dropped when next looked at).
+#[derive(Default)]
+pub(crate) struct PagePool {
+    idle: Mutex<HashMap<PoolKey, Vec<Sender>>>,
+}
+
+impl PagePool {
+    fn take(&self, key: &PoolKey) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.get_mut(key)?;
+        std::iter::from_fn(|| list.pop()).find(|sender| !sender.is_closed())
+    }
+
+    fn keep(&self, key: PoolKey, sender: Sender) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.entry(key).or_default();
+        list.retain(|kept| !kept.is_closed());
+        if list.len() < IDLE_PER_ENDPOINT && !sender.is_closed() {
+            list.push(sender);
+        }
+    }
+}
+
 /// Asks the error backend for the page of `code`, within the request's connect and read
-/// timeouts. `None` when it cannot answer (no endpoint, a failure, a timeout, a page over
-/// [`MAX_PAGE`]); the caller then answers `code` itself.
-pub(crate) async fn fetch(request: &ErrorRequest, code: StatusCode) -> Option<Page> {
+/// timeouts, on a kept connection when `pool` has one (a new one once if that fails). `None`
+/// when it cannot answer (no endpoint, a failure, a timeout, a page over [`MAX_PAGE`]); the
+/// caller then answers `code` itself.
+pub(crate) async fn fetch(
+    pool: &PagePool,
+    request: &ErrorRequest,
+    code: StatusCode,
+) -> Option<Page> {
     let (plan, connect, read) = (&request.plan, request.connect, request.read);
     let key = match &plan.backend.target {
         Target::Endpoints(_) => PoolKey::Addr(plan.backend.pick(Balance::default())?.addr),
@@ -139,30 +179,26 @@ pub(crate) async fn fetch(request: &ErrorRequest, code: StatusCode) -> Option<Pa
         Target::Unavailable => return None,
     };
     let ask = async {
+        // A kept connection the backend has just closed fails before it answers.
+        if let Some(sender) = pool.take(&key)
+            && let Some((page, sender)) = ask_on(sender, request, code).await
+        {
+            pool.keep(key, sender);
+            return Some(page);
+        }
         let stream = connect::open(&key, connect).await.ok()?;
-        let (mut sender, connection) = http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+        let (sender, connection) = http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
             .await
             .ok()?;
-        // The connection is used for this one page; it ends when the sender is dropped.
-        let driver = tokio::spawn(async move {
+        // Driven until the backend closes it or the pool lets its sender go.
+        tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!(%err, "error backend connection ended");
             }
         });
-        let response = sender.send_request(build(request, code)?).await.ok()?;
-        let (parts, body) = response.into_parts();
-        let body = Limited::new(body, MAX_PAGE)
-            .collect()
-            .await
-            .ok()?
-            .to_bytes();
-        drop(sender);
-        driver.abort();
-        Some(Page {
-            status: parts.status,
-            content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
-            body: if request.head { Bytes::new() } else { body },
-        })
+        let (page, sender) = ask_on(sender, request, code).await?;
+        pool.keep(key, sender);
+        Some(page)
     };
     let page = tokio::time::timeout(read + connect, ask)
         .await
@@ -172,6 +208,29 @@ pub(crate) async fn fetch(request: &ErrorRequest, code: StatusCode) -> Option<Pa
         tracing::debug!(backend = %plan.backend.service, code = code.as_u16(), "the error backend did not answer; the proxy's own page is sent");
     }
     page
+}
+
+/// One page on `sender`: the page, and the connection, free for the next one (its body was
+/// read to the end; a page too large or broken costs the connection).
+async fn ask_on(
+    mut sender: Sender,
+    request: &ErrorRequest,
+    code: StatusCode,
+) -> Option<(Page, Sender)> {
+    sender.ready().await.ok()?;
+    let response = sender.send_request(build(request, code)?).await.ok()?;
+    let (parts, body) = response.into_parts();
+    let body = Limited::new(body, MAX_PAGE)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    let page = Page {
+        status: parts.status,
+        content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+        body: if request.head { Bytes::new() } else { body },
+    };
+    Some((page, sender))
 }
 
 /// The request for the page, as ingress-nginx's `@custom_<upstream>_<code>` location makes it.
