@@ -183,6 +183,12 @@ fn listed_codes_are_answered_by_the_error_backend() {
             reply.echo().is_none(),
             "{version} HEAD has no body: {reply:?}"
         );
+        // ...but says the length the error backend announced for it, as nginx passes it on.
+        let length = reply.header("content-length").map(str::parse::<u64>);
+        assert!(
+            matches!(length, Some(Ok(n)) if n > 0),
+            "{version} HEAD: {reply:?}"
+        );
         assert_eq!(
             errors.served(),
             before + 1,

@@ -461,7 +461,7 @@ pub(crate) fn write_page(
             b" ",
             code.canonical_reason().unwrap_or("").as_bytes(),
             b"\r\ncontent-length: ",
-            itoa::Buffer::new().format(page.body.len()).as_bytes(),
+            itoa::Buffer::new().format(page.length).as_bytes(),
             b"\r\nserver: ",
             ctx.server,
             b"\r\ndate: ",

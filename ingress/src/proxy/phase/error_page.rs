@@ -131,6 +131,9 @@ pub(crate) struct Page {
     pub(crate) status: StatusCode,
     pub(crate) content_type: Option<HeaderValue>,
     pub(crate) body: Bytes,
+    /// Its `Content-Length`: the body's, or for HEAD (no body) the one the backend announced,
+    /// as nginx passes it on.
+    pub(crate) length: u64,
 }
 
 /// A connection to an error backend, ready for a page request.
@@ -225,9 +228,19 @@ async fn ask_on(
         .await
         .ok()?
         .to_bytes();
+    let announced = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
     let page = Page {
         status: parts.status,
         content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
+        length: if request.head {
+            announced.unwrap_or(0)
+        } else {
+            body.len() as u64
+        },
         body: if request.head { Bytes::new() } else { body },
     };
     Some((page, sender))
