@@ -6,8 +6,9 @@
 //!     ├─ a live connection with a free stream (in flight < MAX_STREAMS_PER_CONN) → reuse it
 //!     └─ none: open one (TCP, TLS with ALPN h2, HTTP/2 handshake), add it to the list; one
 //!        opening at a time per endpoint, the requests waiting behind it share what it opened
-//!   the stream is refused before the upstream read any of it (REFUSED_STREAM, or above a
-//!   GOAWAY's last stream id) and none of its body was sent → once more on a new connection
+//!   the stream is refused before the upstream read any of it (REFUSED_STREAM, above a
+//!   GOAWAY's last stream id, or its connection closed before it was handed over) and none of
+//!   its body was sent → once more on a new connection
 //!   response body: counts against its connection until it ends or is dropped
 //! ```
 //!
@@ -141,9 +142,11 @@ impl H2Pool {
             };
             let request = Request::from_parts(parts.clone(), body);
             let mut sender = conn.sender.clone();
-            let sent = match sender.ready().await {
-                Ok(()) => sender.send_request(request).await,
-                Err(err) => Err(err),
+            // A connection that closed (a GOAWAY read, the peer gone) after it was picked and
+            // before the request was handed to it sent nothing of it: as refused.
+            let (sent, handed) = match sender.ready().await {
+                Ok(()) => (sender.send_request(request).await, true),
+                Err(err) => (Err(err), false),
             };
             match sent {
                 Ok(response) => {
@@ -154,7 +157,7 @@ impl H2Pool {
                 }
                 Err(err) => {
                     drop(guard);
-                    let refused = refused(&err);
+                    let refused = !handed || refused(&err);
                     self.forget(key, transport, &conn);
                     // Retried once, and only while the body is still whole.
                     let whole = slot.lock().map(|s| s.is_some()).unwrap_or(false);
