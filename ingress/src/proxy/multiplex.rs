@@ -7,8 +7,9 @@
 //!     └─ none: open one (TCP, TLS with ALPN h2, HTTP/2 handshake), add it to the list; one
 //!        opening at a time per endpoint, the requests waiting behind it share what it opened
 //!   the stream is refused before the upstream read any of it (REFUSED_STREAM, above a
-//!   GOAWAY's last stream id, or its connection closed before it was handed over) and none of
-//!   its body was sent → once more on a new connection
+//!   GOAWAY's last stream id, or its connection closed before it was handed over), or the
+//!   connection was lost under an idempotent request before any answer, and none of its body
+//!   was sent → once more on a new connection
 //!   response body: counts against its connection until it ends or is dropped
 //! ```
 //!
@@ -157,7 +158,8 @@ impl H2Pool {
                 }
                 Err(err) => {
                     drop(guard);
-                    let refused = !handed || refused(&err);
+                    let refused =
+                        !handed || refused(&err) || (parts.method.is_idempotent() && lost(&err));
                     self.forget(key, transport, &conn);
                     // Retried once, and only while the body is still whole.
                     let whole = slot.lock().map(|s| s.is_some()).unwrap_or(false);
@@ -302,6 +304,29 @@ fn refused(err: &hyper::Error) -> bool {
     err.is_canceled()
 }
 
+/// Whether the connection ended under the request before any answer: the peer closed or
+/// reset it (a server closing an idle connection as the request went out, or one whose GOAWAY
+/// never arrived). Whether the peer read the request is unknown, so only an idempotent
+/// request is sent again, as nginx's `proxy_next_upstream error` does.
+fn lost(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut source = Some(err);
+    while let Some(e) = source {
+        let io = e
+            .downcast_ref::<h2::Error>()
+            .and_then(h2::Error::get_io)
+            .or_else(|| e.downcast_ref::<std::io::Error>());
+        if let Some(io) = io {
+            return matches!(
+                io.kind(),
+                BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// Counts a stream against its connection.
 struct StreamGuard(Arc<Load>);
 
@@ -397,6 +422,35 @@ impl Body for H2Body {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_connection_lost_under_the_request_counts_as_lost() {
+        use std::io::{Error, ErrorKind};
+        #[derive(Debug)]
+        struct Wrapped(Error);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "wrapped: {}", self.0)
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        for (kind, want) in [
+            (ErrorKind::BrokenPipe, true),
+            (ErrorKind::ConnectionReset, true),
+            (ErrorKind::ConnectionAborted, true),
+            (ErrorKind::UnexpectedEof, true),
+            (ErrorKind::TimedOut, false),
+            (ErrorKind::InvalidData, false),
+        ] {
+            assert_eq!(lost(&Error::from(kind)), want, "{kind:?}");
+            assert_eq!(lost(&Wrapped(Error::from(kind))), want, "wrapped {kind:?}");
+        }
+        assert!(!lost(&std::fmt::Error));
+    }
 
     #[test]
     fn a_connection_is_idle_only_without_streams_for_the_whole_timeout() {
