@@ -72,6 +72,15 @@ fn sent_upstream(reply: &curl::Reply) -> (String, String, String) {
     (parts[1].into(), parts[2].into(), parts[3].into())
 }
 
+/// Sends a request carrying the caller's `traceparent` (`00-{trace}-{parent}-{flags}`) and
+/// returns the trace id and flags the upstream was sent.
+fn carried(ingress: &Ingress, version: &str, traceparent: &str) -> (String, String) {
+    let header = format!("traceparent: {traceparent}");
+    let reply = curl::get(ingress, "trace.test", "/", version, &["-H", &header]);
+    let (trace, _, flags) = sent_upstream(&reply);
+    (trace, flags)
+}
+
 fn one<'a>(spans: &'a [ReceivedSpan], name: &str) -> &'a ReceivedSpan {
     let found: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.name == name).collect();
     assert_eq!(found.len(), 1, "{name} in {spans:#?}");
@@ -165,17 +174,11 @@ fn a_request_without_context_starts_a_trace_and_an_unsampled_caller_is_followed(
         // The caller decided not to sample: its decision is kept and passed on, nothing is
         // exported for that trace.
         let unsampled = "0af7651916cd43dd8448eb211c80319c";
-        let reply = curl::get(
+        let (sent_trace, flags) = carried(
             &ingress,
-            "trace.test",
-            "/",
             version,
-            &[
-                "-H",
-                &format!("traceparent: 00-{unsampled}-b7ad6b7169203331-00"),
-            ],
+            &format!("00-{unsampled}-b7ad6b7169203331-00"),
         );
-        let (sent_trace, _, flags) = sent_upstream(&reply);
         assert_eq!((sent_trace.as_str(), flags.as_str()), (unsampled, "00"));
     }
     // Long enough for any export of the unsampled trace to have arrived (a plain test: no
@@ -203,17 +206,11 @@ fn an_unsampled_request_without_context_is_not_traced_at_all() {
         assert_eq!(echo.headers.get("traceparent"), None, "{version}");
         // A caller's context is still carried on, with its decision.
         let sampled = "4bf92f3577b34da6a3ce929d0e0e4736";
-        let reply = curl::get(
+        let (sent_trace, flags) = carried(
             &ingress,
-            "trace.test",
-            "/",
             version,
-            &[
-                "-H",
-                &format!("traceparent: 00-{sampled}-00f067aa0ba902b7-01"),
-            ],
+            &format!("00-{sampled}-00f067aa0ba902b7-01"),
         );
-        let (sent_trace, _, flags) = sent_upstream(&reply);
         assert_eq!((sent_trace.as_str(), flags.as_str()), (sampled, "01"));
         receiver.wait_for(sampled, 3, WAIT);
     }

@@ -568,9 +568,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             set_headers: &set_headers,
             edits: edits.as_deref(),
             rewrite: rewrite.as_deref(),
-            own_headers: own_headers
-                .as_deref()
-                .or(global.own_response_headers.as_deref()),
+            own_headers: phase_response::own_edits(own_headers.as_deref(), &global),
         };
         let (status, outcome, keep_open) = match action {
             Decision::Forward(forward) if forward.wire == Wire::Http2 => {

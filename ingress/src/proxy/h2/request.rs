@@ -94,9 +94,7 @@ impl Proxy {
         // The proxy's own answers get the ConfigMap's add-headers (nginx's http-level
         // more_set_headers reaches them); an error page keeps the error backend's headers.
         if !from_upstream && upstreams {
-            let own = own_headers
-                .as_deref()
-                .or(global.own_response_headers.as_deref());
+            let own = response::own_edits(own_headers.as_deref(), &global);
             response::add_own_headers(own, response.headers_mut());
         }
         if let (Some(route), Some(_), None, true) =

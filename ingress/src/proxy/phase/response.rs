@@ -57,6 +57,15 @@ pub(crate) fn add_own_headers(own: Option<&ResponseEdits>, headers: &mut http::H
     }
 }
 
+/// The `add-headers` of an answer the proxy makes itself: the request's, expanded when some
+/// have variables ([`super::Phased::own_headers`]), else the snapshot's literal ones.
+pub(crate) fn own_edits<'a>(
+    request: Option<&'a ResponseEdits>,
+    global: &'a GlobalSettings,
+) -> Option<&'a ResponseEdits> {
+    request.or(global.own_response_headers.as_deref())
+}
+
 /// The `add-headers` an own answer gets: those whose names `present` says it lacks.
 pub(crate) fn own_headers<'g>(
     own: Option<&'g ResponseEdits>,
