@@ -55,21 +55,30 @@ pub enum AccessFormat {
 }
 
 /// What the access log keeps of a request from when it was read; made only when the access
-/// log is on.
+/// log is on. Every field's bytes sit in one buffer (one allocation per request, not one per
+/// field: at full load the allocator showed in the access log's cost).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Logged {
-    pub(crate) method: String,
+    text: Vec<u8>,
+    method: Span,
     /// The request target as the client sent it.
-    pub(crate) target: String,
-    pub(crate) host: Option<String>,
+    target: Span,
+    host: Option<Span>,
+    referer: Option<Span>,
+    user_agent: Option<Span>,
+    /// The user of a `Basic` `Authorization` header, as nginx's `$remote_user`.
+    user: Option<Span>,
+    /// The `X-Request-ID` sent upstream: the client's when usable, else a new one.
+    request_id: Span,
     /// `HTTP/1.0`, `HTTP/1.1` or `HTTP/2.0`, as nginx writes `$server_protocol`.
     pub(crate) protocol: &'static str,
-    pub(crate) referer: Option<Vec<u8>>,
-    pub(crate) user_agent: Option<Vec<u8>>,
-    /// The user name of a `Basic` `Authorization` header, as nginx's `$remote_user`.
-    pub(crate) user: Option<Vec<u8>>,
-    /// The `X-Request-ID` sent upstream: the client's when usable, else a new one.
-    pub(crate) request_id: String,
+}
+
+/// Where one field sits in [`Logged::text`].
+#[derive(Clone, Copy, Debug, Default)]
+struct Span {
+    start: usize,
+    end: usize,
 }
 
 impl Logged {
@@ -79,35 +88,120 @@ impl Logged {
         host: Option<&str>,
         protocol: &'static str,
         header: impl Fn(&str) -> Option<&'h [u8]>,
-        request_id: String,
+        request_id: &[u8],
     ) -> Self {
-        let owned = |name| header(name).map(<[u8]>::to_vec);
+        let referer = header("referer");
+        let user_agent = header("user-agent");
+        let authorization = header("authorization");
+        let size = [
+            Some(method.as_bytes()),
+            Some(target.as_bytes()),
+            host.map(str::as_bytes),
+            referer,
+            user_agent,
+            authorization,
+            Some(request_id),
+        ]
+        .iter()
+        .map(|field| field.map_or(0, <[u8]>::len))
+        .sum();
+        let mut text = Vec::with_capacity(size);
+        let mut keep = |bytes: &[u8]| {
+            let start = text.len();
+            text.extend_from_slice(bytes);
+            Span {
+                start,
+                end: text.len(),
+            }
+        };
+        let method = keep(method.as_bytes());
+        let target = keep(target.as_bytes());
+        let host = host.map(|host| keep(host.as_bytes()));
+        let referer = referer.map(&mut keep);
+        let user_agent = user_agent.map(&mut keep);
+        // Lossy, so that the field reads as a `str`; a usable id is printable ASCII anyway.
+        let request_id = keep(String::from_utf8_lossy(request_id).as_bytes());
+        let user = authorization.and_then(|value| basic_user(value, &mut text));
         Self {
-            method: method.to_string(),
-            target: target.to_string(),
-            host: host.map(str::to_string),
-            protocol,
-            referer: owned("referer"),
-            user_agent: owned("user-agent"),
-            user: header("authorization").and_then(basic_user),
+            text,
+            method,
+            target,
+            host,
+            referer,
+            user_agent,
+            user,
             request_id,
+            protocol,
         }
+    }
+
+    pub(crate) fn method(&self) -> &str {
+        self.str(self.method)
+    }
+
+    pub(crate) fn target(&self) -> &str {
+        self.str(self.target)
+    }
+
+    pub(crate) fn host(&self) -> Option<&str> {
+        self.host.map(|span| self.str(span))
+    }
+
+    pub(crate) fn request_id(&self) -> &str {
+        self.str(self.request_id)
+    }
+
+    fn referer(&self) -> Option<&[u8]> {
+        self.referer.map(|span| self.bytes(span))
+    }
+
+    fn user_agent(&self) -> Option<&[u8]> {
+        self.user_agent.map(|span| self.bytes(span))
+    }
+
+    fn user(&self) -> Option<&[u8]> {
+        self.user.map(|span| self.bytes(span))
+    }
+
+    fn bytes(&self, span: Span) -> &[u8] {
+        self.text.get(span.start..span.end).unwrap_or_default()
+    }
+
+    /// A field that was copied from a `str` (never the decoded user), so the fallback is
+    /// never taken.
+    fn str(&self, span: Span) -> &str {
+        std::str::from_utf8(self.bytes(span)).unwrap_or_default()
     }
 }
 
 /// The user of `Basic <base64(user:password)>`, as nginx reads `$remote_user`: whatever the
-/// route's authentication, and nothing when the header is not that.
-fn basic_user(value: &[u8]) -> Option<Vec<u8>> {
+/// route's authentication, and nothing when the header is not that. Decoded onto the end of
+/// `text`, and its place there.
+fn basic_user(value: &[u8], text: &mut Vec<u8>) -> Option<Span> {
     let (scheme, rest) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"basic ") {
         return None;
     }
-    let encoded = rest.trim_ascii();
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .ok()?;
-    let user = decoded.split(|b| *b == b':').next()?;
-    (!user.is_empty()).then(|| user.to_vec())
+    let start = text.len();
+    if base64::engine::general_purpose::STANDARD
+        .decode_vec(rest.trim_ascii(), text)
+        .is_err()
+    {
+        text.truncate(start);
+        return None;
+    }
+    let decoded = text.get(start..).unwrap_or_default();
+    let end = start
+        + decoded
+            .iter()
+            .position(|b| *b == b':')
+            .unwrap_or(decoded.len());
+    if end == start {
+        text.truncate(start);
+        return None;
+    }
+    text.truncate(end);
+    Some(Span { start, end })
 }
 
 /// ingress-nginx's name for a backend: `<namespace>-<service>-<port>`.
@@ -218,13 +312,13 @@ pub(crate) fn upstream_line(out: &mut Vec<u8>, l: &Line<'_>) {
     let mut numbers = itoa::Buffer::new();
     write_ip(out, l.client);
     out.extend_from_slice(b" - ");
-    escaped_or_dash(out, l.logged.user.as_deref());
+    escaped_or_dash(out, l.logged.user());
     out.extend_from_slice(b" [");
     out.extend_from_slice(&clock(l.now).local);
     out.extend_from_slice(b"] \"");
-    escape(out, l.logged.method.as_bytes());
+    escape(out, l.logged.method().as_bytes());
     out.push(b' ');
-    escape(out, l.logged.target.as_bytes());
+    escape(out, l.logged.target().as_bytes());
     out.push(b' ');
     out.extend_from_slice(l.logged.protocol.as_bytes());
     out.extend_from_slice(b"\" ");
@@ -232,9 +326,9 @@ pub(crate) fn upstream_line(out: &mut Vec<u8>, l: &Line<'_>) {
     out.push(b' ');
     out.extend_from_slice(numbers.format(meter.body_bytes_sent).as_bytes());
     out.extend_from_slice(b" \"");
-    escaped_or_dash(out, l.logged.referer.as_deref());
+    escaped_or_dash(out, l.logged.referer());
     out.extend_from_slice(b"\" \"");
-    escaped_or_dash(out, l.logged.user_agent.as_deref());
+    escaped_or_dash(out, l.logged.user_agent());
     out.extend_from_slice(b"\" ");
     out.extend_from_slice(numbers.format(meter.request_bytes).as_bytes());
     out.push(b' ');
@@ -278,7 +372,7 @@ pub(crate) fn upstream_line(out: &mut Vec<u8>, l: &Line<'_>) {
         }
         None => out.extend_from_slice(b"- - - - "),
     }
-    out.extend_from_slice(l.logged.request_id.as_bytes());
+    out.extend_from_slice(l.logged.request_id().as_bytes());
 }
 
 /// Appends the JSON access line to `out`, without the newline: the object tracing-subscriber's
@@ -301,13 +395,13 @@ pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
     out.extend_from_slice(b"Z\",\"level\":\"INFO\",\"client\":\"");
     write_ip(out, l.client);
     out.extend_from_slice(b"\",\"method\":");
-    json_str(out, &l.logged.method);
+    json_str(out, l.logged.method());
     out.extend_from_slice(b",\"host\":");
-    json_str(out, l.logged.host.as_deref().unwrap_or("-"));
+    json_str(out, l.logged.host().unwrap_or("-"));
     out.extend_from_slice(b",\"uri\":");
-    json_str(out, &l.logged.target);
+    json_str(out, l.logged.target());
     out.extend_from_slice(b",\"version\":\"");
-    let _ = write!(JsonText(out), "{:?}", l.version);
+    out.extend_from_slice(version_debug(l.version).as_bytes());
     out.extend_from_slice(b"\",\"status\":");
     out.extend_from_slice(numbers.format(l.status).as_bytes());
     out.extend_from_slice(b",\"duration_ms\":\"");
@@ -345,7 +439,7 @@ pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
     out.extend_from_slice(b"\",\"canary\":");
     out.extend_from_slice(if meter.canary { b"true" } else { b"false" });
     out.extend_from_slice(b",\"request_id\":");
-    json_str(out, &l.logged.request_id);
+    json_str(out, l.logged.request_id());
     out.extend_from_slice(b",\"error\":\"");
     match l.error {
         Some(error) => {
@@ -354,6 +448,19 @@ pub(crate) fn json_line(out: &mut Vec<u8>, l: &Line<'_>) {
         None => out.push(b'-'),
     }
     out.extend_from_slice(b"\",\"target\":\"access\"}");
+}
+
+/// `version` as its `Debug` form writes it (the text tracing's JSON lines carried), without
+/// the formatting machinery.
+fn version_debug(version: http::Version) -> &'static str {
+    match version {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_11 => "HTTP/1.1",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "-",
+    }
 }
 
 /// `value` as a JSON string, quoted.
@@ -502,18 +609,21 @@ fn escaped_or_dash(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
 /// nginx's `escape=default`: `"`, `\`, and bytes below 0x20 or above 0x7e as `\xHH`.
 fn escape(out: &mut Vec<u8>, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in bytes {
+    // Runs that need no escape (nearly every byte of a real line) are copied whole.
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
         if b == b'"' || b == b'\\' || !(0x20..=0x7e).contains(&b) {
+            out.extend_from_slice(&bytes[start..i]);
             out.extend_from_slice(&[
                 b'\\',
                 b'x',
                 HEX[usize::from(b >> 4)],
                 HEX[usize::from(b & 0xf)],
             ]);
-        } else {
-            out.push(b);
+            start = i + 1;
         }
     }
+    out.extend_from_slice(&bytes[start..]);
 }
 
 /// One second of wall-clock time, as the access lines write it.
@@ -604,6 +714,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn versions_are_written_as_debug_writes_them() {
+        for version in [
+            http::Version::HTTP_09,
+            http::Version::HTTP_10,
+            http::Version::HTTP_11,
+            http::Version::HTTP_2,
+            http::Version::HTTP_3,
+        ] {
+            assert_eq!(version_debug(version), format!("{version:?}"));
+        }
+    }
+
+    #[test]
     fn basic_user_is_read_as_nginx_reads_it() {
         let cases: &[(&[u8], Option<&[u8]>)] = &[
             (b"Basic YWxpY2U6c2VjcmV0", Some(b"alice")),
@@ -618,11 +741,29 @@ mod tests {
             (b"", None),
         ];
         for (header, want) in cases {
+            let headers = |name: &str| match name {
+                "authorization" => Some(*header),
+                "referer" => Some(&b"https://from.example/"[..]),
+                "user-agent" => Some(&b"curl/8"[..]),
+                _ => None,
+            };
+            let logged = Logged::new("GET", "/p?q", Some("h.example"), "HTTP/1.1", headers, b"id");
+            let context = String::from_utf8_lossy(header);
+            assert_eq!(logged.user(), *want, "{context:?}");
+            // The user is decoded into the same buffer as the rest: nothing else moves.
             assert_eq!(
-                basic_user(header).as_deref(),
-                *want,
-                "{:?}",
-                String::from_utf8_lossy(header)
+                (logged.method(), logged.target(), logged.host()),
+                ("GET", "/p?q", Some("h.example")),
+                "{context:?}"
+            );
+            assert_eq!(
+                (logged.referer(), logged.user_agent(), logged.request_id()),
+                (
+                    Some(&b"https://from.example/"[..]),
+                    Some(&b"curl/8"[..]),
+                    "id"
+                ),
+                "{context:?}"
             );
         }
     }
@@ -742,9 +883,9 @@ mod tests {
             tracing::info!(
                 target: "access",
                 client = %l.client,
-                method = logged.method,
-                host = logged.host.as_deref().unwrap_or("-"),
-                uri = logged.target,
+                method = logged.method(),
+                host = logged.host().unwrap_or("-"),
+                uri = logged.target(),
                 version = ?l.version,
                 status = l.status,
                 duration_ms = %format_args!("{:.3}", l.elapsed.as_secs_f64() * 1000.0),
@@ -758,7 +899,7 @@ mod tests {
                 ingress = "-",
                 service = "-",
                 canary = meter.canary,
-                request_id = logged.request_id,
+                request_id = logged.request_id(),
                 error = error,
             );
         });
@@ -768,22 +909,22 @@ mod tests {
 
     #[test]
     fn json_lines_are_the_objects_tracing_wrote() {
-        let hostile = Logged {
-            method: "GET".into(),
-            target: "/a\"b\\c\u{1}\u{7f}?q=</script>".into(),
-            host: Some("h\u{e9}st\r\n.example".into()),
-            protocol: "HTTP/1.1",
-            request_id: String::from_utf8_lossy(b"id\xff\"\n").into_owned(),
-            ..Logged::default()
-        };
-        let plain = Logged {
-            method: "POST".into(),
-            target: "/".into(),
-            host: None,
-            protocol: "HTTP/2.0",
-            request_id: "0123456789abcdef0123456789abcdef".into(),
-            ..Logged::default()
-        };
+        let hostile = Logged::new(
+            "GET",
+            "/a\"b\\c\u{1}\u{7f}?q=</script>",
+            Some("h\u{e9}st\r\n.example"),
+            "HTTP/1.1",
+            |_| None,
+            b"id\xff\"\n",
+        );
+        let plain = Logged::new(
+            "POST",
+            "/",
+            None,
+            "HTTP/2.0",
+            |_| None,
+            b"0123456789abcdef0123456789abcdef",
+        );
         let addr = PoolKey::Addr(([10, 1, 2, 3], 8080).into());
         let started = Instant::now();
         let answered = Meter {

@@ -76,7 +76,8 @@ fn ensure_logged(bench: &Bench, requests: u64) -> Result<()> {
 pub fn run(bench: &Bench) -> Result<()> {
     let url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
     let mut runs: Vec<Vec<(wrk::Load, f64)>> = vec![Vec::new(); CONFIGS.len()];
-    for round in 0..bench.rounds {
+    let rounds = bench.goal_rounds();
+    for round in 0..rounds {
         // Every other round runs the configurations backwards, so none is always measured
         // first (or last) when the shared machine's load drifts across a round.
         let mut order: Vec<usize> = (0..CONFIGS.len()).collect();
@@ -108,7 +109,7 @@ pub fn run(bench: &Bench) -> Result<()> {
     writeln!(
         bench.report,
         "\n## Access log and tracing cost: HTTP/1.1 keep-alive through ingress ({} connections, median of {} rounds)",
-        bench.connections, bench.rounds
+        bench.connections, rounds
     );
     writeln!(
         bench.report,

@@ -61,6 +61,13 @@ pub struct Bench {
 }
 
 impl Bench {
+    /// Rounds for a section whose goal is a ratio within a few percent of its line (policy,
+    /// logging): at least three, so the median is a middle run and one disturbed round on a
+    /// shared machine cannot decide it (with two, the median is their mean).
+    pub fn goal_rounds(&self) -> usize {
+        self.rounds.max(3)
+    }
+
     pub fn scratch(&self, name: &str) -> Result<PathBuf> {
         let path = self.dir.join(name);
         let _ = std::fs::remove_dir_all(&path);

@@ -287,7 +287,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     "HTTP/1.1"
                 },
                 |name| req.headers.header(name),
-                String::from_utf8_lossy(id).into_owned(),
+                id,
             )
         });
         let authority = req.authority.as_ref().map(|a| a.raw);
@@ -508,12 +508,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             body: BodyFraming::None,
             upgrade: None,
             bridged: None,
-            logged: self.proxy.settings.access_log.then(|| Logged {
-                method: "-".into(),
-                target: "-".into(),
-                protocol: "-",
-                request_id: String::from_utf8_lossy(&super::forward::new_request_id()).into_owned(),
-                ..Logged::default()
+            logged: self.proxy.settings.access_log.then(|| {
+                let id = super::forward::new_request_id();
+                Logged::new("-", "-", None, "-", |_| None, &id)
             }),
             // Not a method anyone sent: counted as `OTHER`.
             method: http::Method::from_bytes(b"-").unwrap_or_default(),
@@ -537,15 +534,22 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
         );
         let upgrade = prepared.upgrade.take();
         let own_headers = prepared.own_headers.take();
-        let (set_cookie, set_headers, edits, rewrite) = match &action {
-            Decision::Forward(forward) => (
+        // Moved out of the decision, which only the HTTP/2 bridge reads them from again.
+        let (set_cookie, set_headers, edits, rewrite) = match &mut action {
+            Decision::Forward(forward) if forward.wire == Wire::Http2 => (
                 forward.set_cookie.clone(),
                 forward.set_headers.clone(),
                 forward.response_headers.clone(),
                 forward.response_rewrite.clone(),
             ),
-            Decision::Preflight(set) => (None, set.clone(), None, None),
-            Decision::Deny(denial) => (None, denial.headers.clone(), None, None),
+            Decision::Forward(forward) => (
+                forward.set_cookie.take(),
+                std::mem::take(&mut forward.set_headers),
+                forward.response_headers.take(),
+                forward.response_rewrite.take(),
+            ),
+            Decision::Preflight(set) => (None, std::mem::take(set), None, None),
+            Decision::Deny(denial) => (None, std::mem::take(&mut denial.headers), None, None),
             _ => (None, Vec::new(), None, None),
         };
         // Authentication's edits of the request went into its head (`prepare`); its cookies

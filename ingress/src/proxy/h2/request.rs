@@ -711,8 +711,7 @@ fn logged(req: &mut Request<Incoming>) -> Logged {
     let headers = req.headers();
     let id = headers
         .get(&forward::X_REQUEST_ID)
-        .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned())
-        .unwrap_or_default();
+        .map_or(&b""[..], HeaderValue::as_bytes);
     let host = req.uri().host();
     Logged::new(
         req.method().as_str(),

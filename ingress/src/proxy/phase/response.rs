@@ -221,9 +221,9 @@ impl Proxy {
         tracing::info!(
             target: "access",
             client = %r.conn.peer.ip(),
-            method = logged.method,
-            host = logged.host.as_deref().unwrap_or("-"),
-            uri = logged.target,
+            method = logged.method(),
+            host = logged.host().unwrap_or("-"),
+            uri = logged.target(),
             version = ?r.version,
             status = r.status,
             duration_ms = %format_args!("{:.3}", r.elapsed.as_secs_f64() * 1000.0),
@@ -237,7 +237,7 @@ impl Proxy {
             ingress = r.route.map(|r| r.ingress.to_string()).as_deref().unwrap_or("-"),
             service = r.route.map(|r| r.backend.service.to_string()).as_deref().unwrap_or("-"),
             canary = r.meter.canary,
-            request_id = logged.request_id,
+            request_id = logged.request_id(),
             error = error,
         );
     }
