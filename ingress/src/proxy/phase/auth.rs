@@ -69,11 +69,11 @@ const CACHED_ANSWERS: usize = 10_000;
 pub(crate) struct Pending {
     authorization: Option<Vec<u8>>,
     /// For an auth service: the request, as its variables and headers need it.
-    external: Option<RequestFacts>,
+    external: Option<Arc<RequestFacts>>,
 }
 
 impl Pending {
-    pub(crate) fn of(headers: &dyn RequestHeaders, external: Option<RequestFacts>) -> Pending {
+    pub(crate) fn of(headers: &dyn RequestHeaders, external: Option<Arc<RequestFacts>>) -> Pending {
         Pending {
             authorization: headers.header("authorization").map(<[u8]>::to_vec),
             external,
@@ -101,7 +101,21 @@ pub(crate) struct RequestFacts {
     request_id: String,
 }
 
+/// The request's [`RequestFacts`], made the first time a phase needs them: the route's header
+/// templates, the auth subrequest and the own answers' `add-headers` all read the same ones.
+pub(crate) type SharedFacts = std::cell::OnceCell<Arc<RequestFacts>>;
+
 impl RequestFacts {
+    /// The facts in `shared`, made from the request first if no phase needed them yet.
+    pub(crate) fn shared<'s>(
+        shared: &'s SharedFacts,
+        conn: &ConnInfo,
+        request: &RequestView<'_, '_>,
+        target: &Target<'_>,
+    ) -> &'s Arc<RequestFacts> {
+        shared.get_or_init(|| Arc::new(RequestFacts::of(conn, request, target)))
+    }
+
     pub(crate) fn of(
         conn: &ConnInfo,
         request: &RequestView<'_, '_>,

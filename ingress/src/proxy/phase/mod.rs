@@ -333,7 +333,8 @@ impl Proxy {
         let snapshot = self.published.load();
         let own = conn.for_request(&snapshot.global.forwarded, request.headers);
         let client = own.as_deref().unwrap_or(conn);
-        let (target, route, decision, auth) = self.decide(&snapshot, client, request);
+        let facts = auth::SharedFacts::new();
+        let (target, route, decision, auth) = self.decide(&snapshot, client, request, &facts);
         // add-headers with variables, should the proxy answer this request itself (a 404, a
         // redirect, an upstream failure): made from the request as the client sent it, as
         // nginx's http-level more_set_headers makes them.
@@ -343,11 +344,11 @@ impl Proxy {
             .as_deref()
             .zip(target.as_ref())
             .and_then(|(templates, target)| {
-                let facts = auth::RequestFacts::of(client, &request, target);
+                let facts = auth::RequestFacts::shared(&facts, client, &request, target);
                 response::expand(
                     snapshot.global.own_response_headers.clone(),
                     templates,
-                    &facts,
+                    facts,
                 )
             });
         Phased {
@@ -366,6 +367,7 @@ impl Proxy {
         snapshot: &Snapshot,
         conn: &ConnInfo,
         request: RequestView<'_, 't>,
+        facts: &auth::SharedFacts,
     ) -> Decided<'t> {
         let RequestView {
             method,
@@ -522,16 +524,16 @@ impl Proxy {
                     let response_templates = route.policy.response.header_templates.as_deref();
                     let request_templates = route.policy.upstream.request_templates.as_deref();
                     if response_templates.is_some() || request_templates.is_some() {
-                        let facts = auth::RequestFacts::of(conn, &request, &target);
+                        let facts = auth::RequestFacts::shared(facts, conn, &request, &target);
                         forward.response_headers = response::expand(
                             forward.response_headers.take(),
                             response_templates.unwrap_or_default(),
-                            &facts,
+                            facts,
                         );
                         forward.request_headers = upstream::expand(
                             forward.request_headers.take(),
                             request_templates.unwrap_or_default(),
-                            &facts,
+                            facts,
                         );
                     }
                     forward.response_rewrite = response::rewrites(&route.policy.response);
@@ -553,13 +555,10 @@ impl Proxy {
         // them before its access phase.
         let auth = (authenticate && matches!(decision, Decision::Forward(_) | Decision::Fail(_)))
             .then(|| {
-                let external = route
-                    .policy
-                    .access
-                    .auth
-                    .external
-                    .is_some()
-                    .then(|| auth::RequestFacts::of(conn, &request, &target));
+                let external =
+                    route.policy.access.auth.external.is_some().then(|| {
+                        auth::RequestFacts::shared(facts, conn, &request, &target).clone()
+                    });
                 auth::Pending::of(headers, external)
             });
         // A request `satisfy any` let in by its address is not checked, but its location's
