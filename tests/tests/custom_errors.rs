@@ -423,3 +423,74 @@ fn without_an_error_backend_the_list_is_reported_and_has_no_effect() {
         );
     }
 }
+
+/// A HEAD request's page carries the error backend's `Content-Length` when it is one number;
+/// a value that is not (letters, a sign, a list, an overflow), or none, is not passed on and
+/// not made up (a 0 would lie about the GET's body): the head has no `Content-Length`, and the
+/// connection carries the next request.
+#[test]
+fn a_head_page_never_passes_on_a_broken_length() {
+    let web = Backend::start("web");
+    let errors = ingress_tests::scripted::Scripted::start(|seen| {
+        let wanted = seen
+            .header("x-original-uri")
+            .and_then(|uri| uri.split_once("len="))
+            .map_or("17", |(_, len)| len)
+            .replace("%20", " ");
+        let length = if wanted == "none" {
+            String::new()
+        } else {
+            format!("Content-Length: {wanted}\r\n")
+        };
+        ingress_tests::scripted::Answer::Bytes(
+            format!("HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\n{length}\r\n")
+                .into_bytes(),
+        )
+    });
+    let dir = Scratch::new("custom-errors-head-length");
+    let manifests = [
+        service("t", "web", &[&web]),
+        service_at("t", "errors", &[errors.addr]),
+        annotated_ingress(
+            "t",
+            "pages",
+            1,
+            &[("custom-http-errors", "404"), ("default-backend", "errors")],
+            &[("pages.test", "/", "Prefix", "web")],
+        ),
+    ]
+    .concat();
+    dir.write("all.yaml", &manifests);
+    let ingress = Ingress::start(dir.path());
+    let mut conn = RawConn::connect(ingress.http);
+    conn.send(b"HEAD /h?status=404&len=17 HTTP/1.1\r\nHost: pages.test\r\n\r\n");
+    let head = conn.reply_to_head();
+    assert_eq!(
+        (head.status, head.header("content-length")),
+        (404, Some("17")),
+        "{head:?}"
+    );
+    for broken in [
+        "abc",
+        "-1",
+        "+17",
+        "17,%2018",
+        "99999999999999999999999",
+        "0x11",
+        "none",
+    ] {
+        let request =
+            format!("HEAD /h?status=404&len={broken} HTTP/1.1\r\nHost: pages.test\r\n\r\n");
+        conn.send(request.as_bytes());
+        let head = conn.reply_to_head();
+        assert_eq!(head.status, 404, "{broken}: {head:?}");
+        assert_eq!(head.header("content-length"), None, "{broken}: {head:?}");
+        assert!(head.body.is_empty(), "{broken}: {head:?}");
+        let ok = conn.exchange(b"GET /b HTTP/1.1\r\nHost: pages.test\r\n\r\n");
+        assert_eq!(
+            (ok.status, ok.echo().backend.as_str()),
+            (200, "web"),
+            "after {broken}"
+        );
+    }
+}

@@ -20,8 +20,10 @@ pub fn status(code: StatusCode) -> Response<ProxyBody> {
 
 /// The error backend's page (`custom-http-errors`): its status, `Content-Type` and body.
 pub(crate) fn page(page: crate::proxy::phase::error_page::Page) -> Response<ProxyBody> {
-    // A HEAD page has no body but says the length the backend announced.
-    let announced = (page.length != page.body.len() as u64).then_some(page.length);
+    // A HEAD page has no body but says the length the backend announced, if it did.
+    let announced = page
+        .length
+        .filter(|length| *length != page.body.len() as u64);
     let mut response = Response::new(Either::Right(Either::Right(Full::new(page.body))));
     *response.status_mut() = page.status;
     if let Some(length) = announced {

@@ -460,8 +460,6 @@ pub(crate) fn write_page(
             code.as_str().as_bytes(),
             b" ",
             code.canonical_reason().unwrap_or("").as_bytes(),
-            b"\r\ncontent-length: ",
-            itoa::Buffer::new().format(page.length).as_bytes(),
             b"\r\nserver: ",
             ctx.server,
             b"\r\ndate: ",
@@ -469,6 +467,18 @@ pub(crate) fn write_page(
             b"\r\n",
         ],
     );
+    // Only a HEAD page can lack one: its response has no body to frame.
+    if let Some(length) = page.length {
+        let mut digits = itoa::Buffer::new();
+        push(
+            out,
+            &[
+                b"content-length: ",
+                digits.format(length).as_bytes(),
+                b"\r\n",
+            ],
+        );
+    }
     if let Some(content_type) = &page.content_type {
         push(out, &[b"content-type: ", content_type.as_bytes(), b"\r\n"]);
     }

@@ -132,8 +132,10 @@ pub(crate) struct Page {
     pub(crate) content_type: Option<HeaderValue>,
     pub(crate) body: Bytes,
     /// Its `Content-Length`: the body's, or for HEAD (no body) the one the backend announced,
-    /// as nginx passes it on.
-    pub(crate) length: u64,
+    /// as nginx passes it on; `None` (no `Content-Length` at all) when a HEAD page's backend
+    /// announced none, or something that is not one number: a length it would not stand by is
+    /// not passed on, and an invented one (0) would be a lie about the GET's body.
+    pub(crate) length: Option<u64>,
 }
 
 /// A connection to an error backend, ready for a page request.
@@ -232,14 +234,16 @@ async fn ask_on(
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
+        // Digits only: `u64::from_str` would take a leading `+`.
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|v| v.parse::<u64>().ok());
     let page = Page {
         status: parts.status,
         content_type: parts.headers.get(header::CONTENT_TYPE).cloned(),
         length: if request.head {
-            announced.unwrap_or(0)
+            announced
         } else {
-            body.len() as u64
+            Some(body.len() as u64)
         },
         body: if request.head { Bytes::new() } else { body },
     };
