@@ -8,22 +8,20 @@
 //!   reused fewer than auth-keepalive-requests times, room in the idle list ── back ──────┘
 //! ```
 //!
-//! A request body is never sent (nginx's `proxy_pass_request_body off`), so the request type
-//! is `Empty`, and the pools of `pool.rs` (built around a client's streamed body) do not fit;
-//! what is shared is how a connection is made. TLS to an auth service is nginx's default for
+//! A request body is never sent (nginx's `proxy_pass_request_body off`): the idle connections
+//! are `kept.rs`'s, shared with the error pages; what is shared with the upstream pools is how
+//! a connection is made. TLS to an auth service is nginx's default for
 //! the auth location: SNI on, the certificate not verified.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 
 use super::connect::{Connectors, PoolKey, Transport};
+use super::kept::{self, Kept, Sender};
 use super::upstream::UpstreamError;
 use crate::snapshot::annotations::auth::Keepalive;
 use crate::snapshot::backend::ExternalName;
@@ -44,13 +42,7 @@ pub struct Endpoint {
 /// Connections to auth services, with the idle ones `auth-keepalive` keeps.
 pub struct AuthClient {
     connectors: Arc<Connectors>,
-    idle: Mutex<HashMap<Endpoint, Vec<Idle>>>,
-}
-
-struct Idle {
-    sender: http1::SendRequest<Empty<Bytes>>,
-    since: Instant,
-    used: u32,
+    idle: Kept<Endpoint>,
 }
 
 /// How long each step may take.
@@ -64,7 +56,7 @@ impl AuthClient {
     pub fn new(connectors: Arc<Connectors>) -> Self {
         Self {
             connectors,
-            idle: Mutex::new(HashMap::new()),
+            idle: Kept::default(),
         }
     }
 
@@ -84,10 +76,13 @@ impl AuthClient {
         // is not retried after that.
         let read = timeouts.read;
         let timed_out = || UpstreamError::ResponseTimeout(read);
-        if let Some(idle) = self.checkout(endpoint, keepalive) {
+        if let Some(idle) = self.idle.checkout(endpoint, keepalive) {
             match tokio::time::timeout(read, Self::exchange(idle.sender, make())).await {
                 Ok(Ok((parts, sender))) => {
-                    self.checkin(endpoint, sender, idle.used + 1, keepalive);
+                    if let Some(sender) = sender {
+                        self.idle
+                            .checkin(endpoint, sender, idle.used + 1, keepalive);
+                    }
                     return Ok(parts);
                 }
                 Ok(Err(err)) => {
@@ -100,20 +95,16 @@ impl AuthClient {
         let (parts, sender) = tokio::time::timeout(read, Self::exchange(sender, make()))
             .await
             .map_err(|_| timed_out())??;
-        self.checkin(endpoint, sender, 1, keepalive);
+        if let Some(sender) = sender {
+            self.idle.checkin(endpoint, sender, 1, keepalive);
+        }
         Ok(parts)
     }
 
     async fn exchange(
-        mut sender: http1::SendRequest<Empty<Bytes>>,
+        mut sender: Sender,
         request: Request<Empty<Bytes>>,
-    ) -> Result<
-        (
-            http::response::Parts,
-            Option<http1::SendRequest<Empty<Bytes>>>,
-        ),
-        UpstreamError,
-    > {
+    ) -> Result<(http::response::Parts, Option<Sender>), UpstreamError> {
         sender.ready().await.map_err(UpstreamError::from_hyper)?;
         let response: Response<hyper::body::Incoming> = sender
             .send_request(request)
@@ -131,7 +122,7 @@ impl AuthClient {
         endpoint: &Endpoint,
         name: &ExternalName,
         timeout: Duration,
-    ) -> Result<http1::SendRequest<Empty<Bytes>>, UpstreamError> {
+    ) -> Result<Sender, UpstreamError> {
         let key = PoolKey::Name(Arc::new(name.clone()));
         let transport = if endpoint.https {
             Transport::Tls(Arc::new(UpstreamTls {
@@ -146,51 +137,8 @@ impl AuthClient {
             .connectors
             .open(&key, &transport, Wire::Http1, timeout)
             .await?;
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        kept::handshake(stream, "auth service")
             .await
-            .map_err(UpstreamError::from_hyper)?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "auth service connection ended");
-            }
-        });
-        Ok(sender)
-    }
-
-    fn checkout(&self, endpoint: &Endpoint, keepalive: Keepalive) -> Option<Idle> {
-        if keepalive.connections == 0 {
-            return None;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(endpoint)?;
-        while let Some(conn) = list.pop() {
-            if conn.since.elapsed() < keepalive.timeout && !conn.sender.is_closed() {
-                return Some(conn);
-            }
-        }
-        None
-    }
-
-    fn checkin(
-        &self,
-        endpoint: &Endpoint,
-        sender: Option<http1::SendRequest<Empty<Bytes>>>,
-        used: u32,
-        keepalive: Keepalive,
-    ) {
-        let Some(sender) = sender else { return };
-        if keepalive.connections == 0 || used >= keepalive.requests || sender.is_closed() {
-            return;
-        }
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(endpoint.clone()).or_default();
-        list.retain(|c| c.since.elapsed() < keepalive.timeout && !c.sender.is_closed());
-        if list.len() < keepalive.connections {
-            list.push(Idle {
-                sender,
-                since: Instant::now(),
-                used,
-            });
-        }
+            .map_err(UpstreamError::from_hyper)
     }
 }

@@ -26,6 +26,7 @@ pub mod forward;
 pub mod h1;
 pub mod h2;
 pub mod idle;
+pub mod kept;
 pub mod listener;
 pub mod log_lines;
 pub mod metrics;

@@ -362,6 +362,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     .clone(),
                 connect: global.timeouts.connect,
                 read: global.timeouts.read,
+                keepalive: error_page::keepalive(&global.keepalive),
             })
         });
         let decision = proxy.authorize(route.as_ref(), auth, decision).await;

@@ -320,6 +320,7 @@ impl Proxy {
                 client: client.client.client_ip.clone(),
                 connect: global.timeouts.connect,
                 read: global.timeouts.read,
+                keepalive: error_page::keepalive(&global.keepalive),
             }
         });
         let pageable = matches!(decision, Decision::Respond(_) | Decision::Fail(_));

@@ -19,25 +19,23 @@
 //! whose code was listed is not read: its connection is closed (HTTP/1.1) or its stream reset
 //! (HTTP/2) by the caller dropping it.
 //!
-//! Connections to the error backend are kept alive for the next page ([`PagePool`]), as
-//! ingress-nginx keeps its upstreams': a connection per page left a TIME_WAIT socket on the
+//! Connections to the error backend are kept alive for the next page ([`PagePool`], `kept.rs`),
+//! as ingress-nginx keeps its upstreams': a connection per page left a TIME_WAIT socket on the
 //! proxy per error, and a flood of 404s could use up its ports.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, StatusCode, header};
 use http_body_util::{BodyExt, Empty, Limited};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 
 use crate::proxy::connect;
+use crate::proxy::kept::{self, Keepalive, Kept, Sender};
 use crate::proxy::pool::PoolKey;
 use crate::snapshot::Route;
 use crate::snapshot::backend::{Backend, Target};
-use crate::snapshot::global::GlobalSettings;
+use crate::snapshot::global::{GlobalSettings, UpstreamKeepalive};
 use crate::snapshot::policy::Balance;
 
 /// The largest page read from the error backend; a larger one is not used (the proxy's own
@@ -118,6 +116,8 @@ pub(crate) struct ErrorRequest {
     /// ingress-nginx's error locations inherit them: the page must come within both.
     pub(crate) connect: Duration,
     pub(crate) read: Duration,
+    /// How the connection the page came on is kept for the next one ([`keepalive`]).
+    pub(crate) keepalive: Keepalive,
 }
 
 /// Marks a response that is an error page replacing the upstream's (HTTP/2 path): the
@@ -138,33 +138,18 @@ pub(crate) struct Page {
     pub(crate) length: Option<u64>,
 }
 
-/// A connection to an error backend, ready for a page request.
-type Sender = http1::SendRequest<Empty<Bytes>>;
-
-/// The most idle connections kept per error backend endpoint.
-const IDLE_PER_ENDPOINT: usize = 32;
-
 /// Idle connections to error backends, by endpoint: runtime state of the proxy, kept across
-/// snapshots (a connection the backend closed is dropped when next looked at).
-#[derive(Default)]
-pub(crate) struct PagePool {
-    idle: Mutex<HashMap<PoolKey, Vec<Sender>>>,
-}
+/// snapshots.
+pub(crate) type PagePool = Kept<PoolKey>;
 
-impl PagePool {
-    fn take(&self, key: &PoolKey) -> Option<Sender> {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = idle.get_mut(key)?;
-        std::iter::from_fn(|| list.pop()).find(|sender| !sender.is_closed())
-    }
-
-    fn keep(&self, key: PoolKey, sender: Sender) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        let list = idle.entry(key).or_default();
-        list.retain(|kept| !kept.is_closed());
-        if list.len() < IDLE_PER_ENDPOINT && !sender.is_closed() {
-            list.push(sender);
-        }
+/// How connections to an error backend are kept: as the upstreams' (ingress-nginx's error
+/// backend is one of its upstreams), by the ConfigMap's `upstream-keepalive-connections` and
+/// `-timeout`, however many requests they carried.
+pub(crate) fn keepalive(upstreams: &UpstreamKeepalive) -> Keepalive {
+    Keepalive {
+        connections: upstreams.max_idle,
+        requests: u32::MAX,
+        timeout: upstreams.idle_timeout,
     }
 }
 
@@ -185,24 +170,16 @@ pub(crate) async fn fetch(
     };
     let ask = async {
         // A kept connection the backend has just closed fails before it answers.
-        if let Some(sender) = pool.take(&key)
-            && let Some((page, sender)) = ask_on(sender, request, code).await
+        if let Some(idle) = pool.checkout(&key, request.keepalive)
+            && let Some((page, sender)) = ask_on(idle.sender, request, code).await
         {
-            pool.keep(key, sender);
+            pool.checkin(&key, sender, idle.used + 1, request.keepalive);
             return Some(page);
         }
         let stream = connect::open(&key, connect).await.ok()?;
-        let (sender, connection) = http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-            .await
-            .ok()?;
-        // Driven until the backend closes it or the pool lets its sender go.
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!(%err, "error backend connection ended");
-            }
-        });
+        let sender = kept::handshake(stream, "error backend").await.ok()?;
         let (page, sender) = ask_on(sender, request, code).await?;
-        pool.keep(key, sender);
+        pool.checkin(&key, sender, 1, request.keepalive);
         Some(page)
     };
     let page = tokio::time::timeout(read + connect, ask)
