@@ -50,6 +50,15 @@ pub fn ingress(namespace: &str, name: &str, rules: &[(&str, &str, &str, &str)]) 
     out
 }
 
+/// `ingress` (YAML from [`ingress`]) with a `tls` section serving `host` with the Secret
+/// `secret`.
+pub fn with_tls(ingress: &str, host: &str, secret: &str) -> String {
+    ingress.replace(
+        "  rules:\n",
+        &format!("  tls: [{{hosts: [{host}], secretName: {secret}}}]\n  rules:\n"),
+    )
+}
+
 /// An Ingress like [`ingress`], created at `day` of January 2024 (older wins conflicts), with
 /// `annotations` given by their ingress-nginx name (the `nginx.ingress.kubernetes.io/` prefix
 /// is added).

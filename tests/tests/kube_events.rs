@@ -9,12 +9,11 @@ mod kube_support;
 use std::time::Duration;
 
 use ingress_tests::client;
-use ingress_tests::manifests::{ingress, service};
+use ingress_tests::manifests::{ingress, service, with_tls};
 use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
-use ingress_tests::process::Ingress;
 use ingress_tests::upstream::Backend;
 use kube_support::{
-    CLASS, Cluster, TIMEOUT, eventually, metric, tail, wait_ready, wait_routed, who,
+    CLASS, Cluster, TIMEOUT, eventually, metric, wait_leading, wait_ready, wait_routed,
 };
 use serde_json::Value;
 
@@ -32,13 +31,6 @@ const CASES: &[(&str, &str, &str)] = &[
     ("bad-regex", "InvalidRegex", "(unclosed"),
     ("conflict-b", "ConflictingRule", "conflict-a"),
 ];
-
-fn with_tls(yaml: String, host: &str, secret: &str) -> String {
-    yaml.replace(
-        "  rules:\n",
-        &format!("  tls: [{{hosts: [{host}], secretName: {secret}}}]\n  rules:\n"),
-    )
-}
 
 fn manifests(web: &Backend) -> String {
     let ca = Ca::new("events CA");
@@ -73,7 +65,7 @@ fn manifests(web: &Backend) -> String {
     )
     .replace("number: 80", "number: 8080");
     yaml += &with_tls(
-        ingress(
+        &ingress(
             "app",
             "missing-secret",
             &[("missing-secret.example.com", "/", "Prefix", "web")],
@@ -82,7 +74,7 @@ fn manifests(web: &Backend) -> String {
         "absent-tls",
     );
     yaml += &with_tls(
-        ingress(
+        &ingress(
             "app",
             "garbage-secret",
             &[("garbage.example.com", "/", "Prefix", "web")],
@@ -91,7 +83,7 @@ fn manifests(web: &Backend) -> String {
         "garbage-tls",
     );
     yaml += &with_tls(
-        ingress(
+        &ingress(
             "app",
             "mismatched-secret",
             &[("mismatched.example.com", "/", "Prefix", "web")],
@@ -159,17 +151,6 @@ async fn described_with(cluster: &Cluster, name: &str, wanted: &[&str]) -> Strin
     .await
 }
 
-async fn leads(proc: &Ingress) {
-    eventually("leadership", TIMEOUT, async || {
-        if metric(proc, "ingress_leader", &[]).await == Some(1.0) {
-            Ok(())
-        } else {
-            Err(tail(&proc.logs()))
-        }
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn diagnostics_become_deduplicated_warning_events() {
     let web = Backend::start("web");
@@ -183,17 +164,7 @@ async fn diagnostics_become_deduplicated_warning_events() {
             &[("conflict.example.com", "/", "Prefix", "web")],
         ))
         .await;
-    let proc = cluster
-        .ingress()
-        .args([
-            "--pod-name",
-            "first",
-            "--publish-address",
-            "192.0.2.1",
-            "--lease-duration",
-            "2s",
-        ])
-        .start();
+    let proc = cluster.instance("first", "192.0.2.1", "2s").start();
     wait_ready(&proc).await;
     for (name, reason, fragment) in CASES {
         let shown = described_with(&cluster, name, &["Warning", reason, fragment]).await;
@@ -235,15 +206,8 @@ async fn diagnostics_become_deduplicated_warning_events() {
         )
         .await;
     }
-    eventually(
-        "status of the last new Ingress (the reporter caught up)",
-        TIMEOUT,
-        async || {
-            let a = cluster.address("app", "fine-3").await;
-            if a == "192.0.2.1" { Ok(()) } else { Err(a) }
-        },
-    )
-    .await;
+    // The status of the last new Ingress: the reporter caught up.
+    cluster.wait_address("app", "fine-3", "192.0.2.1").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         events(&cluster).await,
@@ -264,15 +228,13 @@ async fn diagnostics_become_deduplicated_warning_events() {
     cluster
         .ok(&["delete", "service", "nope", "-n", "app"])
         .await;
-    eventually("503 again", TIMEOUT, async || {
-        match who(&http, &proc, "missing-service.example.com", "/")
-            .await
-            .as_str()
-        {
-            "<503>" => Ok(()),
-            other => Err(other.to_string()),
-        }
-    })
+    wait_routed(
+        &http,
+        &proc,
+        "missing-service.example.com",
+        "<503>",
+        TIMEOUT,
+    )
     .await;
     described_with(
         &cluster,
@@ -293,26 +255,12 @@ async fn diagnostics_become_deduplicated_warning_events() {
 
     // A restart (a new process, another identity) finds its Events already there.
     drop(proc);
-    let second = cluster
-        .ingress()
-        .args([
-            "--pod-name",
-            "second",
-            "--publish-address",
-            "192.0.2.1",
-            "--lease-duration",
-            "2s",
-        ])
-        .start();
+    let second = cluster.instance("second", "192.0.2.1", "2s").start();
     wait_ready(&second).await;
-    leads(&second).await;
+    wait_leading(&second, true).await;
     let posts = || {
-        cluster.controller_requests(|r| {
-            r.method == "POST"
-                && r.path == "/apis/events.k8s.io/v1/namespaces/app/events"
-                && r.user_agent
-                    .as_deref()
-                    .is_some_and(|u| u.contains("(second)"))
+        cluster.requests_by("second", |r| {
+            r.method == "POST" && r.path == "/apis/events.k8s.io/v1/namespaces/app/events"
         })
     };
     eventually(
@@ -363,7 +311,7 @@ async fn only_the_leader_publishes_events() {
         .args(["--pod-name", "leader", "--lease-duration", "15s"])
         .start();
     wait_ready(&leader).await;
-    leads(&leader).await;
+    wait_leading(&leader, true).await;
     let follower = cluster
         .ingress()
         .args(["--pod-name", "follower", "--lease-duration", "15s"])
@@ -382,15 +330,8 @@ async fn only_the_leader_publishes_events() {
         .await;
     described_with(&cluster, "missing-port", &["ServicePortNotFound", "8080"]).await;
     assert_eq!(metric(&follower, "ingress_leader", &[]).await, Some(0.0));
-    let by = |who: &'static str| {
-        cluster.controller_requests(move |r| {
-            r.path.contains("/events")
-                && r.method != "GET"
-                && r.user_agent
-                    .as_deref()
-                    .is_some_and(|u| u.contains(&format!("({who})")))
-        })
-    };
+    let by =
+        |who: &str| cluster.requests_by(who, |r| r.path.contains("/events") && r.method != "GET");
     assert_eq!(by("leader").len(), 2, "{:?}", by("leader"));
     assert!(by("follower").is_empty(), "{:?}", by("follower"));
 }

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use ingress_tests::apiserver::RestartOptions;
 use ingress_tests::client;
 use ingress_tests::manifests::{ingress, service};
+use ingress_tests::process::Ingress;
 use ingress_tests::upstream::Backend;
 use kube_support::{
-    CLASS, Cluster, TIMEOUT, Traffic, admin_get, eventually, metric, status_writes, tail,
-    unexpected, wait_ready, wait_routed, who,
+    CLASS, Cluster, TIMEOUT, Traffic, admin_get, assert_answered_by, eventually, metric,
+    status_writes, tail, wait_leading, wait_ready, wait_routed, web_ingress, web_site, who,
 };
 
 const KINDS: [&str; 6] = [
@@ -26,7 +27,7 @@ const KINDS: [&str; 6] = [
     "ConfigMap",
 ];
 
-async fn total_watch_errors(proc: &ingress_tests::process::Ingress) -> f64 {
+async fn total_watch_errors(proc: &Ingress) -> f64 {
     let mut sum = 0.0;
     for kind in KINDS {
         sum += metric(proc, "ingress_kube_watch_errors_total", &[("kind", kind)])
@@ -36,6 +37,19 @@ async fn total_watch_errors(proc: &ingress_tests::process::Ingress) -> f64 {
     sum
 }
 
+/// Waits until at least `at_least` watch errors were counted, over all kinds.
+async fn wait_watch_errors(proc: &Ingress, at_least: f64) {
+    eventually("watch errors counted", TIMEOUT, async || {
+        let errors = total_watch_errors(proc).await;
+        if errors >= at_least {
+            Ok(())
+        } else {
+            Err(format!("{errors} of {at_least}\n{}", tail(&proc.logs())))
+        }
+    })
+    .await;
+}
+
 /// Lists (not watches) of Ingresses the controller made so far.
 fn ingress_lists(cluster: &Cluster) -> usize {
     cluster
@@ -43,6 +57,43 @@ fn ingress_lists(cluster: &Cluster) -> usize {
             r.method == "GET" && r.path.ends_with("/ingresses") && !r.is_watch()
         })
         .len()
+}
+
+/// Waits until the controller lists Ingresses again: more than the `lists` counted before.
+async fn wait_relisted(cluster: &Cluster, proc: &Ingress, lists: usize, what: &str) {
+    eventually(what, TIMEOUT, async || {
+        if ingress_lists(cluster) > lists {
+            Ok(())
+        } else {
+            Err(tail(&proc.logs()))
+        }
+    })
+    .await;
+}
+
+/// When the controller last synced `kind` from the API (Unix seconds).
+async fn last_sync(proc: &Ingress, kind: &str) -> Option<f64> {
+    metric(
+        proc,
+        "ingress_kube_last_sync_timestamp_seconds",
+        &[("kind", kind)],
+    )
+    .await
+}
+
+/// The Services `web-a` on `a` and `web-b` on `b`, and the Ingress `app/web` routing
+/// `web.example.com` to `web-a`: a route that a test can move (to `web-b`) and tell which way
+/// each request went.
+fn a_and_b(a: &Backend, b: &Backend) -> String {
+    CLASS.to_string()
+        + &service("app", "web-a", &[a])
+        + &service("app", "web-b", &[b])
+        + &web_routed_to("web-a")
+}
+
+/// The Ingress `app/web` routing `web.example.com` to `service`.
+fn web_routed_to(service: &str) -> String {
+    ingress("app", "web", &[("web.example.com", "/", "Prefix", service)])
 }
 
 fn unix_now() -> f64 {
@@ -58,24 +109,10 @@ fn unix_now() -> f64 {
 async fn unreachable_at_start_then_ready_after_first_sync() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
-        )
-        .await;
+    cluster.apply(&web_site(&web)).await;
     cluster.server.stop().await;
     let proc = cluster.ingress().start();
-    eventually("watch errors counted", TIMEOUT, async || {
-        let errors = total_watch_errors(&proc).await;
-        if errors >= 5.0 {
-            Ok(())
-        } else {
-            Err(format!("{errors}\n{}", tail(&proc.logs())))
-        }
-    })
-    .await;
+    wait_watch_errors(&proc, 5.0).await;
     // Nothing is answered from a configuration that is not loaded: the proxy's ports stay
     // closed (a client is refused, not told 404) and readiness says why.
     let http = client::http1();
@@ -108,13 +145,7 @@ async fn unreachable_at_start_then_ready_after_first_sync() {
     );
     assert_eq!(who(&http, &proc, "web.example.com", "/").await, "web");
     for kind in KINDS {
-        let synced = metric(
-            &proc,
-            "ingress_kube_last_sync_timestamp_seconds",
-            &[("kind", kind)],
-        )
-        .await
-        .unwrap_or(0.0);
+        let synced = last_sync(&proc, kind).await.unwrap_or(0.0);
         assert!(unix_now() - synced < 60.0, "{kind} last sync {synced}");
     }
 }
@@ -125,10 +156,7 @@ async fn unreachable_at_start_then_ready_after_first_sync() {
 async fn expired_and_dropped_watches_relist_without_a_gap() {
     let (a, b) = (Backend::start("a"), Backend::start("b"));
     let cluster = Cluster::start().await;
-    let mut yaml =
-        CLASS.to_string() + &service("app", "web-a", &[&a]) + &service("app", "web-b", &[&b]);
-    yaml += &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web-a")]);
-    cluster.apply(&yaml).await;
+    cluster.apply(&a_and_b(&a, &b)).await;
     let proc = cluster.ingress().start();
     wait_ready(&proc).await;
     let traffic = Traffic::start(&proc, "web.example.com", Duration::from_secs(120));
@@ -140,31 +168,10 @@ async fn expired_and_dropped_watches_relist_without_a_gap() {
         cluster.server.faults().drop_watches();
         if round == 1 {
             // A change made while the watches are down arrives through the relist.
-            cluster
-                .apply(&ingress(
-                    "app",
-                    "web",
-                    &[("web.example.com", "/", "Prefix", "web-b")],
-                ))
-                .await;
+            cluster.apply(&web_routed_to("web-b")).await;
         }
-        eventually("Ingresses relisted", TIMEOUT, async || {
-            if ingress_lists(&cluster) > lists {
-                Ok(())
-            } else {
-                Err(tail(&proc.logs()))
-            }
-        })
-        .await;
-        eventually("watch errors counted", TIMEOUT, async || {
-            let now = total_watch_errors(&proc).await;
-            if now >= errors + 6.0 {
-                Ok(())
-            } else {
-                Err(format!("{errors} -> {now}"))
-            }
-        })
-        .await;
+        wait_relisted(&cluster, &proc, lists, "Ingresses relisted").await;
+        wait_watch_errors(&proc, errors + 6.0).await;
         traffic.wait_more(50).await;
     }
     let http = client::http1();
@@ -181,21 +188,10 @@ async fn expired_and_dropped_watches_relist_without_a_gap() {
         })
         .await
         .unwrap();
-    eventually("relist after restart", TIMEOUT, async || {
-        if ingress_lists(&cluster) > lists {
-            Ok(())
-        } else {
-            Err(tail(&proc.logs()))
-        }
-    })
-    .await;
+    wait_relisted(&cluster, &proc, lists, "relist after restart").await;
     traffic.wait_more(50).await;
     let answers = traffic.stop().await;
-    assert!(
-        unexpected(&answers, &["a", "b"]).is_empty(),
-        "requests missed their route: {:?}",
-        unexpected(&answers, &["a", "b"])
-    );
+    assert_answered_by(&answers, &["a", "b"], "requests missed their route");
     assert_eq!(admin_get(&proc, "/readyz").await.0, 200);
 }
 
@@ -205,30 +201,14 @@ async fn expired_and_dropped_watches_relist_without_a_gap() {
 async fn api_server_down_mid_run_keeps_serving() {
     let (a, b) = (Backend::start("a"), Backend::start("b"));
     let cluster = Cluster::start().await;
-    let mut yaml =
-        CLASS.to_string() + &service("app", "web-a", &[&a]) + &service("app", "web-b", &[&b]);
-    yaml += &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web-a")]);
-    cluster.apply(&yaml).await;
+    cluster.apply(&a_and_b(&a, &b)).await;
     let proc = cluster
         .ingress()
         .args(["--publish-address", "192.0.2.5", "--lease-duration", "3s"])
         .start();
     wait_ready(&proc).await;
-    eventually("leading", TIMEOUT, async || {
-        if metric(&proc, "ingress_leader", &[]).await == Some(1.0) {
-            Ok(())
-        } else {
-            Err("not leading".to_string())
-        }
-    })
-    .await;
-    let synced_before = metric(
-        &proc,
-        "ingress_kube_last_sync_timestamp_seconds",
-        &[("kind", "Ingress")],
-    )
-    .await
-    .unwrap();
+    wait_leading(&proc, true).await;
+    let synced_before = last_sync(&proc, "Ingress").await.unwrap();
     let traffic = Traffic::start(&proc, "web.example.com", Duration::from_secs(120));
     traffic.wait_more(50).await;
 
@@ -249,51 +229,21 @@ async fn api_server_down_mid_run_keeps_serving() {
         "watch errors while down"
     );
     // Leadership lapses at the renew deadline (2 s of a 3 s Lease); serving does not.
-    eventually("leadership lapsed", TIMEOUT, async || {
-        if metric(&proc, "ingress_leader", &[]).await == Some(0.0) {
-            Ok(())
-        } else {
-            Err("leading".to_string())
-        }
-    })
-    .await;
+    wait_leading(&proc, false).await;
 
     cluster.server.resume().await.unwrap();
-    cluster
-        .apply(&ingress(
-            "app",
-            "web",
-            &[("web.example.com", "/", "Prefix", "web-b")],
-        ))
-        .await;
+    cluster.apply(&web_routed_to("web-b")).await;
     let http = client::http1();
     wait_routed(&http, &proc, "web.example.com", "b", TIMEOUT).await;
     traffic.wait_more(20).await;
     let answers = traffic.stop().await;
-    assert!(
-        unexpected(&answers, &["a", "b"]).is_empty(),
-        "failed requests: {:?}",
-        unexpected(&answers, &["a", "b"])
-    );
-    let synced_after = metric(
-        &proc,
-        "ingress_kube_last_sync_timestamp_seconds",
-        &[("kind", "Ingress")],
-    )
-    .await
-    .unwrap();
+    assert_answered_by(&answers, &["a", "b"], "failed requests");
+    let synced_after = last_sync(&proc, "Ingress").await.unwrap();
     assert!(
         synced_after > synced_before,
         "last sync moved: {synced_before} -> {synced_after}"
     );
-    eventually("leading again", TIMEOUT, async || {
-        if metric(&proc, "ingress_leader", &[]).await == Some(1.0) {
-            Ok(())
-        } else {
-            Err("not leading".to_string())
-        }
-    })
-    .await;
+    wait_leading(&proc, true).await;
 }
 
 /// A restart that loses the API server's state (which a real one never does: etcd keeps it) is
@@ -304,9 +254,7 @@ async fn api_server_down_mid_run_keeps_serving() {
 async fn wiped_restart_follows_the_api_server() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    let yaml = CLASS.to_string()
-        + &service("app", "web", &[&web])
-        + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")]);
+    let yaml = web_site(&web);
     cluster.apply(&yaml).await;
     let proc = cluster.ingress().start();
     wait_ready(&proc).await;
@@ -322,15 +270,8 @@ async fn wiped_restart_follows_the_api_server() {
         })
         .await
         .unwrap();
-    eventually(
-        "404 once the empty relist arrived",
-        TIMEOUT,
-        async || match who(&http, &proc, "web.example.com", "/").await.as_str() {
-            "<404>" => Ok(()),
-            other => Err(other.to_string()),
-        },
-    )
-    .await;
+    // A 404 once the empty relist arrived.
+    wait_routed(&http, &proc, "web.example.com", "<404>", TIMEOUT).await;
     assert_eq!(admin_get(&proc, "/readyz").await.0, 200);
     cluster.apply(&yaml).await;
     wait_routed(&http, &proc, "web.example.com", "web", TIMEOUT).await;
@@ -343,41 +284,14 @@ async fn wiped_restart_follows_the_api_server() {
 async fn unreachable_lease_stops_status_writes_only() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
-        )
-        .await;
-    let proc = cluster
-        .ingress()
-        .args([
-            "--pod-name",
-            "lonely",
-            "--publish-address",
-            "192.0.2.20",
-            "--lease-duration",
-            "3s",
-        ])
-        .start();
+    cluster.apply(&web_site(&web)).await;
+    let proc = cluster.instance("lonely", "192.0.2.20", "3s").start();
     wait_ready(&proc).await;
-    eventually("status written", TIMEOUT, async || {
-        let a = cluster.address("app", "web").await;
-        if a == "192.0.2.20" { Ok(()) } else { Err(a) }
-    })
-    .await;
+    cluster.wait_address("app", "web", "192.0.2.20").await;
     let traffic = Traffic::start(&proc, "web.example.com", Duration::from_secs(120));
     cluster.server.faults().fail_matching("/leases/", 100_000);
     let failing = Instant::now();
-    eventually("stepped down", TIMEOUT, async || {
-        if metric(&proc, "ingress_leader", &[]).await == Some(0.0) {
-            Ok(())
-        } else {
-            Err("leading".to_string())
-        }
-    })
-    .await;
+    wait_leading(&proc, false).await;
     // The renew deadline is 2/3 of the lease duration; a retry period later at the latest.
     assert!(
         failing.elapsed() < Duration::from_secs(4),
@@ -385,13 +299,7 @@ async fn unreachable_lease_stops_status_writes_only() {
         failing.elapsed()
     );
     let writes = status_writes(&cluster, "lonely").len();
-    cluster
-        .apply(&ingress(
-            "app",
-            "new",
-            &[("new.example.com", "/", "Prefix", "web")],
-        ))
-        .await;
+    cluster.apply(&web_ingress("new")).await;
     let http = client::http1();
     wait_routed(&http, &proc, "new.example.com", "web", TIMEOUT).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -403,20 +311,9 @@ async fn unreachable_lease_stops_status_writes_only() {
     assert_eq!(cluster.address("app", "new").await, "");
 
     cluster.server.faults().clear();
-    eventually(
-        "status of the new Ingress once leading again",
-        TIMEOUT,
-        async || {
-            let a = cluster.address("app", "new").await;
-            if a == "192.0.2.20" { Ok(()) } else { Err(a) }
-        },
-    )
-    .await;
+    // The status of the new Ingress, once leading again.
+    cluster.wait_address("app", "new", "192.0.2.20").await;
     assert_eq!(metric(&proc, "ingress_leader", &[]).await, Some(1.0));
     let answers = traffic.stop().await;
-    assert!(
-        unexpected(&answers, &["web"]).is_empty(),
-        "failed requests: {:?}",
-        unexpected(&answers, &["web"])
-    );
+    assert_answered_by(&answers, &["web"], "failed requests");
 }

@@ -8,11 +8,12 @@ mod kube_support;
 use std::time::{Duration, Instant};
 
 use ingress_tests::client;
-use ingress_tests::manifests::{ingress, service};
+use ingress_tests::manifests::{ingress, service, with_tls};
 use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
 use ingress_tests::upstream::Backend;
 use kube_support::{
-    CLASS, Cluster, TIMEOUT, Traffic, eventually, metric, unexpected, wait_ready, wait_routed, who,
+    CLASS, Cluster, TIMEOUT, Traffic, assert_answered_by, eventually, metric, wait_ready,
+    wait_routed, who,
 };
 
 /// Routable within a second of `kubectl apply`; a backend change under continuous traffic moves
@@ -69,10 +70,10 @@ async fn apply_change_and_delete_follow_kubectl() {
     wait_routed(&http, &proc, "app.example.com", "c", TIMEOUT).await;
     traffic.wait_more(50).await;
     let answers = traffic.stop().await;
-    assert!(
-        unexpected(&answers, &["a", "b", "c"]).is_empty(),
-        "failed requests during the changes: {:?}",
-        unexpected(&answers, &["a", "b", "c"])
+    assert_answered_by(
+        &answers,
+        &["a", "b", "c"],
+        "failed requests during the changes",
     );
     let order: Vec<&str> = answers.iter().map(|a| a.backend.as_str()).collect();
     let first_b = order.iter().position(|b| *b == "b").expect("b answered");
@@ -88,13 +89,7 @@ async fn apply_change_and_delete_follow_kubectl() {
 
     cluster.ok(&["delete", "ingress", "web", "-n", "app"]).await;
     let deleted = Instant::now();
-    eventually("404 after delete", TIMEOUT, async || {
-        match who(&http, &proc, "app.example.com", "/").await.as_str() {
-            "<404>" => Ok(()),
-            other => Err(other.to_string()),
-        }
-    })
-    .await;
+    wait_routed(&http, &proc, "app.example.com", "<404>", TIMEOUT).await;
     assert!(
         deleted.elapsed() < Duration::from_secs(1),
         "still routed {:?} after kubectl delete returned",
@@ -181,10 +176,11 @@ async fn secrets_an_ingress_can_name_and_no_others() {
         leaf("generic.example.com"),
         leaf("helm.example.com"),
     );
-    let with_tls = |name: &str, host: &str, secret: &str| {
-        ingress("app", name, &[(host, "/", "Prefix", "web")]).replace(
-            "  rules:\n",
-            &format!("  tls: [{{hosts: [{host}], secretName: {secret}}}]\n  rules:\n"),
+    let tls_ingress = |name: &str, host: &str, secret: &str| {
+        with_tls(
+            &ingress("app", name, &[(host, "/", "Prefix", "web")]),
+            host,
+            secret,
         )
     };
     let retyped =
@@ -202,9 +198,9 @@ async fn secrets_an_ingress_can_name_and_no_others() {
                     secret_yaml("app", "helm-tls", &helm.chain, &helm.key),
                     "helm.sh/release.v1",
                 )
-                + &with_tls("secure", "secure.example.com", "secure-tls")
-                + &with_tls("generic", "generic.example.com", "generic-tls")
-                + &with_tls("helm", "helm.example.com", "helm-tls")),
+                + &tls_ingress("secure", "secure.example.com", "secure-tls")
+                + &tls_ingress("generic", "generic.example.com", "generic-tls")
+                + &tls_ingress("helm", "helm.example.com", "helm-tls")),
         )
         .await;
     let proc = cluster.ingress().start();

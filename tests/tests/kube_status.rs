@@ -9,29 +9,31 @@ mod kube_support;
 use std::time::Duration;
 
 use ingress_tests::client;
-use ingress_tests::manifests::{ingress, service};
-use ingress_tests::process::Ingress;
+use ingress_tests::manifests::service;
 use ingress_tests::upstream::Backend;
 use kube_support::{
-    CLASS, Cluster, TIMEOUT, eventually, metric, status_writes, tail, wait_ready, wait_routed, who,
+    Cluster, TIMEOUT, eventually, is_leader, metric, status_writes, tail, wait_leading, wait_ready,
+    wait_routed, web_ingress, web_site, who,
 };
 
 const LEASE: &str = "ingress-controller-leader";
 
-async fn address_is(cluster: &Cluster, namespace: &str, name: &str, want: &str) {
-    eventually(
-        &format!("ADDRESS of {namespace}/{name} = {want:?}"),
-        TIMEOUT,
-        async || {
-            let got = cluster.address(namespace, name).await;
-            if got == want { Ok(()) } else { Err(got) }
-        },
-    )
-    .await;
-}
-
-async fn is_leader(proc: &Ingress) -> bool {
-    metric(proc, "ingress_leader", &[]).await == Some(1.0)
+/// Someone else (kubectl) writes `ip` into the status of the Ingress `app/web`.
+async fn overwrite_web_status(cluster: &Cluster, ip: &str) {
+    let patch = format!(r#"{{"status":{{"loadBalancer":{{"ingress":[{{"ip":"{ip}"}}]}}}}}}"#);
+    cluster
+        .ok(&[
+            "patch",
+            "ingress",
+            "web",
+            "-n",
+            "app",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .await;
 }
 
 /// `--publish-address` lands in status and in the ADDRESS column of owned Ingresses only; it
@@ -40,38 +42,21 @@ async fn is_leader(proc: &Ingress) -> bool {
 async fn publish_address_in_kubectl_get_ingress() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    let theirs = ingress(
-        "app",
-        "theirs",
-        &[("theirs.example.com", "/", "Prefix", "web")],
-    )
-    .replace("ingressClassName: ingress", "ingressClassName: other");
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])
-                + &theirs),
-        )
-        .await;
+    let theirs =
+        web_ingress("theirs").replace("ingressClassName: ingress", "ingressClassName: other");
+    cluster.apply(&(web_site(&web) + &theirs)).await;
     let proc = cluster
         .ingress()
         .args(["--publish-address", "203.0.113.7", "--pod-name", "solo"])
         .start();
     wait_ready(&proc).await;
-    address_is(&cluster, "app", "web", "203.0.113.7").await;
+    cluster.wait_address("app", "web", "203.0.113.7").await;
     assert!(is_leader(&proc).await);
     assert_eq!(cluster.lease_holder("default", LEASE).await, "solo");
 
     // A new Ingress gets the address; rebuilds for unrelated changes write nothing again.
-    cluster
-        .apply(&ingress(
-            "app",
-            "second",
-            &[("second.example.com", "/", "Prefix", "web")],
-        ))
-        .await;
-    address_is(&cluster, "app", "second", "203.0.113.7").await;
+    cluster.apply(&web_ingress("second")).await;
+    cluster.wait_address("app", "second", "203.0.113.7").await;
     let writes = status_writes(&cluster, "solo").len();
     for i in 0..3 {
         cluster
@@ -79,15 +64,9 @@ async fn publish_address_in_kubectl_get_ingress() {
             .await;
     }
     let http = client::http1();
-    cluster
-        .apply(&ingress(
-            "app",
-            "probe",
-            &[("probe.example.com", "/", "Prefix", "web")],
-        ))
-        .await;
+    cluster.apply(&web_ingress("probe")).await;
     wait_routed(&http, &proc, "probe.example.com", "web", TIMEOUT).await;
-    address_is(&cluster, "app", "probe", "203.0.113.7").await;
+    cluster.wait_address("app", "probe", "203.0.113.7").await;
     assert_eq!(
         status_writes(&cluster, "solo").len(),
         writes + 1,
@@ -105,20 +84,8 @@ async fn publish_address_in_kubectl_get_ingress() {
     );
 
     // Someone else overwrites the status: the leader puts it back.
-    cluster
-        .ok(&[
-            "patch",
-            "ingress",
-            "web",
-            "-n",
-            "app",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"loadBalancer":{"ingress":[{"ip":"192.0.2.99"}]}}}"#,
-        ])
-        .await;
-    address_is(&cluster, "app", "web", "203.0.113.7").await;
+    overwrite_web_status(&cluster, "192.0.2.99").await;
+    cluster.wait_address("app", "web", "203.0.113.7").await;
     assert!(
         metric(&proc, "ingress_status_updates_total", &[("result", "ok")])
             .await
@@ -133,13 +100,7 @@ async fn publish_address_in_kubectl_get_ingress() {
 async fn node_address_from_node_name() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
-        )
-        .await;
+    cluster.apply(&web_site(&web)).await;
     for (node, addresses) in [
         (
             "node-a",
@@ -174,7 +135,7 @@ async fn node_address_from_node_name() {
         .args(["--pod-name", "on-a", "--lease-duration", "2s"])
         .start();
     wait_ready(&first).await;
-    address_is(&cluster, "app", "web", "198.51.100.4").await;
+    cluster.wait_address("app", "web", "198.51.100.4").await;
     let node_reads = cluster.controller_requests(|r| r.path.starts_with("/api/v1/nodes"));
     assert!(
         node_reads.len() == 1 && node_reads[0].path == "/api/v1/nodes/node-a",
@@ -189,7 +150,7 @@ async fn node_address_from_node_name() {
         .args(["--pod-name", "on-b", "--lease-duration", "2s"])
         .start();
     wait_ready(&second).await;
-    address_is(&cluster, "app", "web", "10.9.9.9").await;
+    cluster.wait_address("app", "web", "10.9.9.9").await;
 }
 
 /// Two instances: only the Lease holder writes status (the request log says who PUTs); when it
@@ -198,26 +159,8 @@ async fn node_address_from_node_name() {
 async fn only_the_lease_holder_writes_status() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
-        )
-        .await;
-    let start = |name: &str, address: &str| {
-        cluster
-            .ingress()
-            .args([
-                "--pod-name",
-                name,
-                "--publish-address",
-                address,
-                "--lease-duration",
-                "2s",
-            ])
-            .start()
-    };
+    cluster.apply(&web_site(&web)).await;
+    let start = |name: &str, address: &str| cluster.instance(name, address, "2s").start();
     let mut one = Some(start("one", "192.0.2.1"));
     let two = start("two", "192.0.2.2");
     wait_ready(one.as_ref().unwrap()).await;
@@ -243,16 +186,10 @@ async fn only_the_lease_holder_writes_status() {
     } else {
         "192.0.2.2"
     };
-    address_is(&cluster, "app", "web", leader_address).await;
+    cluster.wait_address("app", "web", leader_address).await;
     assert_eq!(cluster.lease_holder("default", LEASE).await, leader);
-    cluster
-        .apply(&ingress(
-            "app",
-            "more",
-            &[("more.example.com", "/", "Prefix", "web")],
-        ))
-        .await;
-    address_is(&cluster, "app", "more", leader_address).await;
+    cluster.apply(&web_ingress("more")).await;
+    cluster.wait_address("app", "more", leader_address).await;
     // Both follow the API and both serve; only the leader writes.
     let http = client::http1();
     for proc in [one.as_ref().unwrap(), &two] {
@@ -272,17 +209,10 @@ async fn only_the_lease_holder_writes_status() {
         (one.take().unwrap(), Some(two))
     };
     drop(gone);
-    eventually("the follower leads", TIMEOUT, async || {
-        if is_leader(&survivor).await {
-            Ok(())
-        } else {
-            Err(tail(&survivor.logs()))
-        }
-    })
-    .await;
+    wait_leading(&survivor, true).await;
     assert_eq!(cluster.lease_holder("default", LEASE).await, follower);
-    address_is(&cluster, "app", "web", follower_address).await;
-    address_is(&cluster, "app", "more", follower_address).await;
+    cluster.wait_address("app", "web", follower_address).await;
+    cluster.wait_address("app", "more", follower_address).await;
     assert!(!status_writes(&cluster, follower).is_empty());
     assert_eq!(who(&http, &survivor, "web.example.com", "/").await, "web");
 }
@@ -293,26 +223,10 @@ async fn only_the_lease_holder_writes_status() {
 async fn a_lost_lease_stops_status_writes_and_nothing_else() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
-        )
-        .await;
-    let proc = cluster
-        .ingress()
-        .args([
-            "--pod-name",
-            "ours",
-            "--publish-address",
-            "192.0.2.10",
-            "--lease-duration",
-            "3s",
-        ])
-        .start();
+    cluster.apply(&web_site(&web)).await;
+    let proc = cluster.instance("ours", "192.0.2.10", "3s").start();
     wait_ready(&proc).await;
-    address_is(&cluster, "app", "web", "192.0.2.10").await;
+    cluster.wait_address("app", "web", "192.0.2.10").await;
 
     // An intruder claims the Lease for 6 seconds from now.
     let now = jiff::Timestamp::now().to_string();
@@ -331,36 +245,11 @@ async fn a_lost_lease_stops_status_writes_and_nothing_else() {
             &steal,
         ])
         .await;
-    eventually("leadership lost", TIMEOUT, async || {
-        if is_leader(&proc).await {
-            Err("still leader".to_string())
-        } else {
-            Ok(())
-        }
-    })
-    .await;
+    wait_leading(&proc, false).await;
     let writes = status_writes(&cluster, "ours").len();
-    cluster
-        .ok(&[
-            "patch",
-            "ingress",
-            "web",
-            "-n",
-            "app",
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"loadBalancer":{"ingress":[{"ip":"192.0.2.99"}]}}}"#,
-        ])
-        .await;
+    overwrite_web_status(&cluster, "192.0.2.99").await;
     // Routing goes on: a new Ingress is served, but nobody writes its status.
-    cluster
-        .apply(&ingress(
-            "app",
-            "during",
-            &[("during.example.com", "/", "Prefix", "web")],
-        ))
-        .await;
+    cluster.apply(&web_ingress("during")).await;
     let http = client::http1();
     wait_routed(&http, &proc, "during.example.com", "web", TIMEOUT).await;
     assert_eq!(cluster.address("app", "web").await, "192.0.2.99");
@@ -372,17 +261,10 @@ async fn a_lost_lease_stops_status_writes_and_nothing_else() {
     );
 
     // The intruder never renews: six seconds after its claim, plus our own wait, we lead again.
-    eventually("leadership regained", Duration::from_secs(30), async || {
-        if is_leader(&proc).await {
-            Ok(())
-        } else {
-            Err(tail(&proc.logs()))
-        }
-    })
-    .await;
+    wait_leading(&proc, true).await;
     assert_eq!(cluster.lease_holder("default", LEASE).await, "ours");
-    address_is(&cluster, "app", "web", "192.0.2.10").await;
-    address_is(&cluster, "app", "during", "192.0.2.10").await;
+    cluster.wait_address("app", "web", "192.0.2.10").await;
+    cluster.wait_address("app", "during", "192.0.2.10").await;
 }
 
 /// `--publish-service`: the ADDRESS follows a LoadBalancer Service's status as a cloud fills it
@@ -393,9 +275,7 @@ async fn publish_service_addresses_follow_the_service() {
     let cluster = Cluster::start().await;
     cluster
         .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])
+            &(web_site(&web)
                 + "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: edge}\n"
                 + "---\napiVersion: v1\nkind: Service\nmetadata: {name: controller, namespace: edge}\n"
                 + "spec: {type: LoadBalancer, externalIPs: [198.51.100.9], ports: [{name: https, port: 443}]}\n"),
@@ -407,7 +287,7 @@ async fn publish_service_addresses_follow_the_service() {
         .start();
     wait_ready(&proc).await;
     // Pending: only the external IP is known, which ingress-nginx publishes too.
-    address_is(&cluster, "app", "web", "198.51.100.9").await;
+    cluster.wait_address("app", "web", "198.51.100.9").await;
 
     let set_lb = async |entries: &str| {
         let patch = format!(r#"{{"status":{{"loadBalancer":{{"ingress":{entries}}}}}}}"#);
@@ -426,15 +306,13 @@ async fn publish_service_addresses_follow_the_service() {
             .await;
     };
     set_lb(r#"[{"ip":"203.0.113.20"},{"hostname":"lb.example.com"}]"#).await;
-    address_is(
-        &cluster,
-        "app",
-        "web",
-        "198.51.100.9,203.0.113.20,lb.example.com",
-    )
-    .await;
+    cluster
+        .wait_address("app", "web", "198.51.100.9,203.0.113.20,lb.example.com")
+        .await;
     set_lb(r#"[{"ip":"203.0.113.21"}]"#).await;
-    address_is(&cluster, "app", "web", "198.51.100.9,203.0.113.21").await;
+    cluster
+        .wait_address("app", "web", "198.51.100.9,203.0.113.21")
+        .await;
     let writes = status_writes(&cluster, "lb").len();
     assert_eq!(writes, 3, "one write per change of address");
     assert!(
@@ -452,13 +330,7 @@ async fn publish_service_addresses_follow_the_service() {
 async fn update_status_false_writes_no_status() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
-    cluster
-        .apply(
-            &(CLASS.to_string()
-                + &service("app", "web", &[&web])
-                + &ingress("app", "web", &[("web.example.com", "/", "Prefix", "web")])),
-        )
-        .await;
+    cluster.apply(&web_site(&web)).await;
     let proc = cluster
         .ingress()
         .args([
@@ -470,14 +342,7 @@ async fn update_status_false_writes_no_status() {
         ])
         .start();
     wait_ready(&proc).await;
-    eventually("leading", TIMEOUT, async || {
-        if is_leader(&proc).await {
-            Ok(())
-        } else {
-            Err("not yet".to_string())
-        }
-    })
-    .await;
+    wait_leading(&proc, true).await;
     // A write, were there one, would follow the first snapshot within milliseconds.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(status_writes(&cluster, "quiet").is_empty());

@@ -21,14 +21,32 @@ use std::time::{Duration, Instant};
 
 use ingress_tests::apiserver::{RequestRecord, ServerOptions, TestApiServer};
 use ingress_tests::client::{self, HttpClient};
+use ingress_tests::manifests::{ingress, service};
 use ingress_tests::process::{Ingress, IngressBuilder};
 use ingress_tests::scratch::Scratch;
+use ingress_tests::upstream::Backend;
 
 /// Generous: two CPUs are shared with other builds and tests.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The IngressClass the Ingresses of these tests name.
 pub const CLASS: &str = "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: ingress}\nspec: {controller: ingress.rs/controller}\n";
+
+/// The site most of these tests start from: the IngressClass, the Service `app/web` on `web`,
+/// and the Ingress `app/web` routing `web.example.com` to it.
+pub fn web_site(web: &Backend) -> String {
+    CLASS.to_string() + &service("app", "web", &[web]) + &web_ingress("web")
+}
+
+/// The Ingress `app/NAME` routing `NAME.example.com` to the Service `web`: what a test applies
+/// to see a change routed (and its status written) while something else goes on.
+pub fn web_ingress(name: &str) -> String {
+    ingress(
+        "app",
+        name,
+        &[(&format!("{name}.example.com"), "/", "Prefix", "web")],
+    )
+}
 
 /// A test API server, a kubeconfig for it and a kubectl that uses it.
 pub struct Cluster {
@@ -65,6 +83,25 @@ impl Cluster {
             .arg("--kubeconfig")
             .arg(self.kubeconfig.to_string_lossy().into_owned())
             .arg("--allow-local-backends")
+    }
+
+    /// An instance that names itself `pod_name` (its identity in the Lease and in the
+    /// User-Agent of its writes) and publishes `publish_address`, with a Lease short enough
+    /// for a test to see it change hands.
+    pub fn instance(
+        &self,
+        pod_name: &str,
+        publish_address: &str,
+        lease_duration: &str,
+    ) -> IngressBuilder {
+        self.ingress().args([
+            "--pod-name",
+            pod_name,
+            "--publish-address",
+            publish_address,
+            "--lease-duration",
+            lease_duration,
+        ])
     }
 
     pub async fn kubectl(&self, args: &[&str]) -> Output {
@@ -132,6 +169,19 @@ impl Cluster {
         column(&table, "ADDRESS")
     }
 
+    /// Waits until the ADDRESS of the Ingress `namespace/name` is `want` (`""` for none).
+    pub async fn wait_address(&self, namespace: &str, name: &str, want: &str) {
+        eventually(
+            &format!("ADDRESS of {namespace}/{name} = {want:?}"),
+            TIMEOUT,
+            async || {
+                let got = self.address(namespace, name).await;
+                if got == want { Ok(()) } else { Err(got) }
+            },
+        )
+        .await;
+    }
+
     /// The holder of a Lease, as `kubectl get lease` shows it.
     pub async fn lease_holder(&self, namespace: &str, name: &str) -> String {
         let out = self.kubectl(&["get", "lease", name, "-n", namespace]).await;
@@ -149,6 +199,19 @@ impl Cluster {
                 .is_some_and(|u| u.contains("kubectl"))
                 && keep(r)
         })
+    }
+
+    /// Requests sent by the instance named `identity` (its pod name, which it puts in its
+    /// User-Agent) that `keep` accepts.
+    pub fn requests_by(
+        &self,
+        identity: &str,
+        keep: impl Fn(&RequestRecord) -> bool,
+    ) -> Vec<RequestRecord> {
+        let agent = format!("({identity})");
+        self.server
+            .requests()
+            .matching(|r| r.user_agent.as_deref().is_some_and(|u| u.contains(&agent)) && keep(r))
     }
 }
 
@@ -172,12 +235,8 @@ pub fn column(table: &str, header: &str) -> String {
 
 /// Status writes (`PUT …/ingresses/NAME/status`) sent by the instance named `identity`.
 pub fn status_writes(cluster: &Cluster, identity: &str) -> Vec<RequestRecord> {
-    let agent = format!("({identity})");
-    cluster.server.requests().matching(|r| {
-        r.method == "PUT"
-            && r.path.contains("/ingresses/")
-            && r.path.ends_with("/status")
-            && r.user_agent.as_deref().is_some_and(|u| u.contains(&agent))
+    cluster.requests_by(identity, |r| {
+        r.method == "PUT" && r.path.contains("/ingresses/") && r.path.ends_with("/status")
     })
 }
 
@@ -226,6 +285,30 @@ pub async fn wait_ready(ingress: &Ingress) {
     .await;
 }
 
+pub async fn is_leader(ingress: &Ingress) -> bool {
+    metric(ingress, "ingress_leader", &[]).await == Some(1.0)
+}
+
+/// Waits until `ingress` holds the Lease (`leading`) or says it does not (`!leading`: the
+/// gauge at 0, not merely absent).
+pub async fn wait_leading(ingress: &Ingress, leading: bool) {
+    let (what, want) = if leading {
+        ("leading", 1.0)
+    } else {
+        ("not leading", 0.0)
+    };
+    eventually(what, TIMEOUT, async || {
+        match metric(ingress, "ingress_leader", &[]).await {
+            Some(gauge) if gauge == want => Ok(()),
+            other => Err(format!(
+                "ingress_leader {other:?}\n{}",
+                tail(&ingress.logs())
+            )),
+        }
+    })
+    .await;
+}
+
 /// The last lines of a log, for failure messages.
 pub fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
@@ -233,7 +316,7 @@ pub fn tail(log: &str) -> String {
 }
 
 /// Which backend answers `host` at `path` now: its name, `<status>` for a proxy answer, or
-/// `<error>`.
+/// `<error: …>`.
 pub async fn who(http: &HttpClient, ingress: &Ingress, host: &str, path: &str) -> String {
     match client::try_get(http, &ingress.url(path), host).await {
         Ok(reply) => reply.backend(),
@@ -241,7 +324,8 @@ pub async fn who(http: &HttpClient, ingress: &Ingress, host: &str, path: &str) -
     }
 }
 
-/// Waits until `host` is answered by `backend`, returning how long that took.
+/// Waits until `host` is answered by `backend` (a name, or `<status>` as [`who`] says it),
+/// returning how long that took.
 pub async fn wait_routed(
     http: &HttpClient,
     ingress: &Ingress,
@@ -335,8 +419,15 @@ impl Traffic {
     }
 }
 
+/// Asserts that every answer came from one of `allowed` backends; else panics with `what` and
+/// a count of each other answer.
+pub fn assert_answered_by(answers: &[Answer], allowed: &[&str], what: &str) {
+    let others = unexpected(answers, allowed);
+    assert!(others.is_empty(), "{what}: {others:?}");
+}
+
 /// Answers that were not from one of `allowed` backends, with a count per kind.
-pub fn unexpected(answers: &[Answer], allowed: &[&str]) -> Vec<(String, usize)> {
+fn unexpected(answers: &[Answer], allowed: &[&str]) -> Vec<(String, usize)> {
     let mut out: Vec<(String, usize)> = Vec::new();
     for a in answers
         .iter()
