@@ -2,6 +2,7 @@
 //! headers and the echo backend's body, for the tests of per-route behaviour.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 
 use crate::process::Ingress;
@@ -63,6 +64,49 @@ pub fn get(ingress: &Ingress, host: &str, path: &str, version: &str, extra: &[&s
             String::from_utf8_lossy(&out.stderr)
         )
     })
+}
+
+/// What curl's `-w format` says of one request made with `args` (the URL among them), the
+/// body thrown away: for a test that looks only at the status, the HTTP version or where a
+/// redirect points. Empty when curl could not say.
+pub fn write_out(format: &str, args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "--max-time", "10", "-w", format])
+        .args(args)
+        .output()
+        .expect("curl runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The status of one request made with `args` (the URL among them); 0 when none came back.
+pub fn status(args: &[&str]) -> u16 {
+    write_out("%{http_code}", args).parse().unwrap_or(0)
+}
+
+/// The response head of GET `https://<host>:<port><path>` sent to 127.0.0.1 (SNI and Host
+/// `host`), the server's certificate verified against `ca_file`: for what a real client sees
+/// of headers such as HSTS. Empty when no answer came.
+pub fn verified_https_head(ca_file: &Path, host: &str, port: u16, path: &str) -> String {
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            "--max-time",
+            "10",
+            "--cacert",
+        ])
+        .arg(ca_file)
+        .args([
+            "--resolve",
+            &format!("{host}:{port}:127.0.0.1"),
+            &format!("https://{host}:{port}{path}"),
+        ])
+        .output()
+        .expect("curl runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// GET `https://<host><path>` on the HTTPS listener (SNI and Host `host`, the server's

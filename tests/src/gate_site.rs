@@ -22,7 +22,7 @@ use crate::manifests::service;
 use crate::modes::Mode;
 use crate::netns::{NetPair, SERVER_IP};
 use crate::pins::PinDir;
-use crate::pki::{Ca, KeyFormat, KeyKind, Leaf, secret_yaml};
+use crate::pki::{Ca, Leaf, secret_yaml};
 use crate::preflight::{Needs, preflight};
 use crate::process::{Ingress, IngressBuilder, Ports};
 use crate::scrape::Scrape;
@@ -86,13 +86,7 @@ impl Site {
         std::fs::create_dir_all(dir.path().join("manifests")).expect("manifests dir");
         let backend = Backend::start("web");
         let ca = Ca::new("kernel proxy test CA");
-        let leaf = ca.leaf(
-            "site",
-            &CERT_NAMES,
-            KeyKind::EcdsaP256,
-            KeyFormat::Pkcs8,
-            false,
-        );
+        let leaf = ca.server("site", &CERT_NAMES);
         let ca_file = dir.write("ca.pem", &ca.pem);
         let site = Site {
             backend,

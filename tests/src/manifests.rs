@@ -30,6 +30,12 @@ pub fn service_at(namespace: &str, name: &str, backends: &[SocketAddr]) -> Strin
     out
 }
 
+/// The Service `name` on `backend` and the Ingress `name` routing all of `host` to it: the
+/// smallest site, for the many tests about something other than routing.
+pub fn one_route(namespace: &str, name: &str, host: &str, backend: &Backend) -> String {
+    service(namespace, name, &[backend]) + &ingress(namespace, name, &[(host, "/", "Prefix", name)])
+}
+
 /// An Ingress of class `ingress` with one rule per `(host, path, pathType, service)`; an empty
 /// host makes a host-less rule.
 pub fn ingress(namespace: &str, name: &str, rules: &[(&str, &str, &str, &str)]) -> String {

@@ -83,6 +83,18 @@ impl Ca {
         }
     }
 
+    /// A server certificate for `names` with an ECDSA P-256 key in PKCS#8, valid now: what a
+    /// test wants when neither the key nor the expiry is what it is about.
+    pub fn server(&self, common_name: &str, names: &[&str]) -> Leaf {
+        self.leaf(
+            common_name,
+            names,
+            KeyKind::EcdsaP256,
+            KeyFormat::Pkcs8,
+            false,
+        )
+    }
+
     /// A client certificate (`auth-tls-*`) with subject `CN=<common_name>,O=Example` and
     /// `serial`, valid now (or expired in 2021). `chain` holds the certificate alone.
     pub fn client(&self, common_name: &str, serial: u64, expired: bool) -> Leaf {

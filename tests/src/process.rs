@@ -46,6 +46,18 @@ pub fn binary() -> &'static Path {
     })
 }
 
+/// `ingress check --manifests DIR` and `flags` (`--output json`, `--configmap …`): what an
+/// operator runs before deploying. Its output and exit code are the test's to judge.
+pub fn check(manifests: &Path, flags: &[&str]) -> std::process::Output {
+    Command::new(binary())
+        .arg("check")
+        .arg("--manifests")
+        .arg(manifests)
+        .args(flags)
+        .output()
+        .expect("run ingress check")
+}
+
 /// The ports an instance listens on. Inside a test's own network namespace they can be the real
 /// ones; on the shared host they come from `free_port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

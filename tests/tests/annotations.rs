@@ -5,10 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-
 use ingress_tests::manifests::service;
-use ingress_tests::process::{Ingress, binary};
+use ingress_tests::process::{Ingress, check};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::{Backend, Echo};
 
@@ -123,11 +121,7 @@ async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress(
     }
 
     // `ingress check` names the Ingress, the annotation and why, and fails.
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     let error = text
@@ -158,11 +152,7 @@ async fn an_unsupported_access_control_answers_503_and_spares_the_other_ingress(
         text.contains("refused  nginx.ingress.kubernetes.io/auth-snippet [access-control]"),
         "{text}"
     );
-    let out = Command::new(binary())
-        .args(["check", "--output", "json", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &["--output", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let migration = &json["migration"];
     assert_eq!(migration["summary"]["ingresses"], 3, "{migration}");
@@ -250,11 +240,7 @@ async fn source_ranges_answer_403_outside_them() {
         ),
         Some(1.0)
     );
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     let error = text
         .lines()
@@ -292,12 +278,10 @@ async fn source_ranges_answer_403_outside_them() {
         "<403>"
     );
     // A value that does not parse stops the process at startup, naming the flag.
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .args(["--whitelist-source-range", "10.0.0.0/8,office"])
-        .output()
-        .unwrap();
+    let out = check(
+        dir.path(),
+        &["--whitelist-source-range", "10.0.0.0/8,office"],
+    );
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--whitelist-source-range"), "{stderr}");

@@ -8,7 +8,7 @@
 
 use ingress_tests::curl::{self, VERSIONS};
 use ingress_tests::manifests::{annotated_ingress, service};
-use ingress_tests::process::{Ingress, binary};
+use ingress_tests::process::{Ingress, check};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
@@ -145,11 +145,7 @@ fn buffering_annotations_are_accepted_no_ops_and_reported_so() {
             assert_eq!(reply.status, 413, "{version}");
         }
     }
-    let out = std::process::Command::new(binary())
-        .args(["check", "--output", "json", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &["--output", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let rows = |name: &str| -> Vec<(String, String)> {
         json["migration"]["ingresses"]

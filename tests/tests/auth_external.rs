@@ -579,15 +579,9 @@ fn path_tricks_do_not_skip_the_auth_service() {
 #[test]
 fn an_https_auth_service_is_reached_over_tls() {
     use ingress_tests::https_upstream::{HttpsBackend, HttpsOptions};
-    use ingress_tests::pki::{Ca, KeyFormat, KeyKind};
+    use ingress_tests::pki::Ca;
     let ca = Ca::new("auth CA");
-    let leaf = ca.leaf(
-        "auth.example",
-        &["auth.example"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("auth.example", &["auth.example"]);
     // The echo answers 200 to anything: every check passes, over TLS.
     let service = HttpsBackend::start("auth", &leaf, HttpsOptions::default());
     let app = Backend::start("app");

@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-
 use ingress_tests::client::{self, get};
 use ingress_tests::manifests::{ingress as ingress_yaml, service_at};
-use ingress_tests::process::{Ingress, binary};
+use ingress_tests::process::{Ingress, check};
 use ingress_tests::scratch::Scratch;
 
 /// An ExternalName Service `name` for `external` on `port`, and an Ingress sending
@@ -174,11 +172,7 @@ async fn an_endpoint_slice_at_loopback_is_refused_with_a_diagnostic() {
         Some(1.0)
     );
     // `ingress check` says the same, and fails.
-    let out = Command::new(binary())
-        .args(["check", "--allow-local-backends=false", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &["--allow-local-backends=false"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     let line = text
@@ -190,11 +184,7 @@ async fn an_endpoint_slice_at_loopback_is_refused_with_a_diagnostic() {
         "{line}"
     );
     // Without the flag, `check` applies the manifests default: served, no diagnostic.
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &[]);
     assert!(
         out.status.success(),
         "{}",

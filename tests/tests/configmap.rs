@@ -6,54 +6,28 @@
 // A plain #[test] with no runtime: blocking sleeps between polls are what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ingress_tests::manifests::{annotated_ingress, service};
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
-use ingress_tests::process::{Ingress, binary};
+use ingress_tests::curl;
+use ingress_tests::manifests::{self, annotated_ingress, service};
+use ingress_tests::pki::{Ca, secret_yaml};
+use ingress_tests::poll::eventually;
+use ingress_tests::process::{Ingress, check};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
 const FLAG: &str = "t/ingress-config";
 
+/// The ConfigMap `--configmap` names, holding `data`.
 fn config_map(data: &[(&str, &str)]) -> String {
-    let mut out = String::from(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: ingress-config, namespace: t}\ndata:\n",
-    );
-    for (k, v) in data {
-        out.push_str(&format!("  {k}: {v:?}\n"));
-    }
-    out
-}
-
-/// Polls `probe` until it returns `want` (a live change takes a debounce and a build).
-fn eventually<T: PartialEq + std::fmt::Debug>(what: &str, want: T, mut probe: impl FnMut() -> T) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let got = probe();
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: {got:?}, wanted {want:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    manifests::config_map("t", "ingress-config", data)
 }
 
 #[test]
 fn configmap_keys_apply_live_and_annotations_override_them() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let leaf = ca.leaf(
-        "site",
-        &["secure.test"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("site", &["secure.test"]);
     let dir = Scratch::new("configmap-live");
     let secure = "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: secure, namespace: t}\nspec:\n  ingressClassName: ingress\n  tls: [{hosts: [secure.test], secretName: site}]\n  rules:\n  - host: secure.test\n    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}\n";
     dir.write(
@@ -95,45 +69,17 @@ fn configmap_keys_apply_live_and_annotations_override_them() {
         .args(["--configmap", FLAG])
         .start();
     let post = |host: &str, file: &std::path::Path| -> u16 {
-        let out = Command::new("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "10",
-            ])
-            .args(["-H", &format!("Host: {host}")])
-            .args(["--data-binary", &format!("@{}", file.display())])
-            .arg(ingress.url("/upload"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+        curl::status(&[
+            "-H",
+            &format!("Host: {host}"),
+            "--data-binary",
+            &format!("@{}", file.display()),
+            &ingress.url("/upload"),
+        ])
     };
     let port = ingress.https.port();
     let hsts = || -> Option<String> {
-        let out = Command::new("curl")
-            .args([
-                "-s",
-                "-D",
-                "-",
-                "-o",
-                "/dev/null",
-                "--max-time",
-                "10",
-                "--cacert",
-            ])
-            .arg(&ca_file)
-            .args([
-                "--resolve",
-                &format!("secure.test:{port}:127.0.0.1"),
-                &format!("https://secure.test:{port}/"),
-            ])
-            .output()
-            .unwrap();
-        let head = String::from_utf8_lossy(&out.stdout).into_owned();
+        let head = curl::verified_https_head(&ca_file, "secure.test", port, "/");
         assert!(head.starts_with("HTTP/"), "no HTTPS answer: {head}");
         head.lines().find_map(|l| {
             l.to_ascii_lowercase()
@@ -148,13 +94,8 @@ fn configmap_keys_apply_live_and_annotations_override_them() {
     assert_eq!(hsts(), None, "hsts: false in the ConfigMap");
 
     // `ingress check` reports the key that is not applied, and why.
-    let check = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .args(["--configmap", FLAG])
-        .output()
-        .unwrap();
-    let report = String::from_utf8_lossy(&check.stdout);
+    let checked = check(dir.path(), &["--configmap", FLAG]);
+    let report = String::from_utf8_lossy(&checked.stdout);
     assert!(
         report.contains("ConfigMap t/ingress-config")
             && report.contains("load-balance: ignored, not supported"),

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use ingress_tests::manifests::{ingress, service, service_at};
+use ingress_tests::manifests::{ingress, one_route, service, service_at};
 use ingress_tests::process::Ingress;
 use ingress_tests::raw::{RawConn, get};
 use ingress_tests::scratch::Scratch;
@@ -43,8 +43,7 @@ struct Rig {
 fn rig(name: &str, upstream: Option<SocketAddr>, extra: &[&str]) -> Rig {
     let web = Backend::start("web");
     let dir = Scratch::new(name);
-    let mut yaml =
-        service("t", "web", &[&web]) + &ingress("t", "web", &[("w.example", "/", "Prefix", "web")]);
+    let mut yaml = one_route("t", "web", "w.example", &web);
     if let Some(addr) = upstream {
         yaml += &service_at("t", "up", &[addr]);
         yaml += &ingress("t", "up", &[("u.example", "/", "Prefix", "up")]);

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use ingress_tests::manifests::{ingress, service, service_at};
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::process::Ingress;
 use ingress_tests::raw::{RawConn, exchange, get};
 use ingress_tests::scratch::Scratch;
@@ -326,7 +326,7 @@ impl Tenants {
     fn start(name: &str, args: &[&str]) -> Tenants {
         let web = Backend::start("web");
         let ca = Ca::new("edge CA");
-        let leaf = |n: &[&str]| ca.leaf(n[0], n, KeyKind::EcdsaP256, KeyFormat::Pkcs8, false);
+        let leaf = |n: &[&str]| ca.server(n[0], n);
         let (a, b, shared) = (
             leaf(&["a.example"]),
             leaf(&["b.example"]),

@@ -14,9 +14,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::IpAddr;
-use std::process::Command;
 use std::time::Duration;
 
+use ingress_tests::curl;
 use ingress_tests::manifests::{annotated_ingress, service};
 use ingress_tests::process::Ingress;
 use ingress_tests::raw::{RawConn, Reply};
@@ -196,27 +196,19 @@ fn only_trusted_hops_are_believed() {
 
     // HTTP/2 (h2c) is judged the same way.
     let h2 = |from: &str, xff: &str| {
-        let out = Command::new("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                "--max-time",
-                "10",
-            ])
-            .args(["--http2-prior-knowledge", "--interface", from])
-            .args([
+        curl::write_out(
+            "%{http_code}",
+            &[
+                "--http2-prior-knowledge",
+                "--interface",
+                from,
                 "-H",
                 "Host: ranged.test",
                 "-H",
                 &format!("X-Forwarded-For: {xff}"),
-            ])
-            .arg(ingress.url("/who"))
-            .output()
-            .expect("curl runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+                &ingress.url("/who"),
+            ],
+        )
     };
     assert_eq!(h2(BALANCER, "198.51.100.1, 203.0.113.9"), "200");
     let reply = ingress_tests::curl::get(

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ingress_tests::manifests::service_at;
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::process::Ingress;
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
@@ -188,20 +188,8 @@ async fn no_trailers_server() -> std::net::SocketAddr {
 async fn grpc_over_h2c_and_tls_with_grpc_shaped_errors() {
     let dir = Scratch::new("grpc");
     let ca = Ca::new("grpc CA");
-    let front = ca.leaf(
-        "grpcs.example",
-        &["grpcs.example"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
-    let back = ca.leaf(
-        "back",
-        &["back.t.svc"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let front = ca.server("grpcs.example", &["grpcs.example"]);
+    let back = ca.server("back", &["back.t.svc"]);
     let cert = dir.write("back.crt", &back.chain);
     let key = dir.write("back.key", &back.key);
     let ca_file = dir.write("ca.crt", &ca.pem);

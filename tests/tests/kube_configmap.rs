@@ -9,6 +9,7 @@ mod kube_support;
 
 use std::time::Duration;
 
+use ingress_tests::curl;
 use ingress_tests::manifests::{ingress, service};
 use ingress_tests::process::Ingress;
 use ingress_tests::scratch::Scratch;
@@ -21,25 +22,14 @@ fn config_map(name: &str, body_size: &str) -> String {
     )
 }
 
-/// The status of a POST of `file` to `plain.test`.
+/// The status of a POST of `file` to `plain.test` (curl, off the runtime's workers).
 async fn post(ingress: &Ingress, file: &std::path::Path) -> u16 {
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "10",
-        ])
-        .args(["-H", "Host: plain.test"])
-        .args(["--data-binary", &format!("@{}", file.display())])
-        .arg(ingress.url("/upload"))
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+    let (data, url) = (format!("@{}", file.display()), ingress.url("/upload"));
+    tokio::task::spawn_blocking(move || {
+        curl::status(&["-H", "Host: plain.test", "--data-binary", &data, &url])
+    })
+    .await
+    .expect("curl task")
 }
 
 async fn wait_status(ingress: &Ingress, file: &std::path::Path, want: u16, what: &str) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ingress_tests::client;
 use ingress_tests::manifests::{ingress, service, with_tls};
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::upstream::Backend;
 use kube_support::{
     CLASS, Cluster, TIMEOUT, eventually, metric, wait_leading, wait_ready, wait_routed,
@@ -34,20 +34,8 @@ const CASES: &[(&str, &str, &str)] = &[
 
 fn manifests(web: &Backend) -> String {
     let ca = Ca::new("events CA");
-    let one = ca.leaf(
-        "mismatched.example.com",
-        &["mismatched.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
-    let other = ca.leaf(
-        "other",
-        &["other"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let one = ca.server("mismatched.example.com", &["mismatched.example.com"]);
+    let other = ca.server("other", &["other"]);
     let garbage = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: garbage-tls, namespace: app}\ntype: kubernetes.io/tls\nstringData: {tls.crt: not a certificate, tls.key: not a key}\n";
     let mut yaml = CLASS.to_string()
         + &service("app", "web", &[web])

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ingress_tests::client;
 use ingress_tests::manifests::{ingress, service, with_tls};
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::upstream::Backend;
 use kube_support::{
     CLASS, Cluster, TIMEOUT, Traffic, assert_answered_by, eventually, metric, wait_ready,
@@ -170,7 +170,7 @@ async fn secrets_an_ingress_can_name_and_no_others() {
     let web = Backend::start("web");
     let cluster = Cluster::start().await;
     let ca = Ca::new("kube test CA");
-    let leaf = |host: &str| ca.leaf(host, &[host], KeyKind::EcdsaP256, KeyFormat::Pkcs8, false);
+    let leaf = |host: &str| ca.server(host, &[host]);
     let (secure, generic, helm) = (
         leaf("secure.example.com"),
         leaf("generic.example.com"),

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ingress_tests::client::{self, get, try_get};
-use ingress_tests::manifests::{ingress, service};
-use ingress_tests::process::{Ingress, binary};
+use ingress_tests::manifests::{ingress, one_route, service};
+use ingress_tests::process::{Ingress, binary, check};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
@@ -18,11 +18,7 @@ use ingress_tests::upstream::Backend;
 fn admin_endpoints_and_metrics() {
     let web = Backend::start("web");
     let dir = Scratch::new("admin");
-    dir.write(
-        "a.yaml",
-        &(service("t", "web", &[&web])
-            + &ingress("t", "web", &[("m.example.com", "/", "Prefix", "web")])),
-    );
+    dir.write("a.yaml", &one_route("t", "web", "m.example.com", &web));
     let ingress = Ingress::start(dir.path());
     assert_eq!(ingress.admin_get("/healthz"), (200, "ok\n".into()));
     assert_eq!(ingress.admin_get("/readyz").0, 200);
@@ -81,11 +77,7 @@ fn admin_endpoints_and_metrics() {
 fn readiness_waits_for_the_first_snapshot_and_drops_on_sigterm() {
     let slow = Backend::start("slow");
     let dir = Scratch::new("drain");
-    dir.write(
-        "a.yaml",
-        &(service("t", "slow", &[&slow])
-            + &ingress("t", "slow", &[("d.example.com", "/", "Prefix", "slow")])),
-    );
+    dir.write("a.yaml", &one_route("t", "slow", "d.example.com", &slow));
     let mut ingress = Ingress::builder()
         .manifests(dir.path())
         .args(["--drain-timeout", "5s"])
@@ -123,11 +115,7 @@ fn readiness_waits_for_the_first_snapshot_and_drops_on_sigterm() {
 fn drain_timeout_bounds_shutdown() {
     let slow = Backend::start("slow");
     let dir = Scratch::new("drain-timeout");
-    dir.write(
-        "a.yaml",
-        &(service("t", "slow", &[&slow])
-            + &ingress("t", "slow", &[("d.example.com", "/", "Prefix", "slow")])),
-    );
+    dir.write("a.yaml", &one_route("t", "slow", "d.example.com", &slow));
     let mut ingress = Ingress::builder()
         .manifests(dir.path())
         .args(["--drain-timeout", "300ms"])
@@ -204,11 +192,7 @@ fn bad_input_is_isolated_and_reported() {
         );
     }
 
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "check fails on errors:\n{text}");
     for needle in [
@@ -227,22 +211,14 @@ fn bad_input_is_isolated_and_reported() {
     }
     std::fs::remove_file(dir.path().join("broken.yaml")).unwrap();
     std::fs::remove_file(dir.path().join("bad-refs.yaml")).unwrap();
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &[]);
     assert_eq!(
         out.status.code(),
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let out = Command::new(binary())
-        .args(["check", "--output", "json", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &["--output", "json"]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json output");
     assert_eq!(json["routes"][0]["host"], "good.example.com");
 }
@@ -263,11 +239,7 @@ fn version_says_whether_ebpf_is_embedded() {
 fn json_logs_and_one_access_line_per_request() {
     let web = Backend::start("web");
     let dir = Scratch::new("json");
-    dir.write(
-        "a.yaml",
-        &(service("t", "web", &[&web])
-            + &ingress("t", "web", &[("j.example.com", "/", "Prefix", "web")])),
-    );
+    dir.write("a.yaml", &one_route("t", "web", "j.example.com", &web));
     let ingress = Ingress::builder()
         .manifests(dir.path())
         .args(["--log-format", "json"])
@@ -299,9 +271,7 @@ fn json_logs_and_one_access_line_per_request() {
 async fn live_reload_under_load_loses_nothing() {
     let (old, new) = (Backend::start("old"), Backend::start("new"));
     let dir = Scratch::new("reload");
-    let config = |b: &Backend| {
-        service("t", "web", &[b]) + &ingress("t", "web", &[("r.example.com", "/", "Prefix", "web")])
-    };
+    let config = |b: &Backend| one_route("t", "web", "r.example.com", b);
     dir.write("a.yaml", &config(&old));
     let ingress = Ingress::start(dir.path());
     let http = client::http1();

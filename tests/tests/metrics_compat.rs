@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ingress_tests::curl::{self, VERSIONS};
 use ingress_tests::manifests::{annotated_ingress, service};
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::ports::free_port;
 use ingress_tests::preflight::preflight_tool;
 use ingress_tests::process::Ingress;
@@ -94,13 +94,7 @@ fn ingress_nginx_dashboards_read_the_compat_metrics() {
     let web = Backend::start("web");
     let dir = Scratch::new("metrics-compat");
     let ca = Ca::new("compat CA");
-    let leaf = ca.leaf(
-        "compat.test",
-        &["compat.test"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("compat.test", &["compat.test"]);
     let front = annotated_ingress(
         "shop",
         "front",

@@ -11,24 +11,21 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use ingress_tests::client::{self, get, send};
-use ingress_tests::manifests::{ingress, service};
+use ingress_tests::manifests::{ingress, one_route, service};
 use ingress_tests::ports::free_port;
 use ingress_tests::process::Ingress;
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
-fn one_route(dir: &Scratch, backend: &Backend, host: &str) {
-    dir.write(
-        "a.yaml",
-        &(service("t", "web", &[backend]) + &ingress("t", "web", &[(host, "/", "Prefix", "web")])),
-    );
+fn write_one_route(dir: &Scratch, backend: &Backend, host: &str) {
+    dir.write("a.yaml", &one_route("t", "web", host, backend));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forwarding_headers_and_hop_by_hop() {
     let web = Backend::start("web");
     let dir = Scratch::new("headers");
-    one_route(&dir, &web, "h.example.com");
+    write_one_route(&dir, &web, "h.example.com");
     let ingress = Ingress::start(dir.path());
     let req = Request::get(ingress.url("/x?y=1"))
         .header("host", "h.example.com")
@@ -78,7 +75,7 @@ async fn forwarding_headers_and_hop_by_hop() {
 async fn http2_downstream() {
     let web = Backend::start("web");
     let dir = Scratch::new("h2");
-    one_route(&dir, &web, "h2.example.com");
+    write_one_route(&dir, &web, "h2.example.com");
     let ingress = Ingress::start(dir.path());
     // Speak h2c directly over a socket so :authority names the virtual host while the bytes go
     // to loopback, as a real client resolving h2.example.com to this node would.
@@ -115,7 +112,7 @@ async fn http2_downstream() {
 async fn websocket_upgrade_round_trips() {
     let web = Backend::start("ws");
     let dir = Scratch::new("ws");
-    one_route(&dir, &web, "ws.example.com");
+    write_one_route(&dir, &web, "ws.example.com");
     let ingress = Ingress::start(dir.path());
     let mut stream = TcpStream::connect(ingress.http).unwrap();
     stream
@@ -203,7 +200,7 @@ async fn upstream_failures_map_to_status_codes() {
 fn slow_headers_time_out_and_huge_headers_are_refused() {
     let web = Backend::start("web");
     let dir = Scratch::new("limits");
-    one_route(&dir, &web, "l.example.com");
+    write_one_route(&dir, &web, "l.example.com");
     let ingress = Ingress::builder()
         .manifests(dir.path())
         .args([
@@ -249,7 +246,7 @@ fn slow_headers_time_out_and_huge_headers_are_refused() {
 async fn upstream_connections_are_kept_alive_and_reused() {
     let web = Backend::start("web");
     let dir = Scratch::new("keepalive");
-    one_route(&dir, &web, "k.example.com");
+    write_one_route(&dir, &web, "k.example.com");
     let ingress = Ingress::start(dir.path());
     let http = client::http1();
     for i in 0..50 {

@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ingress_tests::manifests::service;
-use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
+use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::ports::free_port;
 use ingress_tests::preflight::preflight_tool;
 use ingress_tests::process::Ingress;
@@ -30,13 +30,7 @@ const WAIT: Duration = Duration::from_secs(5);
 
 /// `open.test` serves anyone; `ranged.test` (with TLS) only 203.0.113.0/24.
 fn manifests(dir: &Scratch, web: &Backend, ca: &Ca) {
-    let leaf = ca.leaf(
-        "ranged",
-        &["ranged.test", "open.test"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("ranged", &["ranged.test", "open.test"]);
     let ingress = |name: &str, host: &str, annotations: &str, tls: bool| {
         let tls = if tls {
             format!("  tls: [{{hosts: [{host}], secretName: site-tls}}]\n")

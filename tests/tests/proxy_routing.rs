@@ -3,10 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
-
 use ingress_tests::client::{self, get};
-use ingress_tests::manifests::{ingress, service};
+use ingress_tests::curl;
+use ingress_tests::manifests::{ingress, one_route, service};
 use ingress_tests::process::Ingress;
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
@@ -301,33 +300,19 @@ async fn external_name_resolves_through_dns() {
 fn curl_sees_routes_and_status_codes() {
     let web = Backend::start("curl-web");
     let dir = Scratch::new("curl");
-    dir.write(
-        "a.yaml",
-        &(service("t", "web", &[&web])
-            + &ingress("t", "web", &[("curl.example.com", "/", "Prefix", "web")])),
-    );
+    dir.write("a.yaml", &one_route("t", "web", "curl.example.com", &web));
     let ingress = Ingress::start(dir.path());
-    let curl = |host: &str, extra: &[&str]| -> String {
-        let out = Command::new("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code} %{http_version}",
-                "-H",
-                &format!("Host: {host}"),
-            ])
-            .args(extra)
-            .arg(ingress.url("/"))
-            .output()
-            .expect("curl runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+    let status_and_version = |host: &str, extra: &[&str]| -> String {
+        let (host, url) = (format!("Host: {host}"), ingress.url("/"));
+        let mut args = vec!["-H", host.as_str()];
+        args.extend(extra);
+        args.push(&url);
+        curl::write_out("%{http_code} %{http_version}", &args)
     };
-    assert_eq!(curl("curl.example.com", &[]), "200 1.1");
+    assert_eq!(status_and_version("curl.example.com", &[]), "200 1.1");
     assert_eq!(
-        curl("curl.example.com", &["--http2-prior-knowledge"]),
+        status_and_version("curl.example.com", &["--http2-prior-knowledge"]),
         "200 2"
     );
-    assert_eq!(curl("nope.example.com", &[]), "404 1.1");
+    assert_eq!(status_and_version("nope.example.com", &[]), "404 1.1");
 }

@@ -162,11 +162,7 @@ fn nginx_limit_req_and_limit_conn() {
             let url = ingress.url("/?delay_ms=1500");
             let version = version.to_string();
             std::thread::spawn(move || {
-                std::process::Command::new("curl")
-                    .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &version])
-                    .args(["-H", "Host: conn.test", &url])
-                    .output()
-                    .unwrap()
+                curl::write_out("%{http_code}", &[&version, "-H", "Host: conn.test", &url])
             })
         };
         std::thread::sleep(Duration::from_millis(500));
@@ -175,8 +171,7 @@ fn nginx_limit_req_and_limit_conn() {
             [503],
             "{version}: a second concurrent request"
         );
-        let out = slow.join().unwrap();
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "200", "{version}");
+        assert_eq!(slow.join().unwrap(), "200", "{version}");
         assert_eq!(
             statuses(&ingress, "conn.test", "/", version, 1),
             [200],

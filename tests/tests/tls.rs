@@ -14,9 +14,10 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use ingress_tests::client::blocking_get;
-use ingress_tests::manifests::{ingress, service};
+use ingress_tests::curl;
+use ingress_tests::manifests::{ingress, one_route, service};
 use ingress_tests::pki::{Ca, KeyFormat, KeyKind, secret_yaml};
-use ingress_tests::process::{Ingress, binary};
+use ingress_tests::process::{Ingress, check};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
 
@@ -62,20 +63,8 @@ fn one_host(name: &str, secret: &str) -> String {
 fn certificate_choice_by_sni() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let exact = ca.leaf(
-        "exact",
-        &["exact.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
-    let wild = ca.leaf(
-        "wild",
-        &["*.wild.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let exact = ca.server("exact", &["exact.example.com"]);
+    let wild = ca.server("wild", &["*.wild.example.com"]);
     let dir = Scratch::new("tls-sni");
     let yaml = service("t", "web", &[&web])
         + &secret_yaml("t", "exact", &exact.chain, &exact.key)
@@ -166,13 +155,7 @@ fn key_formats_and_chains() {
 fn curl_http2_over_tls() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let leaf = ca.leaf(
-        "curl",
-        &["curl.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("curl", &["curl.example.com"]);
     let dir = Scratch::new("tls-curl");
     dir.write(
         "a.yaml",
@@ -257,13 +240,7 @@ async fn hyper_tls_get(
 async fn hyper_client_h2_and_h1_over_tls() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let leaf = ca.leaf(
-        "hyper",
-        &["hyper.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("hyper", &["hyper.example.com"]);
     let dir = Scratch::new("tls-hyper");
     dir.write(
         "a.yaml",
@@ -300,20 +277,8 @@ async fn hyper_client_h2_and_h1_over_tls() {
 async fn rotation_under_load() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let v1 = ca.leaf(
-        "v1",
-        &["rot.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
-    let v2 = ca.leaf(
-        "v2",
-        &["rot.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let v1 = ca.server("v1", &["rot.example.com"]);
+    let v2 = ca.server("v2", &["rot.example.com"]);
     let dir = Scratch::new("tls-rotate");
     let base = service("t", "web", &[&web]) + &one_host("rot.example.com", "rot");
     dir.write("app.yaml", &base);
@@ -412,13 +377,7 @@ async fn rotation_under_load() {
 fn redirect_matrix() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let leaf = ca.leaf(
-        "r",
-        &["tls.example.com", "noredirect.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("r", &["tls.example.com", "noredirect.example.com"]);
     let dir = Scratch::new("tls-redirect");
     let annotated = |name: &str, annotation: &str, tls: bool| {
         let tls_block = if tls {
@@ -454,22 +413,16 @@ fn redirect_matrix() {
     let ingress = Ingress::start(dir.path());
     let port = ingress.https.port();
     let redirect = |host: &str, path: &str| -> (u16, String) {
-        let out = Command::new("curl")
-            .args([
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code} %{redirect_url}",
+        let text = curl::write_out(
+            "%{http_code} %{redirect_url}",
+            &[
                 "-X",
                 "POST",
                 "-H",
                 &format!("Host: {host}"),
-            ])
-            .arg(ingress.url(path))
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                &ingress.url(path),
+            ],
+        );
         let (code, url) = text.split_once(' ').unwrap_or((&text, ""));
         (code.parse().unwrap_or(0), url.to_string())
     };
@@ -487,13 +440,7 @@ fn redirect_matrix() {
 fn hsts_on_https_only() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let leaf = ca.leaf(
-        "h",
-        &["hsts.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("h", &["hsts.example.com"]);
     let dir = Scratch::new("tls-hsts");
     dir.write(
         "a.yaml",
@@ -511,18 +458,8 @@ fn hsts_on_https_only() {
             "--hsts-include-subdomains",
         ])
         .start();
-    let port = ingress.https.port();
-    let out = Command::new("curl")
-        .args(["-s", "-D", "-", "-o", "/dev/null", "--cacert"])
-        .arg(&ca_file)
-        .args([
-            "--resolve",
-            &format!("hsts.example.com:{port}:127.0.0.1"),
-            &format!("https://hsts.example.com:{port}/"),
-        ])
-        .output()
-        .unwrap();
-    let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    let head = curl::verified_https_head(&ca_file, "hsts.example.com", ingress.https.port(), "/")
+        .to_ascii_lowercase();
     assert!(
         head.contains("strict-transport-security: max-age=600; includesubdomains"),
         "{head}"
@@ -551,20 +488,8 @@ fn hsts_on_https_only() {
 fn broken_certificates_fall_back_and_are_reported() {
     let web = Backend::start("web");
     let ca = Ca::new("test CA");
-    let good = ca.leaf(
-        "good",
-        &["good.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
-    let other = ca.leaf(
-        "other",
-        &["mismatch.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let good = ca.server("good", &["good.example.com"]);
+    let other = ca.server("other", &["mismatch.example.com"]);
     let expired = ca.leaf(
         "expired",
         &["expired.example.com"],
@@ -572,13 +497,7 @@ fn broken_certificates_fall_back_and_are_reported() {
         KeyFormat::Pkcs8,
         true,
     );
-    let wrong_name = ca.leaf(
-        "wrongname",
-        &["elsewhere.example.com"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let wrong_name = ca.server("wrongname", &["elsewhere.example.com"]);
     let dir = Scratch::new("tls-broken");
     let yaml = service("t", "web", &[&web])
         + &secret_yaml("t", "good", &good.chain, &good.key)
@@ -626,11 +545,7 @@ fn broken_certificates_fall_back_and_are_reported() {
         )
         .expect("expiry metric");
     assert!(expires_in > 365.0 * 86400.0, "{expires_in}");
-    let out = Command::new(binary())
-        .args(["check", "--manifests"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = check(dir.path(), &[]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1));
     for needle in [
@@ -654,11 +569,7 @@ fn broken_certificates_fall_back_and_are_reported() {
 fn non_tls_and_garbage_on_the_https_port_are_reset() {
     let web = Backend::start("web");
     let dir = Scratch::new("tls-garbage");
-    dir.write(
-        "a.yaml",
-        &(service("t", "web", &[&web])
-            + &ingress("t", "web", &[("g.example.com", "/", "Prefix", "web")])),
-    );
+    dir.write("a.yaml", &one_route("t", "web", "g.example.com", &web));
     let ingress = Ingress::start(dir.path());
     for (payload, reason) in [
         (
@@ -705,11 +616,7 @@ fn non_tls_and_garbage_on_the_https_port_are_reset() {
 fn a_silent_client_is_not_accepted_until_it_speaks() {
     let web = Backend::start("web");
     let dir = Scratch::new("tls-deferred");
-    dir.write(
-        "a.yaml",
-        &(service("t", "web", &[&web])
-            + &ingress("t", "web", &[("d.example.com", "/", "Prefix", "web")])),
-    );
+    dir.write("a.yaml", &one_route("t", "web", "d.example.com", &web));
     let ingress = Ingress::start(dir.path());
     let accepted = || {
         ingress

@@ -484,16 +484,10 @@ fn phases_errors_and_expect_continue_on_http1_to_h2_routes() {
 #[test]
 fn http1_clients_reach_a_grpcs_upstream_over_tls_with_alpn_h2() {
     use ingress_tests::https_upstream::{HttpsBackend, HttpsOptions};
-    use ingress_tests::pki::{Ca, KeyFormat, KeyKind};
+    use ingress_tests::pki::Ca;
 
     let ca = Ca::new("upstream CA");
-    let leaf = ca.leaf(
-        "secure.t.svc",
-        &["secure.t.svc"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let leaf = ca.server("secure.t.svc", &["secure.t.svc"]);
     // HTTP/2 only: a client that cannot agree to h2 is refused by the handshake.
     let backend = HttpsBackend::start(
         "secure",

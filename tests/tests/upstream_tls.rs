@@ -85,13 +85,7 @@ async fn wait_for_route(ingress: &Ingress, host: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn https_upstreams_verified_named_and_failing_cleanly() {
     let ca = Ca::new("upstream CA");
-    let good = ca.leaf(
-        "secure.t.svc",
-        &["secure.t.svc", "backend.example"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let good = ca.server("secure.t.svc", &["secure.t.svc", "backend.example"]);
     let expired = ca.leaf(
         "stale.t.svc",
         &["stale.t.svc"],
@@ -110,13 +104,7 @@ async fn https_upstreams_verified_named_and_failing_cleanly() {
     yaml += &service_at("t", "plain", &[plain.addr]);
     // Only the CA: tls.crt/tls.key here are the CA's own leaf, presented as a client
     // certificate that these upstreams do not ask for.
-    let client = ca.leaf(
-        "proxy",
-        &["proxy"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let client = ca.server("proxy", &["proxy"]);
     yaml += &secret_yaml_with_ca("t", "upstream-ca", &client.chain, &client.key, &ca.pem);
     // Verification off (the default): any certificate, no SNI.
     yaml += &ingress(
@@ -238,13 +226,7 @@ async fn https_upstreams_verified_named_and_failing_cleanly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn mutual_tls_resumption_and_app_protocol() {
     let ca = Ca::new("upstream CA");
-    let server = ca.leaf(
-        "mtls.t.svc",
-        &["mtls.t.svc"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let server = ca.server("mtls.t.svc", &["mtls.t.svc"]);
     let client_leaf = ca.leaf(
         "proxy",
         &["proxy"],
@@ -382,20 +364,8 @@ async fn bad_annotations_are_diagnostics() {
 #[tokio::test(flavor = "multi_thread")]
 async fn auto_http_follows_the_clients_scheme() {
     let ca = Ca::new("front CA");
-    let front = ca.leaf(
-        "auto.example",
-        &["auto.example"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
-    let back = ca.leaf(
-        "auto.t.svc",
-        &["auto.t.svc"],
-        KeyKind::EcdsaP256,
-        KeyFormat::Pkcs8,
-        false,
-    );
+    let front = ca.server("auto.example", &["auto.example"]);
+    let back = ca.server("auto.t.svc", &["auto.t.svc"]);
     let secure = HttpsBackend::start("secure", &back, HttpsOptions::default());
     let dir = Scratch::new("auto-http");
     let mut yaml = service_at("t", "secure", &[secure.addr]);

@@ -30,7 +30,7 @@ use tokio_rustls::client::TlsStream;
 use crate::client::metric_value;
 use crate::modes::Mode;
 use crate::netns::NetChain;
-use crate::pki::{Ca, KeyFormat, KeyKind, Leaf, secret_yaml};
+use crate::pki::{Ca, Leaf, secret_yaml};
 use crate::preflight::{Needs, preflight};
 use crate::process::{Ingress, Ports};
 use crate::scratch::Scratch;
@@ -110,11 +110,11 @@ impl Site {
         let net = NetChain::create(tag).expect("create network namespaces");
         net.proxy.enter().expect("enter the proxy namespace");
         let backend_ca = Ca::new("passthrough backend CA");
-        let backend_leaf = backend_ca.leaf(DB, &[DB], KeyKind::EcdsaP256, KeyFormat::Pkcs8, false);
+        let backend_leaf = backend_ca.server(DB, &[DB]);
         let backend = TlsBackend::start(&net.backend, &backend_leaf);
         let raw_backend = RawBackend::start(&net.backend);
         let site_ca = Ca::new("passthrough site CA");
-        let site_leaf = site_ca.leaf(WWW, &[WWW], KeyKind::EcdsaP256, KeyFormat::Pkcs8, false);
+        let site_leaf = site_ca.server(WWW, &[WWW]);
         // A plain HTTP backend for the terminated host, on the proxy namespace's loopback.
         let http_backend = Backend::start("www");
         let dir = Scratch::new("passthrough-site");

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use ingress_tests::apiserver::{RequestRecord, ServerOptions, TestApiServer};
 use ingress_tests::client::{self, HttpClient};
-use ingress_tests::manifests::{ingress, service};
+use ingress_tests::manifests::{ingress, one_route};
 use ingress_tests::process::{Ingress, IngressBuilder};
 use ingress_tests::scratch::Scratch;
 use ingress_tests::upstream::Backend;
@@ -35,7 +35,7 @@ pub const CLASS: &str = "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nm
 /// The site most of these tests start from: the IngressClass, the Service `app/web` on `web`,
 /// and the Ingress `app/web` routing `web.example.com` to it.
 pub fn web_site(web: &Backend) -> String {
-    CLASS.to_string() + &service("app", "web", &[web]) + &web_ingress("web")
+    CLASS.to_string() + &one_route("app", "web", "web.example.com", web)
 }
 
 /// The Ingress `app/NAME` routing `NAME.example.com` to the Service `web`: what a test applies
