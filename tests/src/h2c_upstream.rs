@@ -22,70 +22,39 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::sync::oneshot;
+
+use crate::accept_loop::AcceptLoop;
 
 pub struct H2cUpstream {
     pub addr: SocketAddr,
     connections: Arc<AtomicUsize>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: AcceptLoop,
 }
 
 impl H2cUpstream {
     pub fn start() -> H2cUpstream {
         let listener = crate::ports::listen_loopback();
-        listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let connections = Arc::new(AtomicUsize::new(0));
         let counter = connections.clone();
-        let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("h2c upstream runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                loop {
-                    let (stream, _) = tokio::select! {
-                        _ = &mut stop_rx => return,
-                        accepted = listener.accept() => match accepted {
-                            Ok(pair) => pair,
-                            Err(_) => continue,
-                        },
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    tokio::spawn(async move {
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(stream), service_fn(answer))
-                            .await;
-                    });
-                }
-            });
+        let server = AcceptLoop::start(listener, move |stream| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service_fn(answer))
+                    .await;
+            }
         });
         H2cUpstream {
             addr,
             connections,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
     /// HTTP/2 connections accepted so far.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for H2cUpstream {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

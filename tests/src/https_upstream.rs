@@ -10,9 +10,9 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 
+use crate::accept_loop::AcceptLoop;
 use crate::pki::{Ca, Leaf};
 
 /// What one accepted TLS connection looked like.
@@ -43,74 +43,53 @@ pub struct HttpsBackend {
     handshakes: Arc<Mutex<Vec<Handshake>>>,
     failed: Arc<AtomicUsize>,
     served: Arc<AtomicUsize>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: AcceptLoop,
 }
 
 impl HttpsBackend {
     pub fn start(name: &str, leaf: &Leaf, options: HttpsOptions<'_>) -> HttpsBackend {
         let config = server_config(leaf, &options);
         let listener = crate::ports::listen_loopback();
-        listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let handshakes = Arc::new(Mutex::new(Vec::new()));
         let failed = Arc::new(AtomicUsize::new(0));
         let served = Arc::new(AtomicUsize::new(0));
-        let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let (name, close_each) = (Arc::<str>::from(name), options.close_each);
         let (seen, failures, counter) = (handshakes.clone(), failed.clone(), served.clone());
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("backend runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let acceptor = TlsAcceptor::from(config);
-                loop {
-                    let (stream, _) = tokio::select! {
-                        _ = &mut stop_rx => return,
-                        accepted = listener.accept() => match accepted {
-                            Ok(pair) => pair,
-                            Err(_) => continue,
-                        },
-                    };
-                    let (acceptor, name, seen) = (acceptor.clone(), name.clone(), seen.clone());
-                    let (failures, counter) = (failures.clone(), counter.clone());
-                    tokio::spawn(async move {
-                        let Ok(tls) = acceptor.accept(stream).await else {
-                            failures.fetch_add(1, Ordering::Relaxed);
-                            return;
-                        };
-                        let conn = tls.get_ref().1;
-                        seen.lock().expect("handshakes").push(Handshake {
-                            sni: conn.server_name().map(str::to_string),
-                            alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
-                            resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
-                            client_cert: conn.peer_certificates().is_some_and(|c| !c.is_empty()),
-                            version: conn.protocol_version(),
-                        });
-                        let service = service_fn(move |req| {
-                            crate::upstream::handle(req, name.clone(), counter.clone())
-                        });
-                        let mut builder =
-                            hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                        builder.http1().keep_alive(!close_each);
-                        let _ = builder
-                            .serve_connection_with_upgrades(TokioIo::new(tls), service)
-                            .await;
-                    });
-                }
-            });
+        let acceptor = TlsAcceptor::from(config);
+        let server = AcceptLoop::start(listener, move |stream| {
+            let (acceptor, name, seen) = (acceptor.clone(), name.clone(), seen.clone());
+            let (failures, counter) = (failures.clone(), counter.clone());
+            async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    return;
+                };
+                let conn = tls.get_ref().1;
+                seen.lock().expect("handshakes").push(Handshake {
+                    sni: conn.server_name().map(str::to_string),
+                    alpn: conn.alpn_protocol().map(<[u8]>::to_vec),
+                    resumed: conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed),
+                    client_cert: conn.peer_certificates().is_some_and(|c| !c.is_empty()),
+                    version: conn.protocol_version(),
+                });
+                let service = service_fn(move |req| {
+                    crate::upstream::handle(req, name.clone(), counter.clone())
+                });
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder.http1().keep_alive(!close_each);
+                let _ = builder
+                    .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                    .await;
+            }
         });
         HttpsBackend {
             addr,
             handshakes,
             failed,
             served,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -127,17 +106,6 @@ impl HttpsBackend {
     /// Requests answered.
     pub fn served(&self) -> usize {
         self.served.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for HttpsBackend {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

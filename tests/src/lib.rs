@@ -3,6 +3,7 @@
 //!
 //! ```text
 //!   process      the real binary: one builder for every way a test starts it
+//!   accept_loop  the thread, runtime and accept loop behind every test upstream
 //!   auth_service an auth service for `auth-url` whose answer each path scripts
 //!   poll         eventually: wait for a live change to reach traffic
 //!   h2c_upstream an upstream speaking HTTP/2 (prior knowledge) only, answers scripted by path
@@ -20,6 +21,7 @@
 // waits are fine outside the proxy.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
+pub mod accept_loop;
 pub mod apiserver;
 pub mod auth_service;
 pub mod bpftool;

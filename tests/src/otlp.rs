@@ -15,7 +15,8 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
-use tokio::sync::oneshot;
+
+use crate::accept_loop::AcceptLoop;
 
 /// One received span, as the tests compare them.
 #[derive(Clone, Debug)]
@@ -36,48 +37,28 @@ pub struct ReceivedSpan {
 pub struct OtlpReceiver {
     pub addr: SocketAddr,
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: AcceptLoop,
 }
 
 impl OtlpReceiver {
     pub fn start() -> OtlpReceiver {
         let listener = crate::ports::listen_loopback();
-        listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let spans = Arc::new(Mutex::new(Vec::new()));
-        let (stop, mut stopped) = oneshot::channel::<()>();
         let kept = spans.clone();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("receiver runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                loop {
-                    let (stream, _) = tokio::select! {
-                        _ = &mut stopped => return,
-                        accepted = listener.accept() => match accepted {
-                            Ok(pair) => pair,
-                            Err(_) => continue,
-                        },
-                    };
-                    let kept = kept.clone();
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| receive(req, kept.clone()));
-                        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-            });
+        let server = AcceptLoop::start(listener, move |stream| {
+            let kept = kept.clone();
+            async move {
+                let service = service_fn(move |req| receive(req, kept.clone()));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            }
         });
         OtlpReceiver {
             addr,
             spans,
-            stop: Some(stop),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -105,17 +86,6 @@ impl OtlpReceiver {
             // A test helper, not async code: nothing to block.
             #[allow(clippy::disallowed_methods)]
             std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for OtlpReceiver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
         }
     }
 }

@@ -24,7 +24,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+
+use crate::accept_loop::AcceptLoop;
 
 /// What a backend saw, as it reports it in its response body.
 #[derive(Debug, Serialize, Deserialize)]
@@ -42,58 +43,33 @@ pub struct Backend {
     pub addr: SocketAddr,
     served: Arc<AtomicUsize>,
     accepted: Arc<AtomicUsize>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: AcceptLoop,
 }
 
 impl Backend {
     pub fn start(name: &str) -> Backend {
         let listener = crate::ports::listen_loopback();
-        listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let served = Arc::new(AtomicUsize::new(0));
-        let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
-        let name_owned = name.to_string();
-        let counter = served.clone();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let accepted_counter = accepted.clone();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("backend runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-                let name: Arc<str> = name_owned.into();
-                loop {
-                    let (stream, _) = tokio::select! {
-                        _ = &mut stop_rx => return,
-                        accepted = listener.accept() => match accepted {
-                            Ok(pair) => pair,
-                            Err(_) => continue,
-                        },
-                    };
-                    accepted_counter.fetch_add(1, Ordering::Relaxed);
-                    let name = name.clone();
-                    let counter = counter.clone();
-                    tokio::spawn(async move {
-                        let service =
-                            service_fn(move |req| handle(req, name.clone(), counter.clone()));
-                        let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-            });
+        let shared_name: Arc<str> = name.into();
+        let (counter, accepted_counter) = (served.clone(), accepted.clone());
+        let server = AcceptLoop::start(listener, move |stream| {
+            accepted_counter.fetch_add(1, Ordering::Relaxed);
+            let (name, counter) = (shared_name.clone(), counter.clone());
+            async move {
+                let service = service_fn(move |req| handle(req, name.clone(), counter.clone()));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            }
         });
         Backend {
             name: name.to_string(),
             addr,
             served,
             accepted,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -105,17 +81,6 @@ impl Backend {
     /// Connections accepted so far.
     pub fn connections(&self) -> usize {
         self.accepted.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
