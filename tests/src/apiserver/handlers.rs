@@ -297,6 +297,31 @@ fn key_of(target: &ObjectPath) -> ObjectKey {
     ObjectKey::new(target.def, target.namespace.as_deref(), name_of(target))
 }
 
+/// The object at `target` as clients see it, if it exists.
+fn stored(inner: &Inner, target: &ObjectPath) -> Option<Value> {
+    inner
+        .get(&key_of(target))
+        .cloned()
+        .map(|o| target.def.present(o))
+}
+
+/// The object at `target` as clients see it, or the API's 404 for it: what an update, a patch
+/// or a delete starts from.
+fn existing(inner: &Inner, target: &ObjectPath) -> Result<Value> {
+    stored(inner, target).ok_or_else(|| ApiError::not_found(target.def, name_of(target)))
+}
+
+/// Who a write of `part` is recorded under in `managedFields`: `?fieldManager=`, else a name
+/// made from the User-Agent, as the real API server does.
+fn manager_of(target: &ObjectPath, query: &Query, headers: &Headers, part: Part) -> Manager {
+    Manager::new(
+        target.def,
+        query.field_manager.as_deref(),
+        headers.user_agent.as_deref(),
+        part,
+    )
+}
+
 fn get(shared: &Shared, target: &ObjectPath, query: &Query, headers: &Headers) -> Result<Reply> {
     let def = target.def;
     let object = shared
@@ -511,12 +536,7 @@ fn create(
         &mut object,
         FieldValidation::parse(query.field_validation.as_deref())?,
     )?;
-    let manager = Manager::new(
-        def,
-        query.field_manager.as_deref(),
-        headers.user_agent.as_deref(),
-        Part::Main,
-    );
+    let manager = manager_of(target, query, headers, Part::Main);
     let mut inner = shared.store.lock();
     let created = insert_new(
         shared,
@@ -528,6 +548,25 @@ fn create(
         query.dry_run,
     )?;
     Ok(Reply::with(StatusCode::CREATED, created, warnings))
+}
+
+/// Records `manager` for what changed from `old` to `next` (built by `objects::prepare_update`;
+/// None: nothing changed), commits it and answers 200 with `warnings`: the end of an update
+/// and of a patch that is not an apply.
+fn commit_write(
+    inner: &mut Inner,
+    target: &ObjectPath,
+    old: Value,
+    mut next: Option<Value>,
+    manager: &Manager,
+    dry_run: bool,
+    warnings: Vec<String>,
+) -> Reply {
+    if let Some(next) = next.as_mut() {
+        managed::record_update(target.def, &old, next, manager);
+    }
+    let stored = commit_update(inner, target.def, key_of(target), old, next, dry_run);
+    Reply::with(StatusCode::OK, stored, warnings)
 }
 
 /// Commits an update built by `objects::prepare_update` (None: nothing changed), finishing
@@ -598,25 +637,19 @@ fn update(
         &mut object,
         FieldValidation::parse(query.field_validation.as_deref())?,
     )?;
-    let manager = Manager::new(
-        def,
-        query.field_manager.as_deref(),
-        headers.user_agent.as_deref(),
-        target.part,
-    );
-    let key = key_of(target);
+    let manager = manager_of(target, query, headers, target.part);
     let mut inner = shared.store.lock();
-    let old = inner
-        .get(&key)
-        .cloned()
-        .map(|o| def.present(o))
-        .ok_or_else(|| ApiError::not_found(def, name_of(target)))?;
-    let mut next = objects::prepare_update(def, &old, object, target.part)?;
-    if let Some(next) = next.as_mut() {
-        managed::record_update(def, &old, next, &manager);
-    }
-    let stored = commit_update(&mut inner, def, key, old, next, query.dry_run);
-    Ok(Reply::with(StatusCode::OK, stored, warnings))
+    let old = existing(&inner, target)?;
+    let next = objects::prepare_update(def, &old, object, target.part)?;
+    Ok(commit_write(
+        &mut inner,
+        target,
+        old,
+        next,
+        &manager,
+        query.dry_run,
+        warnings,
+    ))
 }
 
 fn patch(
@@ -629,32 +662,26 @@ fn patch(
     let def = target.def;
     let kind = PatchType::from_content_type(headers.content_type.as_deref())?;
     let validation = FieldValidation::parse(query.field_validation.as_deref())?;
-    let manager = Manager::new(
-        def,
-        query.field_manager.as_deref(),
-        headers.user_agent.as_deref(),
-        target.part,
-    );
+    let manager = manager_of(target, query, headers, target.part);
     if kind == PatchType::Apply {
         return apply(shared, target, query, &manager, validation, body);
     }
-    let key = key_of(target);
     let mut inner = shared.store.lock();
-    let old = inner
-        .get(&key)
-        .cloned()
-        .map(|o| def.present(o))
-        .ok_or_else(|| ApiError::not_found(def, name_of(target)))?;
+    let old = existing(&inner, target)?;
     let mut patched = old.clone();
     patch::patch(kind, &mut patched, body)?;
     objects::check_type(def, &mut patched)?;
     let warnings = objects::check_schema(def, &mut patched, validation)?;
-    let mut next = objects::prepare_update(def, &old, patched, target.part)?;
-    if let Some(next) = next.as_mut() {
-        managed::record_update(def, &old, next, &manager);
-    }
-    let stored = commit_update(&mut inner, def, key, old, next, query.dry_run);
-    Ok(Reply::with(StatusCode::OK, stored, warnings))
+    let next = objects::prepare_update(def, &old, patched, target.part)?;
+    Ok(commit_write(
+        &mut inner,
+        target,
+        old,
+        next,
+        &manager,
+        query.dry_run,
+        warnings,
+    ))
 }
 
 /// Entries compared without their timestamps: did ownership change?
@@ -706,7 +733,7 @@ fn apply(
 
     let key = key_of(target);
     let mut inner = shared.store.lock();
-    let Some(old) = inner.get(&key).cloned().map(|o| def.present(o)) else {
+    let Some(old) = stored(&inner, target) else {
         if target.part == Part::Status {
             return Err(ApiError::not_found(def, name_of(target)));
         }
@@ -769,11 +796,7 @@ fn delete(shared: &Shared, target: &ObjectPath, query: &Query, body: &[u8]) -> R
             .is_some_and(|d| d.iter().any(|v| v == "All"));
     let key = key_of(target);
     let mut inner = shared.store.lock();
-    let old = inner
-        .get(&key)
-        .cloned()
-        .map(|o| def.present(o))
-        .ok_or_else(|| ApiError::not_found(def, name_of(target)))?;
+    let old = existing(&inner, target)?;
     for (field, label) in [("uid", "UID"), ("resourceVersion", "ResourceVersion")] {
         let want = options
             .pointer(&format!("/preconditions/{field}"))

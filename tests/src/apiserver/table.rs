@@ -73,235 +73,128 @@ const AGE: Column = Column {
     },
 };
 
+/// A column as most resources print theirs: a string, shown at the default width (priority 0),
+/// with no format and no description.
+const fn column(name: &'static str, cell: fn(&Value) -> Value) -> Column {
+    Column {
+        name,
+        kind: "string",
+        format: "",
+        priority: 0,
+        description: "",
+        cell,
+    }
+}
+
 /// What resources without their own columns print, as the real default table convertor.
 pub const DEFAULT: &[Column] = &[NAME, AGE];
 
 pub const INGRESS: &[Column] = &[
     NAME,
-    Column {
-        format: "",
-        name: "Class",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| or_none(text(o, "/spec/ingressClassName")),
-    },
-    Column {
-        format: "",
-        name: "Hosts",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| {
-            let hosts: Vec<&str> = items(o, "/spec/rules")
-                .iter()
-                .filter_map(|r| r.get("host").and_then(Value::as_str))
-                .collect();
-            json!(if hosts.is_empty() {
-                "*".to_string()
-            } else {
-                hosts.join(",")
-            })
-        },
-    },
-    Column {
-        format: "",
-        name: "Address",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(load_balancer_addresses(o)),
-    },
-    Column {
-        format: "",
-        name: "Ports",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| {
-            json!(if items(o, "/spec/tls").is_empty() {
-                "80"
-            } else {
-                "80, 443"
-            })
-        },
-    },
+    column("Class", |o| or_none(text(o, "/spec/ingressClassName"))),
+    column("Hosts", |o| {
+        let hosts: Vec<&str> = items(o, "/spec/rules")
+            .iter()
+            .filter_map(|r| r.get("host").and_then(Value::as_str))
+            .collect();
+        json!(if hosts.is_empty() {
+            "*".to_string()
+        } else {
+            hosts.join(",")
+        })
+    }),
+    column("Address", |o| json!(load_balancer_addresses(o))),
+    column("Ports", |o| {
+        json!(if items(o, "/spec/tls").is_empty() {
+            "80"
+        } else {
+            "80, 443"
+        })
+    }),
     AGE,
 ];
 
 pub const SERVICE: &[Column] = &[
     NAME,
-    Column {
-        format: "",
-        name: "Type",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/spec/type")),
-    },
-    Column {
-        format: "",
-        name: "Cluster-IP",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| or_none(text(o, "/spec/clusterIP")),
-    },
-    Column {
-        format: "",
-        name: "External-IP",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| or_none(load_balancer_addresses(o)),
-    },
-    Column {
-        format: "",
-        name: "Port(s)",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| {
-            let ports: Vec<String> = items(o, "/spec/ports")
-                .iter()
-                .map(|p| {
-                    format!(
-                        "{}/{}",
-                        text(p, "/port"),
-                        p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
-                    )
-                })
-                .collect();
-            or_none(ports.join(","))
-        },
-    },
+    column("Type", |o| json!(text(o, "/spec/type"))),
+    column("Cluster-IP", |o| or_none(text(o, "/spec/clusterIP"))),
+    column("External-IP", |o| or_none(load_balancer_addresses(o))),
+    column("Port(s)", |o| {
+        let ports: Vec<String> = items(o, "/spec/ports")
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}/{}",
+                    text(p, "/port"),
+                    p.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
+                )
+            })
+            .collect();
+        or_none(ports.join(","))
+    }),
     AGE,
 ];
 
 pub const SECRET: &[Column] = &[
     NAME,
+    column("Type", |o| json!(text(o, "/type"))),
     Column {
-        format: "",
-        name: "Type",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/type")),
-    },
-    Column {
-        format: "",
-        name: "Data",
         kind: "integer",
-        priority: 0,
-        description: "",
-        cell: |o| {
+        ..column("Data", |o| {
             json!(
                 o.get("data")
                     .and_then(Value::as_object)
                     .map_or(0, |d| d.len())
             )
-        },
+        })
     },
     AGE,
 ];
 
 pub const NAMESPACE: &[Column] = &[
     NAME,
-    Column {
-        format: "",
-        name: "Status",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/status/phase")),
-    },
+    column("Status", |o| json!(text(o, "/status/phase"))),
     AGE,
 ];
 
 pub const INGRESS_CLASS: &[Column] = &[
     NAME,
-    Column {
-        format: "",
-        name: "Controller",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/spec/controller")),
-    },
-    Column {
-        format: "",
-        name: "Parameters",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| or_none(text(o, "/spec/parameters/name")),
-    },
+    column("Controller", |o| json!(text(o, "/spec/controller"))),
+    column("Parameters", |o| or_none(text(o, "/spec/parameters/name"))),
     AGE,
 ];
 
 pub const ENDPOINT_SLICE: &[Column] = &[
     NAME,
-    Column {
-        format: "",
-        name: "AddressType",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/addressType")),
-    },
-    Column {
-        format: "",
-        name: "Ports",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| {
-            let ports: Vec<String> = items(o, "/ports")
-                .iter()
-                .map(|p| text(p, "/port"))
-                .collect();
-            or_none(ports.join(","))
-        },
-    },
-    Column {
-        format: "",
-        name: "Endpoints",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| {
-            let addresses: Vec<&str> = items(o, "/endpoints")
-                .iter()
-                .flat_map(|e| items(e, "/addresses"))
-                .filter_map(Value::as_str)
-                .collect();
-            or_none(addresses.join(","))
-        },
-    },
+    column("AddressType", |o| json!(text(o, "/addressType"))),
+    column("Ports", |o| {
+        let ports: Vec<String> = items(o, "/ports")
+            .iter()
+            .map(|p| text(p, "/port"))
+            .collect();
+        or_none(ports.join(","))
+    }),
+    column("Endpoints", |o| {
+        let addresses: Vec<&str> = items(o, "/endpoints")
+            .iter()
+            .flat_map(|e| items(e, "/addresses"))
+            .filter_map(Value::as_str)
+            .collect();
+        or_none(addresses.join(","))
+    }),
     AGE,
 ];
 
 pub const LEASE: &[Column] = &[
     NAME,
-    Column {
-        format: "",
-        name: "Holder",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/spec/holderIdentity")),
-    },
+    column("Holder", |o| json!(text(o, "/spec/holderIdentity"))),
     AGE,
 ];
 
 pub const EVENT: &[Column] = &[
     Column {
-        format: "",
-        name: "Last Seen",
-        kind: "string",
-        priority: 0,
         description: "Time since the event was last seen",
-        cell: |o| {
+        ..column("Last Seen", |o| {
             let seen = [
                 "/lastTimestamp",
                 "/eventTime",
@@ -310,46 +203,18 @@ pub const EVENT: &[Column] = &[
             .iter()
             .find_map(|p| o.pointer(p).and_then(Value::as_str));
             json!(age(seen))
-        },
+        })
     },
-    Column {
-        format: "",
-        name: "Type",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/type")),
-    },
-    Column {
-        format: "",
-        name: "Reason",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/reason")),
-    },
-    Column {
-        format: "",
-        name: "Object",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| {
-            json!(format!(
-                "{}/{}",
-                text(o, "/involvedObject/kind").to_ascii_lowercase(),
-                text(o, "/involvedObject/name")
-            ))
-        },
-    },
-    Column {
-        format: "",
-        name: "Message",
-        kind: "string",
-        priority: 0,
-        description: "",
-        cell: |o| json!(text(o, "/message")),
-    },
+    column("Type", |o| json!(text(o, "/type"))),
+    column("Reason", |o| json!(text(o, "/reason"))),
+    column("Object", |o| {
+        json!(format!(
+            "{}/{}",
+            text(o, "/involvedObject/kind").to_ascii_lowercase(),
+            text(o, "/involvedObject/name")
+        ))
+    }),
+    column("Message", |o| json!(text(o, "/message"))),
 ];
 
 /// kubectl's `HumanDuration`: "45s", "3m10s", "5h", "12d", "2y".
