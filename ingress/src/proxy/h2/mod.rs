@@ -80,13 +80,15 @@ pub async fn serve<IO>(
         let guard = streams.open();
         let proxy = proxy.clone();
         let conn = conn.clone();
-        async move {
+        // Boxed: the request's future is some 10 KB, and hyper moves the service's future into
+        // its stream task and tokio moves that into the task's cell; a pointer is all they copy.
+        Box::pin(async move {
             let response = proxy.handle(req, conn).await?;
             Ok::<_, std::convert::Infallible>(response.map(|body| Tracked {
                 body,
                 _guard: guard,
             }))
-        }
+        })
     });
     let mut connection = std::pin::pin!(builder.serve_connection(TokioIo::new(io), service));
     let limits = Limits {
