@@ -33,6 +33,8 @@ pub const PACKAGES: &[&str] = &[
     "haproxy",
     "wrk",
     "nghttp2-client",
+    // nghttpd: the gRPC bench's peer that answers from files, so the proxies are what is busy.
+    "nghttp2-server",
     "curl",
     "openssl",
     "kubectl",

@@ -1,16 +1,22 @@
-//! gRPC through each proxy to the same grpcio server (`tests/grpc/peer.py`): ingress
-//! (`backend-protocol: GRPC`) against nginx (`grpc_pass`, kept-alive upstream connections),
-//! both terminating TLS with ALPN h2; unary calls and server-streaming calls (ten replies
-//! each), from h2load sending gRPC-framed bodies.
+//! gRPC through each proxy: ingress (`backend-protocol: GRPC`) against nginx (`grpc_pass`,
+//! kept-alive upstream connections), both terminating TLS with ALPN h2; unary calls and
+//! server-streaming calls (ten replies each), from h2load sending gRPC-framed bodies. Twice,
+//! to two peers:
 //!
 //! ```text
-//!   core 1: h2load (16 connections × 10 streams), the grpcio server (Python, 16 threads)
+//!   core 1: h2load (16 connections × 10 streams) and the peer:
+//!             grpcio (`tests/grpc/peer.py`, Python, 16 threads): a real gRPC server
+//!             nghttpd: an h2c server answering each call at once from a file, with the
+//!                      trailer grpc-status: 0 (what a gRPC reply is on the wire; the ten
+//!                      streamed replies come in one DATA frame, not ten)
 //!   core 0: the proxy under test, one worker
 //! ```
 //!
-//! The Python server bounds the rate of both proxies alike, so the comparison is the proxy's
-//! CPU per call (calls per proxy CPU-second; goal, issue 15: ahead of nginx), with the rate and
-//! p99 beside it.
+//! The two answer different questions. grpcio sets the pace (some 7,000 calls/s on its share
+//! of the core): both proxies idle between calls, and a call's CPU includes waking up for it.
+//! nghttpd outpaces both proxies: each runs flat out, and calls per CPU-second is the cost of
+//! proxying a call. Goal (issue 15): ahead of nginx per proxy CPU-second. The rate and p99 are
+//! printed beside it.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -27,6 +33,8 @@ const NGINX: u16 = 19643;
 const INGRESS: u16 = 19645;
 const INGRESS_HTTP: u16 = 19680;
 const INGRESS_ADMIN: u16 = 19258;
+/// nghttpd, the peer that answers from files.
+const FILES: u16 = 19647;
 const CONNECTIONS: u32 = 16;
 const STREAMS: u32 = 10;
 
@@ -46,42 +54,68 @@ impl Drop for Peer {
 
 pub fn run(bench: &Bench, workspace: &Path) -> Result<()> {
     procs::require("python3")?;
-    procs::ensure_free(&[NGINX, INGRESS, INGRESS_HTTP, INGRESS_ADMIN])?;
+    procs::ensure_free(&[NGINX, INGRESS, INGRESS_HTTP, INGRESS_ADMIN, FILES])?;
     tls::resolve_to_loopback(rig::HOST)?;
+    procs::require("nghttpd")?;
     let dir = bench.scratch("grpc")?;
     let (cert, key) = h2::certificate(&dir)?;
-    let peer = start_peer(workspace)?;
-    let mut nginx = start_nginx(&dir, &cert, &key, peer.port)?;
-    let mut ingress = start_ingress(bench, &dir, &cert, &key, peer.port)?;
     let unary = payload(&dir, "unary", b"hello")?;
     let stream = payload(&dir, "stream", b"10")?;
+    let peer = start_peer(workspace)?;
+    let to = "to grpcio";
+    compare(bench, &dir, (&cert, &key), peer.port, to, (&unary, &stream))?;
+    drop(peer);
+    let files = start_files(&dir)?;
+    let to = "to nghttpd answering from files (the proxy is the bottleneck)";
+    compare(
+        bench,
+        &dir,
+        (&cert, &key),
+        files.port,
+        to,
+        (&unary, &stream),
+    )?;
+    Ok(())
+}
+
+/// Both proxies in front of the peer on `port`, both methods, printed under `to`.
+fn compare(
+    bench: &Bench,
+    dir: &Path,
+    (cert, key): (&Path, &Path),
+    port: u16,
+    to: &str,
+    (unary, stream): (&Path, &Path),
+) -> Result<()> {
+    let mut nginx = start_nginx(dir, cert, key, port)?;
+    let mut ingress = start_ingress(bench, dir, cert, key, port)?;
     for (name, port, process) in [
         ("nginx", NGINX, &mut nginx),
         ("ingress", INGRESS, &mut ingress),
     ] {
         load(
-            &dir,
+            dir,
             port,
             process,
             "/test.Echo/Unary",
-            &unary,
+            unary,
             Duration::from_secs(1),
         )
         .with_context(|| format!("{name}: a first gRPC call"))?;
         process.ensure_running(name)?;
     }
     for (title, method, body) in [
-        ("unary", "/test.Echo/Unary", &unary),
+        ("unary", "/test.Echo/Unary", unary),
         (
             "server streaming, 10 replies",
             "/test.Echo/ServerStream",
-            &stream,
+            stream,
         ),
     ] {
         let (mut n, mut i) = (Vec::new(), Vec::new());
         for _ in 0..bench.rounds {
-            n.push(load(&dir, NGINX, &nginx, method, body, bench.duration)?);
-            i.push(load(&dir, INGRESS, &ingress, method, body, bench.duration)?);
+            n.push(load(dir, NGINX, &nginx, method, body, bench.duration)?);
+            i.push(load(dir, INGRESS, &ingress, method, body, bench.duration)?);
         }
         let summary = |runs: &[Measured]| {
             (
@@ -94,7 +128,7 @@ pub fn run(bench: &Bench, workspace: &Path) -> Result<()> {
         let (ir, i99, icpu) = summary(&i);
         writeln!(
             bench.report,
-            "\n## gRPC {title} over TLS, {CONNECTIONS} connections × {STREAMS} streams, to grpcio (median of {} rounds)",
+            "\n## gRPC {title} over TLS, {CONNECTIONS} connections × {STREAMS} streams, {to} (median of {} rounds)",
             bench.rounds
         );
         writeln!(
@@ -120,18 +154,22 @@ pub fn run(bench: &Bench, workspace: &Path) -> Result<()> {
             i99 / n99
         );
     }
-    drop(peer);
     Ok(())
 }
 
-/// A gRPC message as a request body: the uncompressed flag, the length, the bytes.
-fn payload(dir: &Path, name: &str, message: &[u8]) -> Result<PathBuf> {
-    let mut body = vec![0u8];
-    body.extend_from_slice(&u32::try_from(message.len())?.to_be_bytes());
-    body.extend_from_slice(message);
+/// A gRPC message as a request body, in a file for h2load.
+fn payload(dir: &Path, name: &str, text: &[u8]) -> Result<PathBuf> {
     let path = dir.join(format!("{name}.grpc"));
-    std::fs::write(&path, body)?;
+    std::fs::write(&path, message(text)?)?;
     Ok(path)
+}
+
+/// One gRPC message on the wire: the uncompressed flag, the length, the bytes.
+fn message(text: &[u8]) -> Result<Vec<u8>> {
+    let mut out = vec![0u8];
+    out.extend_from_slice(&u32::try_from(text.len())?.to_be_bytes());
+    out.extend_from_slice(text);
+    Ok(out)
 }
 
 fn load(
@@ -171,6 +209,44 @@ fn start_peer(workspace: &Path) -> Result<Peer> {
         .parse()
         .with_context(|| format!("the gRPC peer printed {line:?}, not its port"))?;
     Ok(Peer { child, port })
+}
+
+/// nghttpd on CPU 1, h2c on [`FILES`], answering any call to the two methods with the reply a
+/// gRPC server would send (the file: one message, or ten) and the trailer `grpc-status: 0`,
+/// whatever the request (nghttpd reads a request body and serves the path's file).
+fn start_files(dir: &Path) -> Result<Files> {
+    let root = dir.join("files");
+    let methods = root.join("test.Echo");
+    std::fs::create_dir_all(&methods)?;
+    std::fs::write(methods.join("Unary"), message(b"hello")?)?;
+    let mut replies = Vec::new();
+    for i in 0..10 {
+        replies.extend(message(format!("item-{i}").as_bytes())?);
+    }
+    std::fs::write(methods.join("ServerStream"), replies)?;
+    let mut cmd = procs::pinned(1, "nghttpd");
+    cmd.args(["--no-tls", "-a", "127.0.0.1", "-d"])
+        .arg(&root)
+        .args(["--trailer", "grpc-status: 0", &FILES.to_string()]);
+    let running = Running::start("nghttpd", cmd, &dir.join("nghttpd.log"))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", FILES)).is_err() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "nghttpd did not listen on {FILES} within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Files {
+        _running: running,
+        port: FILES,
+    })
+}
+
+/// The nghttpd peer, stopped when dropped.
+struct Files {
+    _running: Running,
+    port: u16,
 }
 
 fn start_nginx(dir: &Path, cert: &Path, key: &Path, peer: u16) -> Result<Running> {
