@@ -3,9 +3,10 @@
 //! as a container runtime would take them from stdout), and with OpenTelemetry tracing at a 1%
 //! and a 100% sample ratio (spans exported over OTLP/HTTP to the rig's upstream nginx, which
 //! answers 200 to anything). The configurations are interleaved round by round (a fresh rig
-//! each time, in reverse order every other round), and each is reported as a ratio to "off" (goals: at most 5% fewer requests/s
-//! with the log on; tracing off costs nothing, as "off" is also the untraced path). nginx is
-//! not involved; its rig process idles.
+//! each time, in reverse order every other round), and each is reported as the median of its
+//! ratios to the "off" run of the same round (goals: at most 5% fewer requests/s with the log
+//! on; tracing off costs nothing, as "off" is also the untraced path). nginx is not involved;
+//! its rig process idles.
 //!
 //! Each run is also measured as requests per CPU-second of the ingress process (all its
 //! threads: the log writer's `write`s count): on a shared machine, requests/s move with the
@@ -116,22 +117,43 @@ pub fn run(bench: &Bench) -> Result<()> {
         "{:<16} {:>12} {:>10} {:>10} {:>10} {:>16} {:>10}",
         "observability", "requests/s", "p50 ms", "p99 ms", "vs off", "requests/CPU-s", "vs off"
     );
-    let off = median(runs[0].iter().map(|(l, _)| l.requests_per_sec).collect());
-    let off_cpu = median(runs[0].iter().map(|(_, c)| *c).collect());
-    for ((name, _), loads) in CONFIGS.iter().zip(&runs) {
-        let rate = median(loads.iter().map(|(l, _)| l.requests_per_sec).collect());
-        let per_cpu = median(loads.iter().map(|(_, c)| *c).collect());
+    // "vs off" pairs each run with the "off" run of its own round (the runs of a round are
+    // seconds apart, rounds a minute): the median of those ratios, so that a round in which the
+    // shared machine was faster or slower for everyone does not count as the log's cost.
+    let vs_off = |i: usize, value: fn(&(wrk::Load, f64)) -> f64| -> Vec<f64> {
+        runs[i]
+            .iter()
+            .zip(&runs[0])
+            .map(|(run, off)| value(run) / value(off))
+            .collect()
+    };
+    let rate_of: fn(&(wrk::Load, f64)) -> f64 = |(l, _)| l.requests_per_sec;
+    let cpu_of: fn(&(wrk::Load, f64)) -> f64 = |(_, c)| *c;
+    for (i, ((name, _), loads)) in CONFIGS.iter().zip(&runs).enumerate() {
         writeln!(
             bench.report,
             "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x {:>16.0} {:>9.2}x",
             name,
-            rate,
+            median(loads.iter().map(rate_of).collect()),
             median(loads.iter().map(|(l, _)| l.p50_ms).collect()),
             median(loads.iter().map(|(l, _)| l.p99_ms).collect()),
-            rate / off,
-            per_cpu,
-            per_cpu / off_cpu
+            median(vs_off(i, rate_of)),
+            median(loads.iter().map(cpu_of).collect()),
+            median(vs_off(i, cpu_of))
         );
     }
+    let rounds_of = |i: usize| {
+        vs_off(i, rate_of)
+            .iter()
+            .map(|r| format!("{r:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    writeln!(
+        bench.report,
+        "requests/s vs off, round by round: json [{}], upstream [{}] (goal: at least 0.95x)",
+        rounds_of(1),
+        rounds_of(2)
+    );
     Ok(())
 }
