@@ -33,17 +33,30 @@ use crate::snapshot::sni::SniPolicy;
 pub trait HostMap: Send + Sync {
     /// Moves the map to `policy` of snapshot `generation`, adding before removing.
     fn sync_hosts(&self, policy: &SniPolicy, generation: u64) -> Result<SyncReport, GateError>;
+
+    /// Moves the map to snapshot `generation` when it already holds `policy`'s names.
+    fn sync_generation(&self, policy: &SniPolicy, generation: u64) -> Result<(), GateError> {
+        self.sync_hosts(policy, generation).map(|_| ())
+    }
 }
 
 impl HostMap for Gate {
     fn sync_hosts(&self, policy: &SniPolicy, generation: u64) -> Result<SyncReport, GateError> {
         Gate::sync_hosts(self, policy, generation)
     }
+
+    fn sync_generation(&self, policy: &SniPolicy, generation: u64) -> Result<(), GateError> {
+        Gate::sync_config(self, policy, generation)
+    }
 }
 
 pub struct MapSync<M: HostMap = Gate> {
     map: Arc<M>,
     errors: Counter,
+    /// Whether the map holds the last published snapshot's names (every sync since the last
+    /// full one succeeded): then a publish that keeps the names only records its generation,
+    /// rather than converting and diffing every name twice.
+    in_step: std::sync::atomic::AtomicBool,
 }
 
 /// Registers the sync's error counter (in either mode, so the series always exists) and, with a
@@ -64,10 +77,24 @@ pub fn register_metrics(registry: &mut Registry, gate: Option<&Arc<Gate>>) -> Co
 
 impl<M: HostMap> MapSync<M> {
     pub fn new(map: Arc<M>, errors: Counter) -> Self {
-        Self { map, errors }
+        Self {
+            map,
+            errors,
+            in_step: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the publish from `old` to `new` keeps every name, and the map is known to hold
+    /// them (`old` was written, and nothing failed since).
+    fn names_unchanged(&self, new: &Snapshot, old: &Snapshot) -> bool {
+        old.generation != 0
+            && self.in_step.load(std::sync::atomic::Ordering::Acquire)
+            && new.sni.names == old.sni.names
     }
 
     fn sync(&self, policy: &SniPolicy, generation: u64) {
+        self.in_step
+            .store(false, std::sync::atomic::Ordering::Release);
         match self.map.sync_hosts(policy, generation) {
             Ok(report) => {
                 if !report.rejected.is_empty() {
@@ -79,6 +106,8 @@ impl<M: HostMap> MapSync<M> {
                     removed = report.removed,
                     "kernel host map synced"
                 );
+                self.in_step
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
             Err(err) => {
                 self.errors.inc();
@@ -90,14 +119,23 @@ impl<M: HostMap> MapSync<M> {
 
 impl<M: HostMap> PublishHook for MapSync<M> {
     fn before(&self, new: &Snapshot, old: &Snapshot) {
-        if new.generation == 0 {
+        if new.generation == 0 || self.names_unchanged(new, old) {
             return;
         }
         self.sync(&union_policy(&new.sni, &old.sni), new.generation);
     }
 
-    fn after(&self, new: &Snapshot, _old: &Snapshot) {
+    fn after(&self, new: &Snapshot, old: &Snapshot) {
         if new.generation == 0 {
+            return;
+        }
+        if self.names_unchanged(new, old) {
+            if let Err(err) = self.map.sync_generation(&new.sni, new.generation) {
+                self.in_step
+                    .store(false, std::sync::atomic::Ordering::Release);
+                self.errors.inc();
+                tracing::error!(%err, generation = new.generation, "kernel gate config sync failed");
+            }
             return;
         }
         self.sync(&new.sni, new.generation);
@@ -191,10 +229,18 @@ mod tests {
     #[derive(Default)]
     struct Recorded {
         names: Mutex<BTreeSet<String>>,
+        /// (full sync or generation only, generation)
+        calls: Mutex<Vec<(&'static str, u64)>>,
     }
 
     impl HostMap for Recorded {
-        fn sync_hosts(&self, policy: &SniPolicy, _: u64) -> Result<SyncReport, GateError> {
+        fn sync_generation(&self, _: &SniPolicy, generation: u64) -> Result<(), GateError> {
+            self.calls.lock().unwrap().push(("generation", generation));
+            Ok(())
+        }
+
+        fn sync_hosts(&self, policy: &SniPolicy, generation: u64) -> Result<SyncReport, GateError> {
+            self.calls.lock().unwrap().push(("hosts", generation));
             let mut names = self.names.lock().unwrap();
             let upserted = policy.names.len();
             names.extend(policy.names.keys().cloned());
@@ -298,6 +344,27 @@ mod tests {
         assert_eq!(
             *map.names.lock().unwrap(),
             BTreeSet::from(["b.test".into(), "c.test".into()])
+        );
+        assert!(invariant.violations.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_publish_that_keeps_every_name_only_records_its_generation() {
+        let (published, map, invariant) = published_with_sync();
+        published.publish(Arc::new(snapshot(1, &["a.test"])));
+        published.publish(Arc::new(snapshot(2, &["a.test"])));
+        published.publish(Arc::new(snapshot(3, &["a.test", "b.test"])));
+        published.publish(Arc::new(snapshot(4, &["a.test", "b.test"])));
+        assert_eq!(
+            *map.calls.lock().unwrap(),
+            [
+                ("hosts", 1),
+                ("hosts", 1),
+                ("generation", 2),
+                ("hosts", 3),
+                ("hosts", 3),
+                ("generation", 4),
+            ]
         );
         assert!(invariant.violations.lock().unwrap().is_empty());
     }

@@ -412,6 +412,12 @@ impl Gate {
         self.shared.sync_hosts(desired, generation)
     }
 
+    /// Records `generation` (and `desired`'s answers for unnamed connections) in CONFIG without
+    /// touching HOSTS, which must already hold `desired`'s names.
+    pub fn sync_config(&self, desired: &SniPolicy, generation: u64) -> Result<()> {
+        self.shared.sync_config(desired, generation)
+    }
+
     /// Summed per-CPU counters, for `/metrics`.
     pub fn counters(&self) -> Result<GateCounters> {
         let mut values = [0u64; counter::LEN as usize];
@@ -506,6 +512,21 @@ impl Shared {
         config.proxy_protocol = u32::from(self.proxy_protocol);
         let sources = policy::source_entries(&desired.sources);
         self.write_hosts(generation, &entries, &sources, config, &rejected)
+    }
+
+    fn sync_config(&self, desired: &SniPolicy, generation: u64) -> Result<()> {
+        let mut hosts = lock(&self.hosts);
+        let config = policy::config(desired, generation, self.netns_cookie, &self.ports);
+        if hosts.config != Some(config) {
+            lock(&self.config)
+                .set(0, config, 0)
+                .map_err(|source| GateError::Map {
+                    name: "CONFIG",
+                    source,
+                })?;
+            hosts.config = Some(config);
+        }
+        Ok(())
     }
 
     fn write_hosts(
