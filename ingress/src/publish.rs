@@ -25,8 +25,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 use crate::diagnostics::{Diagnostic, Severity};
-use crate::snapshot::{BuildSettings, Snapshot};
-use crate::store::{SourceEvent, Store};
+use crate::snapshot::{BuildCache, BuildKind, BuildSettings, Snapshot};
+use crate::store::{Changes, SourceEvent, Store};
 
 /// Something that must see each snapshot change in step with the swap.
 pub trait PublishHook: Send + Sync {
@@ -199,6 +199,7 @@ impl Pipeline {
 
     pub async fn run(self, mut events: mpsc::UnboundedReceiver<SourceEvent>) {
         let mut store = Store::default();
+        let mut cache = BuildCache::default();
         let mut synced = false;
         let mut generation = 0;
         let mut refresh = tokio::time::interval(self.refresh);
@@ -213,7 +214,8 @@ impl Pipeline {
                 _ = refresh.tick() => None,
             };
             // A refresh tick always builds; events only when one of them can change it.
-            let mut changed = first.is_none();
+            let refreshing = first.is_none();
+            let mut changed = refreshing;
             if let Some(first) = first {
                 changed |= self.matters(&first, &store);
                 synced |= store.apply_event(first);
@@ -240,14 +242,30 @@ impl Pipeline {
             let started = Instant::now();
             let mut settings = self.settings.clone();
             settings.tls.now = crate::clock::unix_now();
+            // A refresh builds from nothing: whatever an incremental build could get wrong
+            // lasts one refresh period at most.
+            let changes = match refreshing {
+                true => {
+                    store.take_changes();
+                    Changes::everything()
+                }
+                false => store.take_changes(),
+            };
             // This runs on the pipeline's own thread (see `spawn`), so building blocks no proxy task.
-            let snapshot = Snapshot::build(&store, &settings, generation);
+            let snapshot = cache.build(&store, &settings, generation, &changes);
             let build_time = started.elapsed();
             let old = self.published.load_full();
             log_diagnostic_changes(&old.diagnostics, &snapshot.diagnostics);
             self.metrics.build_seconds.observe(build_time.as_secs_f64());
+            let kind = match cache.last_kind() {
+                BuildKind::Full => "full".to_string(),
+                BuildKind::Incremental { ingresses } => {
+                    format!("incremental ({ingresses} Ingresses)")
+                }
+            };
             tracing::info!(
                 generation,
+                build = %kind,
                 hosts = snapshot.hosts.len(),
                 ingresses = snapshot.ingresses.len(),
                 diagnostics = snapshot.diagnostics.len(),

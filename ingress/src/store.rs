@@ -9,8 +9,8 @@
 //! The store knows nothing about routing. Sources only `apply` and `delete`; the snapshot
 //! builder only reads.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
@@ -79,7 +79,7 @@ where
 #[derive(Debug)]
 pub enum SourceEvent {
     /// The whole store, as a manifests directory reads.
-    Replace(Store),
+    Replace(Box<Store>),
     /// Every object of one kind, after a (re)list: replaces that kind wholesale.
     ReplaceKind(Kind, Vec<Object>),
     /// Every object of one kind in one namespace (`name`: that one object), after the
@@ -97,6 +97,8 @@ pub enum SourceEvent {
 }
 
 /// The controller's view of the world. Cheap to clone: objects are shared.
+/// Every object, by kind and key. Sources change it only through [`Store::apply`],
+/// [`Store::delete`] and the replace methods, which keep the change log and the slice index.
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     pub ingresses: BTreeMap<ObjectKey, Arc<Ingress>>,
@@ -104,18 +106,69 @@ pub struct Store {
     pub services: BTreeMap<ObjectKey, Arc<Service>>,
     pub endpoint_slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     pub secrets: BTreeMap<ObjectKey, Arc<Secret>>,
-    /// Every one in the watched namespaces (or the manifests directory), and the `--configmap`
-    /// one: the snapshot reads that one and those it references (`add-headers`, ...), and
-    /// those Ingresses reference (`custom-headers`, `auth-proxy-set-headers`).
     pub config_maps: BTreeMap<ObjectKey, Arc<ConfigMap>>,
-    /// Problems a source met before an object could reach the store (an unparseable file).
     pub source_diagnostics: Vec<Diagnostic>,
+    /// Service → the keys of its EndpointSlices (by the `kubernetes.io/service-name` label).
+    slices_by_service: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// What changed since the last [`Store::take_changes`].
+    changes: Changes,
+    /// The objects read since [`Store::record_reads`], while recording.
+    reads: Reads,
+}
+
+/// The EndpointSlice label naming the Service a slice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// What changed in a store since the changes were last taken: the input of an incremental
+/// build. A slice's change is its Service's (old and new owner both), since what routes read of
+/// a slice, they read through its Service.
+#[derive(Clone, Debug, Default)]
+pub struct Changes {
+    /// Everything may have changed (a whole-store or whole-kind replacement).
+    pub all: bool,
+    pub objects: BTreeSet<(Kind, ObjectKey)>,
+}
+
+impl Changes {
+    /// Changes that force a build from nothing.
+    pub fn everything() -> Self {
+        Self {
+            all: true,
+            objects: BTreeSet::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.objects.is_empty()
+    }
+}
+
+/// A log of the objects one part of a build read, so that a later build knows what that part
+/// depends on. Recording is off unless asked for; a clone starts empty and off.
+#[derive(Debug, Default)]
+struct Reads(Mutex<Option<BTreeSet<(Kind, ObjectKey)>>>);
+
+impl Clone for Reads {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl Reads {
+    fn note(&self, kind: Kind, key: &ObjectKey) {
+        // Poisoning cannot leave the set half-written in a way that matters: it only grows.
+        let mut reads = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reads) = reads.as_mut() {
+            reads.insert((kind, key.clone()));
+        }
+    }
 }
 
 impl Store {
     /// Inserts or replaces an object. Returns the object it replaced, if any.
     pub fn apply(&mut self, object: Object) -> Option<Object> {
         let key = object.key();
+        self.changes.objects.insert((object.kind(), key.clone()));
         match object {
             Object::Ingress(o) => self.ingresses.insert(key, o).map(Object::Ingress),
             Object::IngressClass(o) => self
@@ -123,19 +176,50 @@ impl Store {
                 .insert(key, o)
                 .map(Object::IngressClass),
             Object::Service(o) => self.services.insert(key, o).map(Object::Service),
-            Object::EndpointSlice(o) => self
-                .endpoint_slices
-                .insert(key, o)
-                .map(Object::EndpointSlice),
+            Object::EndpointSlice(o) => {
+                let old = self.endpoint_slices.insert(key.clone(), o.clone());
+                if let Some(old) = &old {
+                    self.index_slice(&key, old, false);
+                }
+                self.index_slice(&key, &o, true);
+                old.map(Object::EndpointSlice)
+            }
             Object::Secret(o) => self.secrets.insert(key, o).map(Object::Secret),
             Object::ConfigMap(o) => self.config_maps.insert(key, o).map(Object::ConfigMap),
         }
     }
 
-    /// Applies one source event; returns whether it was the sync marker.
+    /// Adds or removes `slice` in its Service's entry of the slice index, and notes the
+    /// Service as changed.
+    fn index_slice(&mut self, key: &ObjectKey, slice: &EndpointSlice, add: bool) {
+        let Some(service) = service_of(key, slice) else {
+            return;
+        };
+        self.changes
+            .objects
+            .insert((Kind::Service, service.clone()));
+        if add {
+            self.slices_by_service
+                .entry(service)
+                .or_default()
+                .insert(key.clone());
+        } else if let Some(slices) = self.slices_by_service.get_mut(&service) {
+            slices.remove(key);
+            if slices.is_empty() {
+                self.slices_by_service.remove(&service);
+            }
+        }
+    }
+
     pub fn apply_event(&mut self, event: SourceEvent) -> bool {
         match event {
-            SourceEvent::Replace(new) => *self = new,
+            SourceEvent::Replace(new) => {
+                // The new store's own log says nothing of what this one held.
+                let reads = std::mem::take(&mut self.reads);
+                *self = *new;
+                self.reads = reads;
+                self.changes = Changes::everything();
+            }
             SourceEvent::ReplaceKind(kind, objects) => self.replace_kind(kind, objects),
             SourceEvent::ReplaceIn {
                 kind,
@@ -155,18 +239,28 @@ impl Store {
     }
 
     pub fn delete(&mut self, kind: Kind, key: &ObjectKey) -> bool {
+        self.changes.objects.insert((kind, key.clone()));
         match kind {
             Kind::Ingress => self.ingresses.remove(key).is_some(),
             Kind::IngressClass => self.ingress_classes.remove(key).is_some(),
             Kind::Service => self.services.remove(key).is_some(),
-            Kind::EndpointSlice => self.endpoint_slices.remove(key).is_some(),
+            Kind::EndpointSlice => match self.endpoint_slices.remove(key) {
+                Some(old) => {
+                    self.index_slice(key, &old, false);
+                    true
+                }
+                None => false,
+            },
             Kind::Secret => self.secrets.remove(key).is_some(),
             Kind::ConfigMap => self.config_maps.remove(key).is_some(),
         }
     }
 
-    /// Replaces every object of `kind` at once (a relist), keeping the other kinds.
     pub fn replace_kind(&mut self, kind: Kind, objects: Vec<Object>) {
+        self.changes.all = true;
+        if kind == Kind::EndpointSlice {
+            self.slices_by_service.clear();
+        }
         match kind {
             Kind::Ingress => self.ingresses.clear(),
             Kind::IngressClass => self.ingress_classes.clear(),
@@ -228,6 +322,59 @@ impl Store {
         }
     }
 
+    /// What changed since the last call (or since the store was made), emptied.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Starts noting every object read through the accessors below.
+    pub fn record_reads(&self) {
+        *self.reads.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(BTreeSet::new());
+    }
+
+    /// What was read since [`Store::record_reads`]; recording stops.
+    pub fn take_reads(&self) -> BTreeSet<(Kind, ObjectKey)> {
+        self.reads
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+
+    /// Notes an object as read, for a reader that kept what it read earlier.
+    pub fn note_read(&self, kind: Kind, key: &ObjectKey) {
+        self.reads.note(kind, key);
+    }
+
+    /// A Service, noted as read (with its EndpointSlices: a build reads those through it).
+    pub fn service(&self, key: &ObjectKey) -> Option<&Arc<Service>> {
+        self.reads.note(Kind::Service, key);
+        self.services.get(key)
+    }
+
+    /// The EndpointSlices of a Service, noted as a read of the Service.
+    pub fn slices_of(&self, service: &ObjectKey) -> impl Iterator<Item = &Arc<EndpointSlice>> {
+        self.reads.note(Kind::Service, service);
+        self.slices_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.endpoint_slices.get(key))
+    }
+
+    /// A Secret, noted as read.
+    pub fn secret(&self, key: &ObjectKey) -> Option<&Arc<Secret>> {
+        self.reads.note(Kind::Secret, key);
+        self.secrets.get(key)
+    }
+
+    /// A ConfigMap, noted as read.
+    pub fn config_map(&self, key: &ObjectKey) -> Option<&Arc<ConfigMap>> {
+        self.reads.note(Kind::ConfigMap, key);
+        self.config_maps.get(key)
+    }
+
     pub fn len(&self) -> usize {
         self.ingresses.len()
             + self.ingress_classes.len()
@@ -240,6 +387,12 @@ impl Store {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The Service an EndpointSlice belongs to, by its label, in the slice's namespace.
+pub fn service_of(key: &ObjectKey, slice: &EndpointSlice) -> Option<ObjectKey> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some(ObjectKey::new(key.namespace.clone(), name.clone()))
 }
 
 #[cfg(test)]

@@ -13,15 +13,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::address::AddressPolicy;
 use super::upstream::{BackendProtocol, Balance};
 use crate::diagnostics::DiagnosticKind;
-use crate::store::{ObjectKey, Store};
-
-/// The label the EndpointSlice controller puts on every slice of a Service.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+use crate::store::{Kind, ObjectKey, Store};
 
 /// A Service port as an Ingress names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -219,45 +215,38 @@ pub struct Problem {
 pub struct Resolver<'a> {
     store: &'a Store,
     policy: &'a BackendPolicy,
-    slices: SliceIndex<'a>,
-    cache: HashMap<(ObjectKey, PortRef, bool), (Arc<Backend>, Vec<Problem>)>,
+    cache: Resolved,
 }
+
+/// The backends a resolver made, by (Service, port, `service-upstream`), with their problems:
+/// kept between builds for the Services that did not change, so that routes built at different
+/// times still share one backend (and its endpoints' load).
+pub type Resolved = HashMap<(ObjectKey, PortRef, bool), (Arc<Backend>, Vec<Problem>)>;
 
 impl<'a> Resolver<'a> {
     pub fn new(store: &'a Store, policy: &'a BackendPolicy) -> Self {
-        let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
-        for (key, slice) in &store.endpoint_slices {
-            let service = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL));
-            if let Some(service) = service {
-                slices
-                    .entry((key.namespace.as_str(), service.as_str()))
-                    .or_default()
-                    .push(slice);
-            }
-        }
+        Self::with(store, policy, Resolved::new())
+    }
+
+    /// A resolver that starts from what an earlier one resolved; the caller has removed every
+    /// entry of a Service that changed since.
+    pub fn with(store: &'a Store, policy: &'a BackendPolicy, cache: Resolved) -> Self {
         Self {
             store,
             policy,
-            slices,
-            cache: HashMap::new(),
+            cache,
         }
+    }
+
+    /// What it resolved, for the next build.
+    pub fn into_resolved(self) -> Resolved {
+        self.cache
     }
 
     /// The first port of `service` (ingress-nginx's choice for a `default-backend`
     /// annotation), if the Service exists and has one.
     pub fn first_port(&self, service: &ObjectKey) -> Option<PortRef> {
-        let ports = self
-            .store
-            .services
-            .get(service)?
-            .spec
-            .as_ref()?
-            .ports
-            .as_ref()?;
+        let ports = self.store.service(service)?.spec.as_ref()?.ports.as_ref()?;
         ports.first().map(|p| PortRef::Number(p.port))
     }
 
@@ -273,19 +262,19 @@ impl<'a> Resolver<'a> {
         let Self {
             store,
             policy,
-            slices,
             cache,
         } = self;
+        // A backend found in the cache was read from the Service all the same.
+        store.note_read(Kind::Service, &service);
         let (backend, problems) = cache.entry((service, port, cluster_ip)).or_insert_with_key(
             |(service, port, cluster_ip)| {
                 let (target, problems) = match cluster_ip {
                     true => resolve_cluster_ip(store, policy, service, port)
-                        .unwrap_or_else(|| resolve_target(store, policy, slices, service, port)),
-                    false => resolve_target(store, policy, slices, service, port),
+                        .unwrap_or_else(|| resolve_target(store, policy, service, port)),
+                    false => resolve_target(store, policy, service, port),
                 };
                 let app_protocol = store
-                    .services
-                    .get(service)
+                    .service(service)
                     .and_then(|s| find_port(s, port))
                     .and_then(|p| p.app_protocol.as_deref())
                     .and_then(BackendProtocol::from_app_protocol);
@@ -303,17 +292,14 @@ impl<'a> Resolver<'a> {
     }
 }
 
-type SliceIndex<'a> = HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>;
-
 fn resolve_target(
     store: &Store,
     policy: &BackendPolicy,
-    slices: &SliceIndex<'_>,
     service_key: &ObjectKey,
     port: &PortRef,
 ) -> (Target, Vec<Problem>) {
     let unavailable = |kind, message| (Target::Unavailable, vec![Problem { kind, message }]);
-    let Some(service) = store.services.get(service_key) else {
+    let Some(service) = store.service(service_key) else {
         return unavailable(
             DiagnosticKind::ServiceNotFound,
             format!("service {service_key} not found"),
@@ -368,8 +354,7 @@ fn resolve_target(
     let Some(service_port) = service_port else {
         return (Target::Unavailable, vec![port_problem(service_key, port)]);
     };
-    let (endpoints, refused) =
-        ready_endpoints(slices, &policy.addresses, service_key, service_port);
+    let (endpoints, refused) = ready_endpoints(store, &policy.addresses, service_key, service_port);
     let mut problems = Vec::new();
     if !refused.is_empty() {
         let listed: Vec<String> = refused
@@ -402,7 +387,7 @@ fn resolve_cluster_ip(
     service_key: &ObjectKey,
     port: &PortRef,
 ) -> Option<(Target, Vec<Problem>)> {
-    let service = store.services.get(service_key)?;
+    let service = store.service(service_key)?;
     let spec = service.spec.as_ref()?;
     if spec.type_.as_deref() == Some("ExternalName") {
         return None;
@@ -440,7 +425,7 @@ fn local_name(name: &str) -> Option<std::net::IpAddr> {
 /// EndpointSlice controller names them, and the ready addresses the policy refused. Deduplicated:
 /// an address can be in two slices while the controller moves it.
 fn ready_endpoints(
-    slices: &SliceIndex<'_>,
+    store: &Store,
     policy: &AddressPolicy,
     service: &ObjectKey,
     port: &ServicePort,
@@ -451,8 +436,7 @@ fn ready_endpoints(
     let port_name = port.name.as_deref().unwrap_or("");
     let mut addrs: Vec<SocketAddr> = Vec::new();
     let mut refused = Vec::new();
-    let slices = slices.get(&(service.namespace.as_str(), service.name.as_str()));
-    for slice in slices.into_iter().flatten() {
+    for slice in store.slices_of(service) {
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
             continue;
         }

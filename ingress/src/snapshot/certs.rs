@@ -145,26 +145,24 @@ impl Certificate {
         }
     }
 
-    /// `Some(reason)` if the certificate is not valid at `now` (Unix seconds).
+    /// `Some(reason)` if the certificate is not valid at `now` (Unix seconds). The reason
+    /// names the moment, not the distance to it, so that it reads the same at every build
+    /// (and a diagnostic is logged once, not again at each rebuild).
     pub fn validity_problem(&self, now: i64) -> Option<String> {
         if now > self.not_after {
-            Some(format!(
-                "expired {} ago",
-                humantime::format_duration(secs(now - self.not_after))
-            ))
+            Some(format!("expired at {}", rfc3339(self.not_after)))
         } else if now < self.not_before {
-            Some(format!(
-                "not valid for another {}",
-                humantime::format_duration(secs(self.not_before - now))
-            ))
+            Some(format!("not valid before {}", rfc3339(self.not_before)))
         } else {
             None
         }
     }
 }
 
-fn secs(n: i64) -> std::time::Duration {
-    std::time::Duration::from_secs(u64::try_from(n).unwrap_or(0))
+fn rfc3339(unix: i64) -> String {
+    let at =
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(unix).unwrap_or(0));
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 fn name_matches(san: &str, host: &str) -> bool {
@@ -218,12 +216,12 @@ mod tests {
         assert!(
             cert.validity_problem(cert.not_after + 86_400)
                 .unwrap()
-                .starts_with("expired 1day")
+                .starts_with("expired at 20")
         );
         assert!(
             cert.validity_problem(cert.not_before - 60)
                 .unwrap()
-                .starts_with("not valid for another")
+                .starts_with("not valid before 20")
         );
     }
 

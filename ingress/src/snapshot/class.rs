@@ -17,7 +17,7 @@ use crate::store::ObjectKey;
 pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClassSelector {
     pub ingress_class: String,
     pub controller_class: String,

@@ -130,6 +130,23 @@ impl<T> HostTable<T> {
         self.any.as_ref()
     }
 
+    /// Removes the entry of exactly this pattern.
+    pub fn remove(&mut self, pattern: &HostPattern) -> Option<T> {
+        match pattern {
+            HostPattern::Exact(h) => self.exact.remove(h.as_str()),
+            HostPattern::Wildcard(h) => self.wildcard.remove(h.as_str()),
+            HostPattern::Any => self.any.take(),
+        }
+    }
+
+    /// Every value, in no particular order (cheaper than `iter`, which sorts).
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.exact
+            .values()
+            .chain(self.wildcard.values())
+            .chain(self.any.iter())
+    }
+
     pub fn len(&self) -> usize {
         self.exact.len() + self.wildcard.len() + usize::from(self.any.is_some())
     }

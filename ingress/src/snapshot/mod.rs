@@ -23,12 +23,14 @@ pub mod global;
 mod headers;
 pub use headers::referenced as referenced_config_maps;
 pub mod host;
+mod incremental;
 pub mod path;
 pub mod policy;
 pub mod sni;
 pub mod sources;
 pub mod tls;
 pub mod upstream;
+pub use incremental::{BuildCache, BuildKind};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -36,7 +38,7 @@ use std::sync::Arc;
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend};
 
 use crate::diagnostics::{Diagnostic, DiagnosticKind, Severity, Subject};
-use crate::store::{Kind, ObjectKey, Store};
+use crate::store::{Changes, Kind, ObjectKey, Store};
 use annotations::UnsupportedAccess;
 use annotations::auth::GlobalAuth;
 use annotations::registry::Category;
@@ -205,197 +207,108 @@ impl Snapshot {
         counts
     }
 
-    /// Builds a snapshot. Pure: the same store and settings give the same routing.
+    /// Builds a snapshot from nothing. Pure: the same store and settings give the same
+    /// routing. [`BuildCache::build`] gives the same snapshot reusing an earlier build's work.
     pub fn build(store: &Store, settings: &BuildSettings, generation: u64) -> Snapshot {
-        let mut diagnostics = store.source_diagnostics.clone();
-        let mut global = match &settings.config_map {
-            Some(key) => {
-                let empty = BTreeMap::new();
-                let data = store
-                    .config_maps
-                    .get(key)
-                    .map(|cm| cm.data.as_ref().unwrap_or(&empty));
-                let refuse = settings.unsupported_access == UnsupportedAccess::Refuse;
-                global::resolve(&settings.global, key, data, refuse, &mut diagnostics)
-            }
-            None => settings.global.clone(),
-        }
-        .finish();
-        let config_headers = headers::global(
-            store,
-            &global.headers,
-            settings.config_map.as_ref(),
-            &mut diagnostics,
-        );
-        let auth_addresses = address::AddressPolicy {
-            host_addresses: Arc::default(),
-            ..settings.backends.addresses.clone()
-        };
-        global.auth = global.auth.with_addresses(&auth_addresses);
-        let mut builder = Builder {
-            config_headers,
-            allowed_response_headers: global.headers.allowed_response_headers.clone(),
-            max_body: global.max_body,
-            allow_snippets: global.allow_snippets,
-            default_sources: global.sources.clone(),
-            sources_invalid: global.sources_invalid.clone(),
-            access_refused: global.access_refused.clone(),
-            ssl_redirect: global.ssl_redirect,
-            auth_addresses,
-            global_auth: global.auth.clone(),
-            rank: 0,
-            store,
-            diagnostics,
-            resolver: Resolver::new(store, &settings.backends),
-            unsupported_access: settings.unsupported_access,
-            tls: tls::TlsBuilder::new(store, &settings.tls),
-            hosts: BTreeMap::new(),
-            passthrough: BTreeMap::new(),
-            default_backend: None,
-            errors_without_backend: Vec::new(),
-        };
-        let owned = owned_ingresses(store, &settings.class);
-        // Canaries after every main Ingress: a canary is attached to the main route with its
-        // host, path and type, whichever is older.
-        let mut canaries = Vec::new();
-        for (rank, (key, ingress)) in owned.iter().enumerate() {
-            builder.rank = rank;
-            if annotations::parse(ingress.metadata.annotations.as_ref())
-                .0
-                .canary
-                .is_some()
-            {
-                canaries.push((*key, *ingress));
-                continue;
-            }
-            builder.add_ingress(key, ingress);
-        }
-        for (key, ingress) in canaries {
-            builder.add_canary(key, ingress);
-        }
-        global.error_backend = builder.error_backend(&global, settings.config_map.as_ref());
-        (global.own_response_headers, global.own_response_templates) =
-            headers::own_responses(&builder.config_headers);
-        let mut tls = builder.tls.finish(&mut builder.diagnostics);
-        let mut diagnostics = builder.diagnostics;
-        let mut hosts = HostTable::default();
-        let mut sni = sni::SniPolicy {
-            catch_all: builder.default_backend.is_some(),
-            unnamed: settings.unnamed,
-            ..Default::default()
-        };
-        let extra = extra_names(&builder.hosts, &mut diagnostics);
-        extra_certificates(&mut tls, &extra);
-        let mut built: BTreeMap<HostPattern, Arc<VirtualHost>> = BTreeMap::new();
-        for (pattern, host) in builder.hosts {
-            let paths = if host.nginx_regex {
-                PathMatcher::nginx_regex(nginx_regex_rules(&pattern, host.rules, &mut diagnostics))
-            } else {
-                PathMatcher::new(host.rules)
-            };
-            let vhost = VirtualHost {
-                pattern: pattern.clone(),
-                paths,
-                default_backend: host.default_backend,
-                policy: host.policy,
-                nginx_regex: host.nginx_regex,
-            };
-            built.insert(pattern, Arc::new(vhost));
-        }
-        for (name, extra) in extra {
-            let vhost = match extra {
-                ExtraName::Alias(of) => built.get(&of).cloned(),
-                ExtraName::WwwRedirect(to) => Some(Arc::new(VirtualHost {
-                    pattern: name.clone(),
-                    paths: PathMatcher::default(),
-                    default_backend: None,
-                    policy: HostPolicy {
-                        www_redirect: Some(to.into()),
-                        ..HostPolicy::default()
-                    },
-                    nginx_regex: false,
-                })),
-            };
-            if let Some(vhost) = vhost {
-                built.insert(name, vhost);
-            }
-        }
-        // The kernel judges sources only where it sees the real client: the peer, or behind
-        // PROXY protocol the client the header names when every header is believed (with
-        // proxy-real-ip-cidr set, believing depends on the peer, which the kernel leaves to
-        // the access phase after accept).
-        let kernel_sees_client = !global.forwarded.enabled
-            && (!global.proxy_protocol || global.forwarded.trusted.is_none());
-        let mut gate_sources = BTreeMap::new();
-        for (pattern, vhost) in built {
-            let key = match &pattern {
-                HostPattern::Exact(name) => Some(name.clone()),
-                HostPattern::Wildcard(parent) => Some(format!("*.{parent}")),
-                HostPattern::Any => {
-                    sni.catch_all = true;
-                    None
-                }
-            };
-            if let Some(key) = key {
-                // Every route a request for this host can reach: its paths, then its own
-                // fallback or, without one, the snapshot's.
-                let fallback = vhost
-                    .default_backend
-                    .as_ref()
-                    .or(builder.default_backend.as_ref());
-                let routes = vhost.paths.rules().iter().map(|rule| &rule.target);
-                let policy =
-                    gate_sources::uniform(routes.chain(fallback).map(|route| &route.policy.access));
-                if let Some(policy) = policy.filter(|_| kernel_sees_client) {
-                    gate_sources.insert(key.clone(), policy);
-                }
-                sni.names.insert(key, sni::Action::Pass);
-            }
-            hosts.insert(pattern, vhost);
-        }
-        let mut passthrough = HostTable::default();
-        for (pattern, route) in builder.passthrough {
-            let key = match &pattern {
-                HostPattern::Exact(name) => Some(name.clone()),
-                HostPattern::Wildcard(parent) => Some(format!("*.{parent}")),
-                HostPattern::Any => None,
-            };
-            if let Some(key) = key {
-                // The passthrough route replaces the HTTP host of the same name at the gate.
-                match gate_sources::uniform(std::iter::once(&route.policy.access)) {
-                    Some(policy) if kernel_sees_client => {
-                        gate_sources.insert(key.clone(), policy);
-                    }
-                    _ => {
-                        gate_sources.remove(&key);
-                    }
-                }
-                sni.names.insert(key, sni::Action::Passthrough);
-            }
-            passthrough.insert(pattern, route);
-        }
-        sni.sources = gate_sources::GateSources::assign(gate_sources);
-        diagnostics.sort();
-        diagnostics.dedup();
-        Snapshot {
-            generation,
-            hosts,
-            default_backend: builder.default_backend,
-            diagnostics,
-            ingresses: owned
-                .into_iter()
-                .map(|(k, ing)| (k.clone(), IngressMeta::of(ing)))
-                .collect(),
-            tls,
-            sni,
-            passthrough,
-            global: Arc::new(global),
-            config_map: settings.config_map.as_ref().and_then(|key| {
-                let cm = store.config_maps.get(key)?;
-                Some((key.clone(), cm.metadata.uid.clone()))
-            }),
-        }
+        BuildCache::default().build(store, settings, generation, &Changes::everything())
     }
+}
+
+/// What every Ingress's compilation reads of the global configuration (the flags and the
+/// `--configmap` ConfigMap with the ConfigMaps it names): worked out in a full build and kept
+/// for the incremental builds until the next.
+#[derive(Clone)]
+struct Prepared {
+    global: global::GlobalSettings,
+    config_headers: policy::ConfigHeaders,
+    /// The addresses an auth service (`auth-url`) may have: the backends' policy, but this
+    /// node's own addresses allowed, since `https://$host/oauth2/auth` comes back through the
+    /// proxy itself.
+    auth_addresses: address::AddressPolicy,
+    diagnostics: Vec<Diagnostic>,
+}
+
+fn prepare(store: &Store, settings: &BuildSettings) -> Prepared {
+    let mut diagnostics = Vec::new();
+    let mut global = match &settings.config_map {
+        Some(key) => {
+            let empty = BTreeMap::new();
+            let data = store
+                .config_map(key)
+                .map(|cm| cm.data.as_ref().unwrap_or(&empty));
+            let refuse = settings.unsupported_access == UnsupportedAccess::Refuse;
+            global::resolve(&settings.global, key, data, refuse, &mut diagnostics)
+        }
+        None => settings.global.clone(),
+    }
+    .finish();
+    let config_headers = headers::global(
+        store,
+        &global.headers,
+        settings.config_map.as_ref(),
+        &mut diagnostics,
+    );
+    let auth_addresses = address::AddressPolicy {
+        host_addresses: Arc::default(),
+        ..settings.backends.addresses.clone()
+    };
+    global.auth = global.auth.with_addresses(&auth_addresses);
+    Prepared {
+        global,
+        config_headers,
+        auth_addresses,
+        diagnostics,
+    }
+}
+
+/// A host's virtual host, from what its Ingresses gave it: in ingress-nginx's regex mode when
+/// one of them asks for it.
+fn finish_host(
+    pattern: &HostPattern,
+    host: HostBuilder,
+    diagnostics: &mut Vec<Diagnostic>,
+) -> Arc<VirtualHost> {
+    let paths = if host.nginx_regex {
+        PathMatcher::nginx_regex(nginx_regex_rules(pattern, host.rules, diagnostics))
+    } else {
+        PathMatcher::new(host.rules)
+    };
+    Arc::new(VirtualHost {
+        pattern: pattern.clone(),
+        paths,
+        default_backend: host.default_backend,
+        policy: host.policy,
+        nginx_regex: host.nginx_regex,
+    })
+}
+
+/// The name the SNI policy lists a pattern under; `None` for the host-less rules.
+fn sni_name(pattern: &HostPattern) -> Option<String> {
+    match pattern {
+        HostPattern::Exact(name) => Some(name.clone()),
+        HostPattern::Wildcard(parent) => Some(format!("*.{parent}")),
+        HostPattern::Any => None,
+    }
+}
+
+/// The source policy the kernel can judge a host's clients by before accept: the one every
+/// route a request for it can reach agrees on (its paths, then its own fallback or, without
+/// one, the snapshot's).
+fn host_gate_sources(
+    vhost: &VirtualHost,
+    default_backend: Option<&Arc<Route>>,
+) -> Option<sources::SourcePolicy> {
+    let fallback = vhost.default_backend.as_ref().or(default_backend);
+    let routes = vhost.paths.rules().iter().map(|rule| &rule.target);
+    gate_sources::uniform(routes.chain(fallback).map(|route| &route.policy.access))
+}
+
+/// Whether the kernel sees the real client, so can judge sources: the peer, or behind PROXY
+/// protocol the client the header names when every header is believed (with
+/// proxy-real-ip-cidr set, believing depends on the peer, which the kernel leaves to the access
+/// phase after accept).
+fn kernel_sees_client(global: &global::GlobalSettings) -> bool {
+    !global.forwarded.enabled && (!global.proxy_protocol || global.forwarded.trusted.is_none())
 }
 
 /// A name served for another host's sake.
@@ -475,10 +388,12 @@ fn extra_names(
 /// The certificates of the extra names, where no Ingress gives them one: an alias is served
 /// with its host's (ingress-nginx lists it in the host's server block), a www-redirect name
 /// with its target's when that covers it (ingress-nginx's rule), else the default.
-fn extra_certificates(tls: &mut tls::TlsTable, extra: &BTreeMap<HostPattern, ExtraName>) {
-    let certificate_of = |tls: &tls::TlsTable, pattern: &HostPattern| {
-        tls.hosts
-            .iter()
+fn extra_certificates(
+    tls: &mut HostTable<Arc<certs::Certificate>>,
+    extra: &BTreeMap<HostPattern, ExtraName>,
+) {
+    let certificate_of = |tls: &HostTable<Arc<certs::Certificate>>, pattern: &HostPattern| {
+        tls.iter()
             .find(|(p, _)| p == pattern)
             .map(|(_, cert)| cert.clone())
     };
@@ -492,7 +407,7 @@ fn extra_certificates(tls: &mut tls::TlsTable, extra: &BTreeMap<HostPattern, Ext
                 .filter(|cert| cert.covers(name)),
         };
         if let Some(cert) = cert {
-            tls.hosts.insert(name.clone(), cert);
+            tls.insert(name.clone(), cert);
         }
     }
 }
@@ -582,9 +497,7 @@ struct Builder<'s> {
     access_refused: Option<Arc<str>>,
     /// The ConfigMap's `ssl-redirect`: for Ingresses without the annotation.
     ssl_redirect: bool,
-    /// The addresses an auth service (`auth-url`) may have: the backends' policy, but this
-    /// node's own addresses allowed, since `https://$host/oauth2/auth` comes back through the
-    /// proxy itself.
+    /// See [`Prepared::auth_addresses`].
     auth_addresses: address::AddressPolicy,
     /// The ConfigMap's global external auth (its auth service held to `auth_addresses`, as an
     /// `auth-url`'s) and `no-auth-locations`.
@@ -602,7 +515,7 @@ struct Builder<'s> {
     default_backend: Option<Arc<Route>>,
     /// Ingresses with `custom-http-errors` and no `default-backend` of their own: they need
     /// the global default backend.
-    errors_without_backend: Vec<(Subject, String)>,
+    errors_without_backend: Vec<(ObjectKey, String)>,
 }
 
 #[derive(Default)]
@@ -621,7 +534,53 @@ struct HostBuilder {
     www: Option<(usize, ObjectKey)>,
 }
 
-impl Builder<'_> {
+/// Without an error backend, what `custom-http-errors` that needs one says.
+const NO_ERROR_BACKEND: &str = "there is no error backend (no default-backend annotation, no --default-backend-service, no Ingress with only a spec.defaultBackend); the error responses are passed on as they are";
+
+impl<'s> Builder<'s> {
+    /// A builder with the global configuration `prepared`, resolving backends from `resolved`
+    /// (what an earlier build resolved that is still valid) onwards.
+    fn new(
+        store: &'s Store,
+        settings: &'s BuildSettings,
+        prepared: &Prepared,
+        resolved: backend::Resolved,
+    ) -> Self {
+        let global = &prepared.global;
+        Builder {
+            config_headers: prepared.config_headers.clone(),
+            allowed_response_headers: global.headers.allowed_response_headers.clone(),
+            max_body: global.max_body,
+            allow_snippets: global.allow_snippets,
+            default_sources: global.sources.clone(),
+            sources_invalid: global.sources_invalid.clone(),
+            access_refused: global.access_refused.clone(),
+            ssl_redirect: global.ssl_redirect,
+            auth_addresses: prepared.auth_addresses.clone(),
+            global_auth: global.auth.clone(),
+            rank: 0,
+            store,
+            diagnostics: Vec::new(),
+            resolver: Resolver::with(store, &settings.backends, resolved),
+            unsupported_access: settings.unsupported_access,
+            tls: tls::TlsBuilder::new(store, &settings.tls),
+            hosts: BTreeMap::new(),
+            passthrough: BTreeMap::new(),
+            default_backend: None,
+            errors_without_backend: Vec::new(),
+        }
+    }
+
+    /// The warning for an Ingress whose `custom-http-errors` (`written`) needs the error
+    /// backend there is not.
+    fn no_error_backend(key: &ObjectKey, written: &str) -> Diagnostic {
+        Diagnostic::warning(
+            DiagnosticKind::InvalidAnnotation,
+            Subject::object(Kind::Ingress, key),
+            format!("{written}: {NO_ERROR_BACKEND}"),
+        )
+    }
+
     fn add_ingress(&mut self, key: &ObjectKey, ingress: &Ingress) {
         let subject = Subject::object(Kind::Ingress, key);
         let (mut options, errors) = annotations::parse(ingress.metadata.annotations.as_ref());
@@ -775,12 +734,12 @@ impl Builder<'_> {
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key(&own));
-            let key = if written {
+            let name = if written {
                 own
             } else {
                 format!("{}custom-http-errors", annotations::NGINX_PREFIX)
             };
-            self.errors_without_backend.push((subject.clone(), key));
+            self.errors_without_backend.push((key.clone(), name));
         }
         // A route's policy depends on the Ingress and on whether its host has TLS here.
         let policies = [false, true].map(|tls| {
@@ -1225,14 +1184,7 @@ impl Builder<'_> {
             None => self.default_backend.as_ref().map(|r| r.backend.clone()),
         };
         if backend.is_none() {
-            let why = "there is no error backend (no default-backend annotation, no --default-backend-service, no Ingress with only a spec.defaultBackend); the error responses are passed on as they are";
-            for (subject, key) in std::mem::take(&mut self.errors_without_backend) {
-                self.diagnostics.push(Diagnostic::warning(
-                    DiagnosticKind::InvalidAnnotation,
-                    subject,
-                    format!("{key}: {why}"),
-                ));
-            }
+            let why = NO_ERROR_BACKEND;
             if let Some(key) = config_map.filter(|_| !global.custom_http_errors.is_empty()) {
                 self.diagnostics.push(Diagnostic::warning(
                     DiagnosticKind::InvalidConfigValue,
@@ -1428,7 +1380,7 @@ impl Builder<'_> {
             );
         }
         let secret_key = ObjectKey::new(namespace, auth.secret.1.clone());
-        let Some(secret) = self.store.secrets.get(&secret_key) else {
+        let Some(secret) = self.store.secret(&secret_key) else {
             return refuse(
                 self,
                 DiagnosticKind::SecretNotFound,

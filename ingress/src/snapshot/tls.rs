@@ -159,9 +159,11 @@ impl<'s> TlsBuilder<'s> {
 
     fn load(&mut self, secret_key: &ObjectKey) -> Result<Arc<Certificate>, LoadError> {
         let store = self.store;
+        // A certificate loaded earlier in this build was read from the Secret all the same.
+        store.note_read(Kind::Secret, secret_key);
         self.loaded
             .entry(secret_key.clone())
-            .or_insert_with(|| match store.secrets.get(secret_key) {
+            .or_insert_with(|| match store.secret(secret_key) {
                 None => Err(LoadError::NotFound),
                 Some(secret) => certs::from_secret(secret_key, secret)
                     .map(Arc::new)
@@ -170,8 +172,9 @@ impl<'s> TlsBuilder<'s> {
             .clone()
     }
 
-    pub fn finish(mut self, diagnostics: &mut Vec<Diagnostic>) -> TlsTable {
-        let default = match &self.settings.default_certificate {
+    /// The certificate for names no Ingress gives one.
+    pub fn default_certificate(&mut self, diagnostics: &mut Vec<Diagnostic>) -> Arc<Certificate> {
+        match &self.settings.default_certificate {
             None => self.settings.self_signed.clone(),
             Some(secret_key) => {
                 let subject = Subject::object(Kind::Secret, secret_key);
@@ -200,29 +203,42 @@ impl<'s> TlsBuilder<'s> {
                     }
                 }
             }
-        };
-        let mut hosts = HostTable::default();
-        let mut loaded: Vec<Arc<Certificate>> = Vec::new();
-        for (pattern, (cert, _)) in self.hosts {
-            if !loaded.iter().any(|c| Arc::ptr_eq(c, &cert)) {
-                loaded.push(cert.clone());
-            }
-            hosts.insert(pattern, cert);
         }
-        if !matches!(default.source, certs::CertSource::SelfSigned)
-            && !loaded.iter().any(|c| Arc::ptr_eq(c, &default))
-        {
-            loaded.push(default.clone());
-        }
-        TlsTable {
-            hosts,
-            default: Some(default),
-            loaded,
-        }
+    }
+
+    /// The times at which a certificate this builder loaded becomes valid or expires: a build
+    /// at another time judges them the same unless one of these lies in between.
+    pub fn validity_bounds(&self) -> impl Iterator<Item = i64> + '_ {
+        self.loaded
+            .values()
+            .flatten()
+            .flat_map(|cert| [cert.not_before, cert.not_after])
+    }
+
+    /// Host pattern → its certificate, as the Ingresses added so far chose them.
+    pub fn into_hosts(self) -> BTreeMap<HostPattern, Arc<Certificate>> {
+        self.hosts
+            .into_iter()
+            .map(|(pattern, (cert, _))| (pattern, cert))
+            .collect()
     }
 }
 
-/// Why a referenced Secret gave no certificate.
+/// The distinct certificates a table serves, one per Secret and in Secret order (the
+/// self-signed default is not one), for the expiry metric.
+pub fn loaded(
+    hosts: &HostTable<Arc<Certificate>>,
+    default: &Arc<Certificate>,
+) -> Vec<Arc<Certificate>> {
+    let mut by_secret = BTreeMap::new();
+    for cert in hosts.values().chain([default]) {
+        if let certs::CertSource::Secret(key) = &cert.source {
+            by_secret.entry(key).or_insert_with(|| cert.clone());
+        }
+    }
+    by_secret.into_values().collect()
+}
+
 #[derive(Clone, Debug, thiserror::Error)]
 enum LoadError {
     #[error("not found")]

@@ -40,7 +40,7 @@ pub fn secret_tls(
         ));
     }
     let key = ObjectKey::new(namespace.to_string(), secret_name.to_string());
-    let Some(secret) = store.secrets.get(&key) else {
+    let Some(secret) = store.secret(&key) else {
         return Err((
             DiagnosticKind::SecretNotFound,
             format!("proxy-ssl-secret {key} not found"),

@@ -54,7 +54,7 @@ pub fn start(
             source,
         })?;
 
-    let _ = events.send(SourceEvent::Replace(manifests::load_dir(dir)));
+    let _ = events.send(SourceEvent::Replace(Box::new(manifests::load_dir(dir))));
     let _ = events.send(SourceEvent::Synced);
 
     let dir = dir.to_path_buf();
@@ -66,7 +66,7 @@ pub fn start(
             match tokio::task::spawn_blocking(move || manifests::load_dir(&read_dir)).await {
                 Ok(store) => {
                     tracing::info!(dir = %dir.display(), objects = store.len(), "manifests changed");
-                    if events.send(SourceEvent::Replace(store)).is_err() {
+                    if events.send(SourceEvent::Replace(Box::new(store))).is_err() {
                         return;
                     }
                 }

@@ -140,7 +140,7 @@ pub fn basic(
             "auth-realm: quotes, backslashes and control characters cannot be sent in WWW-Authenticate".into(),
         ));
     }
-    let Some(object) = store.secrets.get(&key) else {
+    let Some(object) = store.secret(&key) else {
         return Err((
             DiagnosticKind::SecretNotFound,
             format!("{secret_key}: Secret {key} not found"),

@@ -155,7 +155,7 @@ pub fn read(
     key: &ObjectKey,
     allowed: &[String],
 ) -> Result<(Headers, Vec<HeadersError>), HeadersError> {
-    let Some(config_map) = store.config_maps.get(key) else {
+    let Some(config_map) = store.config_map(key) else {
         return Err(HeadersError::NotFound {
             setting: setting.as_str(),
             key: key.clone(),
