@@ -517,6 +517,15 @@ impl Shared {
     fn sync_config(&self, desired: &SniPolicy, generation: u64) -> Result<()> {
         let mut hosts = lock(&self.hosts);
         let config = policy::config(desired, generation, self.netns_cookie, &self.ports);
+        self.write_config(&mut hosts, config)
+    }
+
+    /// Writes CONFIG unless it already holds `config`.
+    fn write_config(
+        &self,
+        hosts: &mut HostsState,
+        config: ingress_common::GateConfig,
+    ) -> Result<()> {
         if hosts.config != Some(config) {
             lock(&self.config)
                 .set(0, config, 0)
@@ -560,15 +569,7 @@ impl Shared {
             hosts.map.insert(key, value, 0).map_err(map_err)?;
             hosts.current.insert(*key, *value);
         }
-        if hosts.config != Some(config) {
-            lock(&self.config)
-                .set(0, config, 0)
-                .map_err(|source| GateError::Map {
-                    name: "CONFIG",
-                    source,
-                })?;
-            hosts.config = Some(config);
-        }
+        self.write_config(&mut hosts, config)?;
         for key in &steps.removals {
             match hosts.map.remove(key) {
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
