@@ -84,12 +84,13 @@ impl<M: HostMap> MapSync<M> {
         }
     }
 
-    /// Whether the publish from `old` to `new` keeps every name, and the map is known to hold
-    /// them (`old` was written, and nothing failed since).
+    /// Whether the publish from `old` to `new` keeps every name and every name's source
+    /// policy, and the map is known to hold them (`old` was written, and nothing failed since).
     fn names_unchanged(&self, new: &Snapshot, old: &Snapshot) -> bool {
         old.generation != 0
             && self.in_step.load(std::sync::atomic::Ordering::Acquire)
             && new.sni.names == old.sni.names
+            && new.sni.sources == old.sni.sources
     }
 
     fn sync(&self, policy: &SniPolicy, generation: u64) {
@@ -364,6 +365,38 @@ mod tests {
                 ("hosts", 3),
                 ("hosts", 3),
                 ("generation", 4),
+            ]
+        );
+        assert!(invariant.violations.lock().unwrap().is_empty());
+    }
+
+    /// A name whose source policy changes must reach the kernel's SOURCES map, though the names
+    /// themselves stay the same.
+    #[test]
+    fn a_publish_that_changes_a_source_policy_writes_the_map() {
+        let (published, map, invariant) = published_with_sync();
+        let with_sources = |generation, allow: &str| {
+            let mut snapshot = snapshot(generation, &["a.test"]);
+            let policy = crate::snapshot::sources::SourcePolicy {
+                allow: Some(Arc::from([allow.parse().unwrap()])),
+                deny: Arc::from([]),
+            };
+            snapshot.sni.sources = crate::snapshot::gate_sources::GateSources::assign(
+                [("a.test".to_string(), policy)].into(),
+            );
+            snapshot
+        };
+        published.publish(Arc::new(with_sources(1, "10.0.0.0/8")));
+        published.publish(Arc::new(with_sources(2, "192.168.0.0/16")));
+        published.publish(Arc::new(with_sources(3, "192.168.0.0/16")));
+        assert_eq!(
+            *map.calls.lock().unwrap(),
+            [
+                ("hosts", 1),
+                ("hosts", 1),
+                ("hosts", 2),
+                ("hosts", 2),
+                ("generation", 3),
             ]
         );
         assert!(invariant.violations.lock().unwrap().is_empty());
