@@ -81,8 +81,10 @@ struct Last {
     validity_bounds: BTreeSet<i64>,
     /// Our Ingresses, each as compiled.
     ingresses: HashMap<ObjectKey, Compiled>,
-    host_users: HashMap<HostPattern, BTreeSet<ObjectKey>>,
-    read_by: HashMap<(Kind, ObjectKey), BTreeSet<ObjectKey>>,
+    /// Host → the Ingresses that name it; Vecs, not sets: most hold one (a set's first node
+    /// alone is half a KiB, and at 10,000 hosts that shows in RSS).
+    host_users: HashMap<HostPattern, Vec<ObjectKey>>,
+    read_by: HashMap<(Kind, ObjectKey), Vec<ObjectKey>>,
     host_diagnostics: HashMap<HostPattern, Vec<Diagnostic>>,
     /// Hosts whose change could change the names `server-alias` and `from-to-www-redirect`
     /// add: the claiming hosts and every name they ask for.
@@ -103,7 +105,7 @@ struct Compiled {
     /// The hosts of its rules and TLS entries.
     hosts: Vec<HostPattern>,
     /// What it read: Services (for their slices too), Secrets, ConfigMaps.
-    reads: BTreeSet<(Kind, ObjectKey)>,
+    reads: Vec<(Kind, ObjectKey)>,
     diagnostics: Vec<Diagnostic>,
     /// It has only a default backend: a candidate for the snapshot's.
     default: bool,
@@ -492,13 +494,13 @@ impl Last {
             self.host_users
                 .entry(pattern.clone())
                 .or_default()
-                .insert(key.clone());
+                .push(key.clone());
         }
         for read in &compiled.reads {
             self.read_by
                 .entry(read.clone())
                 .or_default()
-                .insert(key.clone());
+                .push(key.clone());
         }
         self.ingresses.insert(key, compiled);
     }
@@ -509,7 +511,7 @@ impl Last {
         };
         for pattern in &compiled.hosts {
             if let Some(users) = self.host_users.get_mut(pattern) {
-                users.remove(key);
+                users.retain(|user| user != key);
                 if users.is_empty() {
                     self.host_users.remove(pattern);
                 }
@@ -517,7 +519,7 @@ impl Last {
         }
         for read in &compiled.reads {
             if let Some(readers) = self.read_by.get_mut(read) {
-                readers.remove(key);
+                readers.retain(|reader| reader != key);
                 if readers.is_empty() {
                     self.read_by.remove(read);
                 }
@@ -605,7 +607,7 @@ fn compile<'s>(
     let diagnostics = std::mem::replace(&mut builder.diagnostics, earlier);
     let compiled = Compiled {
         hosts: touched_hosts(ingress),
-        reads: store.take_reads(),
+        reads: store.take_reads().into_iter().collect(),
         diagnostics,
         default: only_default(ingress),
     };
