@@ -88,6 +88,11 @@ pub async fn run(args: RunArgs, logging: &Logging) -> Result<(), RunError> {
             "starting; this is a userspace-only build (no eBPF object embedded: build with `cargo xtask build`)"
         );
     }
+    // Until the first snapshot is served, freed memory goes back to the system at once: loading
+    // the gate (the kernel's BTF) and listing a large cluster (its JSON pages) free tens of MiB
+    // that the allocator would otherwise keep for later, on threads that may never allocate
+    // again.
+    set_purge_delay_ms(0);
     let gate = load_gate(&args)?;
     release_freed_memory();
     let published = Published::new();
@@ -217,7 +222,12 @@ pub async fn run(args: RunArgs, logging: &Logging) -> Result<(), RunError> {
         args.limits.max_connections_per_client,
     );
     tokio::select! {
-        () = published.synced() => {}
+        () = published.synced() => {
+            // From here on, freed memory is reused by the traffic; returning it at once would
+            // cost a system call each time a page empties.
+            set_purge_delay_ms(MIMALLOC_PURGE_DELAY_MS);
+            release_freed_memory();
+        }
         signal = wait_for_shutdown_signal() => {
             signal?;
             tracing::info!("stopping before the first snapshot was published");
@@ -421,6 +431,19 @@ fn release_freed_memory() {
     // SAFETY: mi_collect only walks and purges the allocator's own free pages. It is harmless
     // (and has nothing to do) when mimalloc is not the global allocator, as in unit tests.
     unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
+/// mimalloc's `mi_option_purge_delay`: how long an emptied page is kept before it goes back to
+/// the system. libmimalloc-sys names the options around it (`eager_commit_delay` is 14,
+/// `use_numa_nodes` 16) but not this one.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// mimalloc's default for it.
+const MIMALLOC_PURGE_DELAY_MS: std::ffi::c_long = 10;
+
+fn set_purge_delay_ms(ms: std::ffi::c_long) {
+    // SAFETY: setting an option only stores a value mimalloc reads when it next purges. Like
+    // `mi_collect`, it is harmless when mimalloc is not the global allocator.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ms) };
 }
 
 /// `--mode`: load the kernel gate, or explain in one line why userspace mode is used.
