@@ -215,13 +215,7 @@ impl Store {
 
     pub fn apply_event(&mut self, event: SourceEvent) -> bool {
         match event {
-            SourceEvent::Replace(new) => {
-                // The new store's own log says nothing of what this one held.
-                let reads = std::mem::take(&mut self.reads);
-                *self = *new;
-                self.reads = reads;
-                self.changes = Changes::everything();
-            }
+            SourceEvent::Replace(new) => self.replace(*new),
             SourceEvent::ReplaceKind(kind, objects) => self.replace_kind(kind, objects),
             SourceEvent::ReplaceIn {
                 kind,
@@ -256,6 +250,49 @@ impl Store {
             Kind::Secret => self.secrets.remove(key).is_some(),
             Kind::ConfigMap => self.config_maps.remove(key).is_some(),
         }
+    }
+
+    /// Becomes `new` (a manifests directory read again), logging as changed only the objects
+    /// that differ: an edit to one file costs a build of what it changed, not of everything.
+    pub fn replace(&mut self, new: Store) {
+        let mut changes = std::mem::take(&mut self.changes);
+        changes.all |= new.changes.all;
+        differing(&self.ingresses, &new.ingresses, Kind::Ingress, &mut changes);
+        differing(
+            &self.ingress_classes,
+            &new.ingress_classes,
+            Kind::IngressClass,
+            &mut changes,
+        );
+        differing(&self.services, &new.services, Kind::Service, &mut changes);
+        differing(&self.secrets, &new.secrets, Kind::Secret, &mut changes);
+        differing(
+            &self.config_maps,
+            &new.config_maps,
+            Kind::ConfigMap,
+            &mut changes,
+        );
+        let mut slices = Changes::default();
+        differing(
+            &self.endpoint_slices,
+            &new.endpoint_slices,
+            Kind::EndpointSlice,
+            &mut slices,
+        );
+        for (_, key) in &slices.objects {
+            // A slice's change is its Service's, before and after.
+            let owners = [self.endpoint_slices.get(key), new.endpoint_slices.get(key)];
+            for slice in owners.into_iter().flatten() {
+                if let Some(service) = service_of(key, slice) {
+                    changes.objects.insert((Kind::Service, service));
+                }
+            }
+        }
+        changes.objects.append(&mut slices.objects);
+        let reads = std::mem::take(&mut self.reads);
+        *self = new;
+        self.reads = reads;
+        self.changes = changes;
     }
 
     pub fn replace_kind(&mut self, kind: Kind, objects: Vec<Object>) {
@@ -388,6 +425,26 @@ impl Store {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Logs the keys whose object is not in both maps, or differs between them.
+fn differing<T: PartialEq>(
+    old: &BTreeMap<ObjectKey, Arc<T>>,
+    new: &BTreeMap<ObjectKey, Arc<T>>,
+    kind: Kind,
+    changes: &mut Changes,
+) {
+    let removed = old.keys().filter(|key| !new.contains_key(*key));
+    let changed = new
+        .iter()
+        .filter(|(key, object)| {
+            old.get(*key)
+                .is_none_or(|was| !Arc::ptr_eq(was, object) && was != *object)
+        })
+        .map(|(key, _)| key);
+    for key in removed.chain(changed) {
+        changes.objects.insert((kind, key.clone()));
     }
 }
 

@@ -141,6 +141,9 @@ enum Op {
     /// A ConfigMap of headers `hdr-{0}`: one header, or a name no header may have.
     Headers(u8, bool),
     DeleteHeaders(u8),
+    /// The whole store read again (a manifests directory), without Ingress `ing-{0}` (0 to 4)
+    /// or EndpointSlice `slice-{0 - 5}` (5 to 8) if set.
+    Reread(Option<u8>),
     /// The same objects in new `Arc`s, as a relist gives them.
     Relist,
     Class(bool),
@@ -201,6 +204,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..2, any::<bool>()).prop_map(|(c, valid)| Op::Headers(c, valid)),
         1 => (0u8..2).prop_map(Op::DeleteHeaders),
         1 => Just(Op::Relist),
+        1 => prop::option::of(0u8..9).prop_map(Op::Reread),
         1 => any::<bool>().prop_map(Op::Class),
         1 => any::<bool>().prop_map(Op::Now),
     ]
@@ -421,6 +425,51 @@ fn apply(store: &mut Store, settings: &mut BuildSettings, op: Op) {
         Op::DeleteHeaders(c) => {
             store.delete(Kind::ConfigMap, &ObjectKey::new("t", format!("hdr-{c}")));
         }
+        Op::Reread(without) => {
+            let mut again = Store::default();
+            let objects = store
+                .ingresses
+                .iter()
+                .filter(|(key, _)| without.is_none_or(|i| i >= 5 || key.name != format!("ing-{i}")))
+                .map(|(_, v)| Object::Ingress(Arc::new((**v).clone())))
+                .chain(
+                    store
+                        .ingress_classes
+                        .values()
+                        .map(|v| Object::IngressClass(Arc::new((**v).clone()))),
+                )
+                .chain(
+                    store
+                        .services
+                        .values()
+                        .map(|v| Object::Service(Arc::new((**v).clone()))),
+                )
+                .chain(
+                    store
+                        .endpoint_slices
+                        .iter()
+                        .filter(|(key, _)| {
+                            without.is_none_or(|i| i < 5 || key.name != format!("slice-{}", i - 5))
+                        })
+                        .map(|(_, v)| Object::EndpointSlice(Arc::new((**v).clone()))),
+                )
+                .chain(
+                    store
+                        .secrets
+                        .values()
+                        .map(|v| Object::Secret(Arc::new((**v).clone()))),
+                )
+                .chain(
+                    store
+                        .config_maps
+                        .values()
+                        .map(|v| Object::ConfigMap(Arc::new((**v).clone()))),
+                );
+            for object in objects {
+                again.apply(object);
+            }
+            store.apply_event(crate::store::SourceEvent::Replace(Box::new(again)));
+        }
         Op::Relist => {
             let objects: Vec<Object> = store
                 .ingresses
@@ -632,4 +681,56 @@ fn a_canary_change_rebuilds_its_main_host_alone() {
         &host(&first, "b.test"),
         &host(&third, "b.test")
     ));
+}
+
+/// A manifests directory read again costs what it changed: nothing, when nothing did; and a
+/// slice it no longer has takes its endpoints away from the routes of its Service.
+#[test]
+fn a_reread_rebuilds_what_it_changed() {
+    let mut store = Store::default();
+    let mut settings = testing::settings();
+    for op in [
+        Op::Service {
+            j: 0,
+            port: 0,
+            external: false,
+        },
+        Op::Slice {
+            k: 0,
+            service: 0,
+            port: 0,
+            endpoints: vec![(0, true)],
+        },
+        Op::Ingress {
+            i: 0,
+            created: 0,
+            class: true,
+            rules: vec![(0, vec![(0, false, 0, 0)])],
+            default: None,
+            tls: None,
+            annotations: Vec::new(),
+        },
+        Op::Class(true),
+    ] {
+        apply(&mut store, &mut settings, op);
+    }
+    let mut cache = BuildCache::default();
+    let first = rebuild(&mut cache, &mut store, &settings, 1);
+    let endpoints = |s: &Snapshot| {
+        s.route(Some("a.test"), "/")
+            .map(|r| r.backend.endpoints().len())
+    };
+    assert_eq!(endpoints(&first), Some(1));
+    apply(&mut store, &mut settings, Op::Reread(None));
+    let second = rebuild(&mut cache, &mut store, &settings, 2);
+    assert_eq!(cache.last_kind(), BuildKind::Incremental { ingresses: 0 });
+    assert_eq!(describe(&second), describe(&first));
+    apply(&mut store, &mut settings, Op::Reread(Some(5)));
+    let third = rebuild(&mut cache, &mut store, &settings, 3);
+    assert_eq!(cache.last_kind(), BuildKind::Incremental { ingresses: 1 });
+    assert_eq!(endpoints(&third), Some(0));
+    assert_eq!(
+        describe(&third),
+        describe(&Snapshot::build(&store, &settings, 3))
+    );
 }
