@@ -555,13 +555,9 @@ fn incremental_builds_equal_builds_from_scratch() {
     );
 }
 
-/// A change to one Ingress compiles that Ingress alone: the others' routes stay the same
-/// `Arc`s, and so does an untouched host.
-#[test]
-fn unchanged_ingresses_are_not_compiled_again() {
-    let mut store = Store::default();
-    let mut settings = testing::settings();
-    for op in [
+/// Service svc-0 with one slice of one ready endpoint.
+fn svc_0() -> [Op; 2] {
+    [
         Op::Service {
             j: 0,
             port: 0,
@@ -573,23 +569,30 @@ fn unchanged_ingresses_are_not_compiled_again() {
             port: 0,
             endpoints: vec![(0, true)],
         },
-    ] {
-        apply(&mut store, &mut settings, op);
+    ]
+}
+
+/// Ingress ing-`i`: `/` on `HOSTS[host]` to svc-0.
+fn on_svc_0(i: u8, host: u8) -> Op {
+    Op::Ingress {
+        i,
+        created: 0,
+        class: true,
+        rules: vec![(host, vec![(0, false, 0, 0)])],
+        default: None,
+        tls: None,
+        annotations: Vec::new(),
     }
-    for (i, host) in [(0, 0), (1, 1)] {
-        apply(
-            &mut store,
-            &mut settings,
-            Op::Ingress {
-                i,
-                created: 0,
-                class: true,
-                rules: vec![(host, vec![(0, false, 0, 0)])],
-                default: None,
-                tls: None,
-                annotations: Vec::new(),
-            },
-        );
+}
+
+/// A change to one Ingress compiles that Ingress alone: the others' routes stay the same
+/// `Arc`s, and so does an untouched host.
+#[test]
+fn unchanged_ingresses_are_not_compiled_again() {
+    let mut store = Store::default();
+    let mut settings = testing::settings();
+    for op in svc_0().into_iter().chain([on_svc_0(0, 0), on_svc_0(1, 1)]) {
+        apply(&mut store, &mut settings, op);
     }
     let mut cache = BuildCache::default();
     let first = rebuild(&mut cache, &mut store, &settings, 1);
@@ -689,29 +692,7 @@ fn a_canary_change_rebuilds_its_main_host_alone() {
 fn a_reread_rebuilds_what_it_changed() {
     let mut store = Store::default();
     let mut settings = testing::settings();
-    for op in [
-        Op::Service {
-            j: 0,
-            port: 0,
-            external: false,
-        },
-        Op::Slice {
-            k: 0,
-            service: 0,
-            port: 0,
-            endpoints: vec![(0, true)],
-        },
-        Op::Ingress {
-            i: 0,
-            created: 0,
-            class: true,
-            rules: vec![(0, vec![(0, false, 0, 0)])],
-            default: None,
-            tls: None,
-            annotations: Vec::new(),
-        },
-        Op::Class(true),
-    ] {
+    for op in svc_0().into_iter().chain([on_svc_0(0, 0), Op::Class(true)]) {
         apply(&mut store, &mut settings, op);
     }
     let mut cache = BuildCache::default();
