@@ -427,74 +427,24 @@ fn apply(store: &mut Store, settings: &mut BuildSettings, op: Op) {
         }
         Op::Reread(without) => {
             let mut again = Store::default();
-            let objects = store
-                .ingresses
-                .iter()
-                .filter(|(key, _)| without.is_none_or(|i| i >= 5 || key.name != format!("ing-{i}")))
-                .map(|(_, v)| Object::Ingress(Arc::new((**v).clone())))
-                .chain(
-                    store
-                        .ingress_classes
-                        .values()
-                        .map(|v| Object::IngressClass(Arc::new((**v).clone()))),
-                )
-                .chain(
-                    store
-                        .services
-                        .values()
-                        .map(|v| Object::Service(Arc::new((**v).clone()))),
-                )
-                .chain(
-                    store
-                        .endpoint_slices
-                        .iter()
-                        .filter(|(key, _)| {
-                            without.is_none_or(|i| i < 5 || key.name != format!("slice-{}", i - 5))
-                        })
-                        .map(|(_, v)| Object::EndpointSlice(Arc::new((**v).clone()))),
-                )
-                .chain(
-                    store
-                        .secrets
-                        .values()
-                        .map(|v| Object::Secret(Arc::new((**v).clone()))),
-                )
-                .chain(
-                    store
-                        .config_maps
-                        .values()
-                        .map(|v| Object::ConfigMap(Arc::new((**v).clone()))),
-                );
-            for object in objects {
+            let dropped = |kind: Kind, key: &ObjectKey| match (kind, without) {
+                (Kind::Ingress, Some(i)) if i < 5 => key.name == format!("ing-{i}"),
+                (Kind::EndpointSlice, Some(i)) if i >= 5 => key.name == format!("slice-{}", i - 5),
+                _ => false,
+            };
+            for object in copies(store, |kind, key| !dropped(kind, key)) {
                 again.apply(object);
             }
             store.apply_event(crate::store::SourceEvent::Replace(Box::new(again)));
         }
         Op::Relist => {
-            let objects: Vec<Object> = store
-                .ingresses
-                .values()
-                .map(|v| Object::Ingress(Arc::new((**v).clone())))
-                .chain(
-                    store
-                        .services
-                        .values()
-                        .map(|v| Object::Service(Arc::new((**v).clone()))),
+            let relisted = |kind, _: &ObjectKey| {
+                matches!(
+                    kind,
+                    Kind::Ingress | Kind::Service | Kind::EndpointSlice | Kind::Secret
                 )
-                .chain(
-                    store
-                        .endpoint_slices
-                        .values()
-                        .map(|v| Object::EndpointSlice(Arc::new((**v).clone()))),
-                )
-                .chain(
-                    store
-                        .secrets
-                        .values()
-                        .map(|v| Object::Secret(Arc::new((**v).clone()))),
-                )
-                .collect();
-            for object in objects {
+            };
+            for object in copies(store, relisted) {
                 store.apply(object);
             }
         }
@@ -553,6 +503,43 @@ fn incremental_builds_equal_builds_from_scratch() {
         incremental * 3 >= builds,
         "only {incremental} of {builds} builds were incremental"
     );
+}
+
+/// Copies of the store's objects that `keep` accepts: new `Arc`s, equal contents.
+fn copies(store: &Store, keep: impl Fn(Kind, &ObjectKey) -> bool) -> Vec<Object> {
+    fn each<T: Clone>(
+        map: &BTreeMap<ObjectKey, Arc<T>>,
+        kind: Kind,
+        keep: &impl Fn(Kind, &ObjectKey) -> bool,
+        wrap: fn(Arc<T>) -> Object,
+    ) -> impl Iterator<Item = Object> {
+        map.iter()
+            .filter(move |(key, _)| keep(kind, key))
+            .map(move |(_, object)| wrap(Arc::new((**object).clone())))
+    }
+    let mut out: Vec<Object> =
+        each(&store.ingresses, Kind::Ingress, &keep, Object::Ingress).collect();
+    out.extend(each(
+        &store.ingress_classes,
+        Kind::IngressClass,
+        &keep,
+        Object::IngressClass,
+    ));
+    out.extend(each(&store.services, Kind::Service, &keep, Object::Service));
+    out.extend(each(
+        &store.endpoint_slices,
+        Kind::EndpointSlice,
+        &keep,
+        Object::EndpointSlice,
+    ));
+    out.extend(each(&store.secrets, Kind::Secret, &keep, Object::Secret));
+    out.extend(each(
+        &store.config_maps,
+        Kind::ConfigMap,
+        &keep,
+        Object::ConfigMap,
+    ));
+    out
 }
 
 /// Service svc-0 with one slice of one ready endpoint.
