@@ -24,6 +24,24 @@ const USERS: &[(&str, &str, &str)] = &[
     ),
     ("carol", "{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=", "password"),
     ("dave", "$1$saltsalt$9xy1btjgzLYfb7hivXtC//", "secret"),
+    (
+        "ivan",
+        "{SSHA}hmXRfRfdFUgYyS/FvjP8zb12D/QBAnNhbHR4",
+        "password",
+    ),
+    // The system's crypt(3), as nginx calls it: DES (htpasswd -d), SHA-512-crypt
+    // (openssl passwd -6) and yescrypt (mkpasswd's default on Debian).
+    ("frank", "xOAFZqRz5RduI", "password"),
+    (
+        "grace",
+        "$6$rounds=5000$saltstring$adDbXsJjcDlq2662QPgd.tkSOVmnG9Tt3oXl4HR60SusC3AGjirnDenVZp3DGwLwqy6iYKCzannhaX9DR72nN1",
+        "password",
+    ),
+    (
+        "heidi",
+        "$y$j9T$abcdefgh$79JhsKZwfY/UU2qrk3QcffpHl7EyEEJK0pA5pD1wu73",
+        "password",
+    ),
 ];
 
 fn basic(user: &str, password: &str) -> String {
@@ -65,7 +83,12 @@ fn start() -> Site {
         service("t", "admin", &[&admin]),
         opaque_secret("t", "users", &[("auth", &htpasswd)]),
         opaque_secret("t", "map", &[("erin", "{PLAIN}letmein")]),
-        opaque_secret("t", "des", &[("auth", "alice:abJnggxhB/yWI\n")]),
+        // A SHA-512-crypt hash cut short: crypt could never match it.
+        opaque_secret(
+            "t",
+            "broken",
+            &[("auth", "alice:$6$saltstring$adDbXsJjcDlq\n")],
+        ),
         opaque_secret("other", "users", &[("auth", &htpasswd)]),
         // basic.test: `/` open, `/admin` behind basic auth.
         annotated_ingress(
@@ -103,10 +126,10 @@ fn start() -> Site {
             "/",
         ),
         protected(
-            "des",
+            "broken",
             6,
-            &[("auth-type", "basic"), ("auth-secret", "des")],
-            "des.test",
+            &[("auth-type", "basic"), ("auth-secret", "broken")],
+            "broken.test",
             "/",
         ),
         protected(
@@ -217,6 +240,14 @@ fn every_hash_format_lets_its_user_in_and_nothing_else_does() {
             (
                 "bcrypt, wrong password",
                 vec!["-H".into(), basic("bob", "U*V")],
+            ),
+            (
+                "yescrypt, wrong password",
+                vec!["-H".into(), basic("heidi", "passwort")],
+            ),
+            (
+                "DES, wrong password",
+                vec!["-H".into(), basic("frank", "passwore")],
             ),
             ("empty password", vec!["-H".into(), basic("alice", "")]),
             (
@@ -359,7 +390,12 @@ fn unusable_auth_refuses_the_ingress_and_satisfy_combines_with_the_allow_list() 
     let ingress = &site.ingress;
     let right = basic("alice", "password");
     for version in VERSIONS {
-        for host in ["missing.test", "digest.test", "des.test", "elsewhere.test"] {
+        for host in [
+            "missing.test",
+            "digest.test",
+            "broken.test",
+            "elsewhere.test",
+        ] {
             for args in [vec![], vec!["-H", right.as_str()]] {
                 let reply = curl::get(ingress, host, "/", version, &args);
                 assert_eq!(reply.status, 503, "{version} {host} {args:?}: {reply:?}");

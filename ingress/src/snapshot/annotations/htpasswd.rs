@@ -7,8 +7,12 @@
 //!   "user:$apr1$…"    Apache's MD5 (htpasswd -m)        MD5-crypt with the apr1 magic
 //!   "user:$1$…"       MD5-crypt (openssl passwd -1)     the same algorithm, magic "$1$"
 //!   "user:{SHA}…"     base64 SHA-1 (htpasswd -s)
+//!   "user:{SSHA}…"    base64 of SHA-1(password salt) and the salt (slappasswd)
 //!   "user:{PLAIN}…"   plain text (nginx accepts it)
-//!   anything else (DES crypt, $5$/$6$ SHA-crypt, ...) → not parsed: the Ingress is refused
+//!   "user:$6$…", "$5$…", "$y$…", "abJnggxhB/yWI" (DES), ...: any other crypt(3) hash the
+//!                     system's libxcrypt accepts (`crypt_checksalt`), checked by its `crypt_rn`
+//!                     (expensive, except DES), as nginx hands whatever it does not know to crypt
+//!   anything else (a hash libxcrypt rejects) → not parsed: the Ingress is refused
 //! ```
 //!
 //! nginx reads the file the same way: one `user:hash[:comment]` a line, `#` lines and blank lines
@@ -49,8 +53,12 @@ pub enum PasswordHash {
     },
     /// `{SHA}` and the base64 of the SHA-1 digest.
     Sha1([u8; 20]),
+    /// `{SSHA}`: the base64 of SHA-1(password ‖ salt) followed by the salt.
+    SaltedSha1 { digest: [u8; 20], salt: Vec<u8> },
     /// `{PLAIN}` and the password.
     Plain(Vec<u8>),
+    /// Any other crypt(3) hash (SHA-crypt, yescrypt, DES, ...), checked by the system's crypt.
+    Crypt { hash: String, des: bool },
 }
 
 impl Credentials {
@@ -126,6 +134,18 @@ impl PasswordHash {
                 .ok_or("{SHA} is not followed by the base64 of a SHA-1 digest")?;
             return Ok(PasswordHash::Sha1(digest));
         }
+        if let Some(rest) = hash.strip_prefix("{SSHA}") {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(rest)
+                .ok()
+                .filter(|d| d.len() > 20)
+                .ok_or("{SSHA} is not followed by the base64 of a SHA-1 digest and a salt")?;
+            let (digest, salt) = decoded.split_at(20);
+            return Ok(PasswordHash::SaltedSha1 {
+                digest: <[u8; 20]>::try_from(digest).unwrap_or_default(),
+                salt: salt.to_vec(),
+            });
+        }
         if let Some(rest) = hash.strip_prefix("{PLAIN}") {
             return Ok(PasswordHash::Plain(rest.as_bytes().to_vec()));
         }
@@ -156,27 +176,38 @@ impl PasswordHash {
                 Err(e) => Err(format!("malformed bcrypt hash: {e}")),
             };
         }
-        if hash.starts_with('$') {
-            let scheme = hash.split('$').nth(1).unwrap_or_default();
-            return Err(format!(
-                "hash scheme ${scheme}$ is not supported (bcrypt, $apr1$, $1$, {{SHA}} and {{PLAIN}} are)"
-            ));
+        // nginx hands every other hash to crypt(3): so do we, to the same library, after asking
+        // it whether it reads the hash at all (a file it cannot read refuses the Ingress now,
+        // not each user at their first request).
+        let des = hash.len() == 13 && hash.bytes().all(|b| ITOA64.contains(&b));
+        if hash.starts_with('$') || des {
+            return match system_crypt::reads(hash) {
+                Ok(()) => Ok(PasswordHash::Crypt {
+                    hash: hash.to_string(),
+                    des,
+                }),
+                Err(why) => Err(why),
+            };
         }
-        Err("DES crypt and unknown hash formats are not supported (bcrypt, $apr1$, $1$, {SHA} and {PLAIN} are)".into())
+        Err("not a hash format nginx reads (bcrypt, $apr1$, $1$, {SHA}, {SSHA}, {PLAIN} or another crypt(3) hash such as $6$, $5$, $y$ or DES)".into())
     }
 
     /// Whether checking a password costs enough (bcrypt: milliseconds) that it must not run on
     /// the proxy's async threads.
     pub fn is_costly(&self) -> bool {
-        matches!(self, PasswordHash::Bcrypt(_))
+        matches!(
+            self,
+            PasswordHash::Bcrypt(_) | PasswordHash::Crypt { des: false, .. }
+        )
     }
 
-    /// Whether a success is worth remembering: bcrypt, and MD5-crypt's 1000 rounds (about
-    /// 150 µs), cost far more than the SHA-1 of the cache key; `{SHA}` and `{PLAIN}` do not.
+    /// Whether a success is worth remembering: bcrypt, MD5-crypt's 1000 rounds (about
+    /// 150 µs) and the system's crypt (DES's 25 rounds included) cost far more than the SHA-1 of
+    /// the cache key; `{SHA}`, `{SSHA}` and `{PLAIN}` do not.
     pub fn is_slow(&self) -> bool {
         matches!(
             self,
-            PasswordHash::Bcrypt(_) | PasswordHash::Md5Crypt { .. }
+            PasswordHash::Bcrypt(_) | PasswordHash::Md5Crypt { .. } | PasswordHash::Crypt { .. }
         )
     }
 
@@ -192,7 +223,16 @@ impl PasswordHash {
                     .into()
             }
             PasswordHash::Sha1(digest) => Sha1::digest(password).as_slice().ct_eq(digest).into(),
+            PasswordHash::SaltedSha1 { digest, salt } => Sha1::new()
+                .chain_update(password)
+                .chain_update(salt)
+                .finalize()
+                .as_slice()
+                .ct_eq(digest)
+                .into(),
             PasswordHash::Plain(plain) => plain.as_slice().ct_eq(password).into(),
+            PasswordHash::Crypt { hash, .. } => system_crypt::crypt(password, hash)
+                .is_some_and(|made| made.as_bytes().ct_eq(hash.as_bytes()).into()),
         }
     }
 
@@ -205,7 +245,99 @@ impl PasswordHash {
                 format!("{apr1}${salt}${hash}").into_bytes()
             }
             PasswordHash::Sha1(digest) => digest.to_vec(),
+            PasswordHash::SaltedSha1 { digest, salt } => [&digest[..], salt].concat(),
             PasswordHash::Plain(plain) => plain.clone(),
+            PasswordHash::Crypt { hash, .. } => hash.as_bytes().to_vec(),
+        }
+    }
+}
+
+/// The system's crypt(3): libxcrypt, the library nginx's `auth_basic` calls for the hashes it
+/// does not check itself. Debian's reads DES, MD5-crypt, bcrypt, SHA-crypt and yescrypt
+/// (`man 5 crypt`).
+mod system_crypt {
+    use std::ffi::{CStr, CString, c_char, c_int, c_void};
+
+    /// `sizeof(struct crypt_data)` in libxcrypt's `crypt.h` (its size is part of the ABI).
+    const CRYPT_DATA_SIZE: usize = 32768;
+    const CRYPT_SALT_OK: c_int = 0;
+    /// Usable, only weak (DES, MD5-crypt).
+    const CRYPT_SALT_METHOD_LEGACY: c_int = 3;
+    /// A passphrase longer than this is refused by crypt (`CRYPT_MAX_PASSPHRASE_SIZE`).
+    const MAX_PASSPHRASE: usize = 512;
+
+    #[link(name = "crypt")]
+    unsafe extern "C" {
+        fn crypt_rn(
+            phrase: *const c_char,
+            setting: *const c_char,
+            data: *mut c_void,
+            size: c_int,
+        ) -> *mut c_char;
+        fn crypt_checksalt(setting: *const c_char) -> c_int;
+    }
+
+    /// Whether crypt reads `hash`: its method is known and its salt and parameters well
+    /// formed. Nothing is hashed (a yescrypt check costs milliseconds and megabytes).
+    pub(super) fn reads(hash: &str) -> Result<(), String> {
+        let scheme = || match hash.split('$').nth(1) {
+            Some(id) if hash.starts_with('$') => format!("${id}$ hash"),
+            _ => "DES crypt hash".to_string(),
+        };
+        // crypt_checksalt judges the setting (method, parameters, salt), not what follows it:
+        // the digest's length is checked here for the methods real files use.
+        let digest = hash.rsplit('$').next().unwrap_or_default();
+        let digest_len = match hash.split('$').nth(1) {
+            Some("5" | "y" | "gy" | "7") => Some(43),
+            Some("6") => Some(86),
+            _ => None,
+        };
+        if hash.starts_with('$')
+            && (digest_len.is_some_and(|n| digest.len() != n)
+                || !digest.bytes().all(|b| super::ITOA64.contains(&b)))
+        {
+            return Err(format!("malformed {}", scheme()));
+        }
+        let Ok(setting) = CString::new(hash) else {
+            return Err("a hash with a NUL byte".into());
+        };
+        // SAFETY: `setting` is a NUL-terminated string that outlives the call, which only
+        // reads it.
+        match unsafe { crypt_checksalt(setting.as_ptr()) } {
+            CRYPT_SALT_OK | CRYPT_SALT_METHOD_LEGACY => Ok(()),
+            _ => Err(format!(
+                "malformed or unsupported {} (the system's crypt(3) does not read it)",
+                scheme()
+            )),
+        }
+    }
+
+    /// crypt(3) of `password` with `hash` as its setting: equal to `hash` when the password is
+    /// the one it was made from. `None` when crypt cannot use them (a NUL in the password, as
+    /// C strings cannot carry one, or a passphrase longer than crypt takes).
+    pub(super) fn crypt(password: &[u8], hash: &str) -> Option<String> {
+        if password.len() > MAX_PASSPHRASE {
+            return None;
+        }
+        let phrase = CString::new(password).ok()?;
+        let setting = CString::new(hash).ok()?;
+        // crypt_rn wants its scratch zeroed before the call.
+        let mut data = vec![0u8; CRYPT_DATA_SIZE];
+        // SAFETY: both strings are NUL-terminated and live across the call; `data` is a
+        // writable, zeroed buffer of exactly `size` bytes, the size libxcrypt's crypt_rn asks
+        // for, owned by this call alone (so threads never share it). The result, when not
+        // null, points into `data`, and is copied out before `data` is dropped.
+        unsafe {
+            let out = crypt_rn(
+                phrase.as_ptr(),
+                setting.as_ptr(),
+                data.as_mut_ptr().cast(),
+                c_int::try_from(CRYPT_DATA_SIZE).ok()?,
+            );
+            if out.is_null() {
+                return None;
+            }
+            CStr::from_ptr(out).to_str().ok().map(str::to_string)
         }
     }
 }
@@ -299,6 +431,31 @@ mod tests {
             ),
             ("{SHA}W6ph5Mm5Pz8GgiULbPgzG37mj9g=", "password", "passwor"),
             ("{PLAIN}hunter2", "hunter2", "hunter3"),
+            // SHA-1 of "password" and the salt 01 02 "saltx", made with Python's hashlib.
+            (
+                "{SSHA}hmXRfRfdFUgYyS/FvjP8zb12D/QBAnNhbHR4",
+                "password",
+                "Password",
+            ),
+            // The system's crypt: DES (htpasswd -d; only 8 characters count), SHA-crypt
+            // (glibc's test vectors), yescrypt (Debian's mkpasswd default), each made by
+            // libxcrypt's crypt(3).
+            ("xOAFZqRz5RduI", "password", "passwore"),
+            (
+                "$5$saltstring$5B8vYYiY.CVt1RlTTf8KbXBH3hsxY/GNooZaBBGWEc5",
+                "Hello world!",
+                "Hello world",
+            ),
+            (
+                "$6$rounds=5000$saltstring$adDbXsJjcDlq2662QPgd.tkSOVmnG9Tt3oXl4HR60SusC3AGjirnDenVZp3DGwLwqy6iYKCzannhaX9DR72nN1",
+                "password",
+                "passwort",
+            ),
+            (
+                "$y$j9T$abcdefgh$79JhsKZwfY/UU2qrk3QcffpHl7EyEEJK0pA5pD1wu73",
+                "password",
+                "password!",
+            ),
         ];
         for (hash, right, wrong) in cases {
             let parsed = PasswordHash::parse(hash).unwrap_or_else(|e| panic!("{hash}: {e}"));
@@ -322,9 +479,11 @@ mod tests {
         let cases = [
             "",
             "plaintext",
-            "abJnggxhB/yWI", // DES crypt
+            "abJnggxhB/yWI!", // DES crypt is 13 characters of crypt's alphabet
             "$5$rounds=5000$salt$hash",
             "$6$salt$hash",
+            "$7$nonsense",
+            "$unknown$salt$hash",
             "$apr1$nosalt",
             "$apr1$toolongsalt$eIMz/iKDkbtys/uU7LEK00",
             "$apr1$lZL6V/ci$short",
@@ -354,7 +513,9 @@ mod tests {
         let bad: &[&[u8]] = &[
             b"alice\n",
             b":{PLAIN}x\n",
-            b"alice:des1234567890\n",
+            b"alice:des12345678901\n", // 14 characters: not DES
+            b"alice:des!234567890\n",
+            b"alice:{SSHA}c2hvcnQ=\n",
             b"alice:{PLAIN}a\nalice:{PLAIN}b\n",
             b"\xff:{PLAIN}x\n",
         ];
