@@ -517,7 +517,8 @@ pub struct ListenArgs {
     pub admin_remote_access: RemoteAccess,
     /// Every connection on the HTTP and HTTPS ports starts with a PROXY protocol header (v1 or
     /// v2) from a load balancer, naming the real client; one without is closed. ingress-nginx's
-    /// `use-proxy-protocol`. The kernel gate skips the header to judge the ClientHello behind
+    /// `use-proxy-protocol`, whose ConfigMap key (with `--configmap`) overrides this flag live,
+    /// for new connections. The kernel gate skips the header to judge the ClientHello behind
     /// it, and judges source ranges by the client the header names.
     #[arg(long, env = "INGRESS_USE_PROXY_PROTOCOL", default_value_t = false, action = ArgAction::Set, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub use_proxy_protocol: bool,

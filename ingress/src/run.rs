@@ -234,10 +234,7 @@ pub async fn run(args: RunArgs, logging: &Logging) -> Result<(), RunError> {
             return Ok(());
         }
     }
-    let proxy_protocol = args
-        .listen
-        .use_proxy_protocol
-        .then_some(args.listen.proxy_protocol_header_timeout);
+    let proxy_header_timeout = args.listen.proxy_protocol_header_timeout;
     let http_addr = SocketAddr::new(args.listen.bind, args.listen.http_port);
     let http = Listener {
         name: "http",
@@ -245,7 +242,7 @@ pub async fn run(args: RunArgs, logging: &Logging) -> Result<(), RunError> {
         handshake: Arc::new(Plain),
         https: false,
         caps: caps.clone(),
-        proxy_protocol,
+        proxy_header_timeout,
     };
     let https_addr = SocketAddr::new(args.listen.bind, args.listen.https_port);
     // The gate judges only connections of the listener it was given, marked before listen()
@@ -277,7 +274,7 @@ pub async fn run(args: RunArgs, logging: &Logging) -> Result<(), RunError> {
         }),
         https: true,
         caps,
-        proxy_protocol,
+        proxy_header_timeout,
     };
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http.run(

@@ -235,7 +235,11 @@ pub fn load_with(
         proxy_protocol,
         pin_dir: pins.to_path_buf(),
         https_ports: vec![PORT],
-        policy: Some(policy),
+        // The policy carries the expectation once synced, as a snapshot's does.
+        policy: Some(SniPolicy {
+            proxy_protocol,
+            ..policy
+        }),
         verdict_timeout: Duration::from_secs(3),
         // Explicit, not from tracing: tests run on parallel threads, and tracing caches
         // per-callsite interest across them.

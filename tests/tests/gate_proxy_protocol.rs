@@ -336,6 +336,11 @@ fn site(tag: &str) -> Option<Site> {
 /// `curl --haproxy-protocol https://<name>/` from the client namespace: the status, or the
 /// exit code when curl failed.
 async fn curl_proxied(site: &Site, name: &str) -> Result<u16, Option<i32>> {
+    curl_https(site, name, true).await
+}
+
+/// `curl https://<name>/` from the client namespace, with a PROXY v1 header when `proxied`.
+async fn curl_https(site: &Site, name: &str, proxied: bool) -> Result<u16, Option<i32>> {
     let ca = site.dir.path().join("ca.pem");
     let out = site
         .pair
@@ -350,7 +355,7 @@ async fn curl_proxied(site: &Site, name: &str) -> Result<u16, Option<i32>> {
             "--max-time",
             "5",
         ])
-        .arg("--haproxy-protocol")
+        .args(proxied.then_some("--haproxy-protocol"))
         .arg("--cacert")
         .arg(&ca)
         .arg("--resolve")
@@ -498,6 +503,82 @@ async fn ebpf_mode_serves_behind_proxy_protocol() {
         "curl's unknown name reset before accept: {}",
         curl_early == 1.0
     );
+    assert!(!proxy.logs().contains("ERROR"), "{}", proxy.logs());
+}
+
+both_modes!(the_configmap_switches_proxy_protocol_live);
+
+/// The ConfigMap's `use-proxy-protocol`, without the flag: on, the listeners and the kernel
+/// gate expect the header (also after a publish that changes no name, which rewrites the
+/// gate's CONFIG); off again, plain clients are served and headers are refused, with no
+/// restart.
+async fn the_configmap_switches_proxy_protocol_live(mode: Mode) {
+    let Some(site) = site(&format!("pp-live-{}", mode.flag())) else {
+        return;
+    };
+    let write_config = |on: bool| {
+        let yaml = format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: ingress-config, namespace: t}}\ndata: {{use-proxy-protocol: \"{on}\"}}\n"
+        );
+        let tmp = site.dir.path().join(".config.yaml.tmp");
+        std::fs::write(&tmp, yaml).expect("write the ConfigMap");
+        std::fs::rename(&tmp, site.manifests().join("config.yaml")).expect("rename");
+    };
+    write_config(true);
+    let proxy = site.start(mode, &["--configmap", "t/ingress-config"]);
+    assert_eq!(
+        curl_https(&site, KNOWN, true).await,
+        Ok(200),
+        "{}",
+        proxy.logs()
+    );
+    assert!(curl_https(&site, KNOWN, false).await.is_err());
+
+    // A publish that keeps every name: the gate rewrites only its CONFIG, which must keep
+    // expecting the header.
+    let generation =
+        |s: &ingress_tests::scrape::Scrape| s.value("ingress_snapshot_generation", &[]);
+    let before = generation(&proxy.scrape());
+    let tmp = site.dir.path().join(".other.yaml.tmp");
+    std::fs::write(
+        &tmp,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: other, namespace: t}\nspec: {ports: [{port: 80}]}\n",
+    )
+    .expect("write a Service");
+    std::fs::rename(&tmp, site.manifests().join("other.yaml")).expect("rename");
+    scrape_until(&proxy, "a publish that keeps every name", |s| {
+        generation(s) > before
+    })
+    .await;
+    assert_eq!(
+        curl_https(&site, KNOWN, true).await,
+        Ok(200),
+        "after a publish that kept every name: {}",
+        proxy.logs()
+    );
+    assert!(curl_https(&site, KNOWN, false).await.is_err());
+
+    write_config(false);
+    let deadline = Instant::now() + STEP;
+    while curl_https(&site, KNOWN, false).await != Ok(200) {
+        assert!(
+            Instant::now() < deadline,
+            "plain clients are not served after use-proxy-protocol: false: {}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(curl_https(&site, KNOWN, true).await.is_err());
+    // The plain clients refused while it was on: by the kernel, or by the listener.
+    let after = proxy.scrape();
+    let refused = match mode {
+        Mode::Ebpf => after.kernel("proxy_header_refused"),
+        Mode::Userspace => after.value(
+            "ingress_proxy_protocol_errors_total",
+            &[("listener", "https"), ("reason", "invalid")],
+        ),
+    };
+    assert!(refused >= 2.0, "{}", after.0);
     assert!(!proxy.logs().contains("ERROR"), "{}", proxy.logs());
 }
 

@@ -250,6 +250,8 @@ pub struct GateOptions {
     pub early_reset: EarlyReset,
     /// `--use-proxy-protocol`: every connection on the gated ports starts with a PROXY
     /// protocol header, which the programs skip (and whose client they judge source ranges by).
+    /// Only until the first snapshot is synced: from then on the snapshot's `SniPolicy` says
+    /// (the ConfigMap's `use-proxy-protocol` may change it).
     pub proxy_protocol: bool,
 }
 
@@ -382,7 +384,7 @@ struct Shared {
     events: Mutex<RingBuf<MapData>>,
     netns_cookie: u64,
     ports: Vec<u16>,
-    /// `GateOptions::proxy_protocol`, for every CONFIG written.
+    /// `GateOptions::proxy_protocol`, for the CONFIG written before any snapshot.
     proxy_protocol: bool,
     timeout: Duration,
     pin_dir: PathBuf,
@@ -508,8 +510,7 @@ impl Shared {
                 "host name cannot be a kernel key and can never match; left out"
             );
         }
-        let mut config = policy::config(desired, generation, self.netns_cookie, &self.ports);
-        config.proxy_protocol = u32::from(self.proxy_protocol);
+        let config = policy::config(desired, generation, self.netns_cookie, &self.ports);
         let sources = policy::source_entries(&desired.sources);
         self.write_hosts(generation, &entries, &sources, config, &rejected)
     }

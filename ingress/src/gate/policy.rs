@@ -100,8 +100,7 @@ pub fn config(policy: &SniPolicy, generation: u64, netns_cookie: u64, ports: &[u
         not_tls: case(policy.unnamed.not_tls),
         port_count: u32::try_from(ports.len().min(MAX_PORTS)).unwrap_or(0),
         ports: port_array,
-        // Set by the gate from its load options (`GateOptions::proxy_protocol`).
-        proxy_protocol: 0,
+        proxy_protocol: u32::from(policy.proxy_protocol),
         _reserved: 0,
     }
 }

@@ -219,9 +219,9 @@ pub struct Listener<H> {
     pub https: bool,
     /// Shared by every listener: the caps are per process.
     pub caps: Arc<ConnectionCaps>,
-    /// `--use-proxy-protocol`: every connection starts with a PROXY protocol header, read
-    /// within this long.
-    pub proxy_protocol: Option<Duration>,
+    /// `--proxy-protocol-header-timeout`: how long a PROXY protocol header may take, when the
+    /// published snapshot says connections start with one (`use-proxy-protocol`).
+    pub proxy_header_timeout: Duration,
 }
 
 impl<H: Handshake> Listener<H> {
@@ -265,9 +265,18 @@ impl<H: Handshake> Listener<H> {
                 },
             };
             metrics.connections.get_or_create(&labels).inc();
+            // Read at each accept, so a ConfigMap change applies to the next connection, from
+            // the same snapshot the kernel gate was set from.
+            let proxy_protocol = serving
+                .proxy
+                .published
+                .load()
+                .global
+                .proxy_protocol
+                .then_some(self.proxy_header_timeout);
             // Behind the PROXY protocol the peer is the load balancer: the client is counted
             // once its header names it.
-            let admitted = match self.proxy_protocol {
+            let admitted = match proxy_protocol {
                 Some(_) => self.caps.admit_total(),
                 None => self.caps.admit(peer.ip()),
             };
@@ -302,7 +311,6 @@ impl<H: Handshake> Listener<H> {
             let serving = serving.clone();
             let stop = stop.clone();
             let active = metrics.connections_active.get_or_create(&labels).clone();
-            let proxy_protocol = self.proxy_protocol;
             let (caps, metrics) = (self.caps.clone(), metrics.clone());
             let name = self.name;
             connections.spawn(async move {

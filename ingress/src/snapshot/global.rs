@@ -54,7 +54,9 @@ pub struct GlobalSettings {
     pub server_tokens: bool,
     /// `upstream-keepalive-connections`, `upstream-keepalive-timeout`.
     pub keepalive: UpstreamKeepalive,
-    /// `use-proxy-protocol` as the listeners run it (a flag: read at startup only).
+    /// `use-proxy-protocol`: every new connection to the HTTP and HTTPS listeners starts with
+    /// a PROXY protocol header (the flag, unless the ConfigMap says otherwise). The listeners
+    /// read it at each accept and the kernel gate from the snapshot's `SniPolicy`.
     pub proxy_protocol: bool,
     /// A global access control the ConfigMap asks for and this controller cannot apply
     /// (`global-auth-url`, `block-cidrs`, ...), with `--unsupported-access-annotations=refuse`:
@@ -374,10 +376,8 @@ pub fn key_status(key: &str) -> Option<KeyStatus> {
         | "global-auth-cache-key"
         | "global-auth-cache-duration"
         | "global-auth-always-set-cookie"
-        | "no-auth-locations" => Applied,
-        "use-proxy-protocol" => StartupOnly(
-            "the listeners and the kernel gate are set up for PROXY protocol at startup: use --use-proxy-protocol",
-        ),
+        | "no-auth-locations"
+        | "use-proxy-protocol" => Applied,
         "proxy-protocol-header-timeout" => StartupOnly("use --proxy-protocol-header-timeout"),
         "keep-alive" => StartupOnly("use --client-keepalive-timeout"),
         "client-header-timeout" => StartupOnly("use --header-read-timeout"),
@@ -659,6 +659,9 @@ pub fn resolve(
                 set_bool(&mut out.underscores, flag(v), name, v, &mut invalid);
             }
             "server-tokens" => set_bool(&mut out.server_tokens, flag(v), name, v, &mut invalid),
+            "use-proxy-protocol" => {
+                set_bool(&mut out.proxy_protocol, flag(v), name, v, &mut invalid);
+            }
             "limit-req-status-code" | "limit-conn-status-code" => {
                 // As nginx's limit_req_status/limit_conn_status: a status from 400 to 599.
                 match v.trim().parse::<u16>() {
@@ -809,11 +812,6 @@ pub fn resolve(
         }
         let message = match status {
             Some(KeyStatus::StartupOnly(how)) => {
-                if name == "use-proxy-protocol"
-                    && parse_bool(value) == Some(defaults.proxy_protocol)
-                {
-                    continue;
-                }
                 format!("{name}: read at startup only, not from the ConfigMap ({how}); ignored")
             }
             Some(KeyStatus::Noop(why)) => format!("{name}: accepted, no effect ({why})"),

@@ -554,6 +554,7 @@ impl Last {
                 catch_all: self.default_backend.is_some() || self.hosts.any().is_some(),
                 unnamed: settings.unnamed,
                 sources: gate_sources::GateSources::assign(self.gate_sources.clone()),
+                proxy_protocol: self.global.proxy_protocol,
             },
             passthrough: self.passthrough.clone(),
             global: self.global.clone(),

@@ -32,6 +32,10 @@ pub struct SniPolicy {
     pub unnamed: UnnamedPolicy,
     /// The names whose clients are also judged by source address before accept.
     pub sources: GateSources,
+    /// `use-proxy-protocol`: every connection starts with a PROXY protocol header, the
+    /// ClientHello behind it. Here so that the kernel and the listeners switch with the same
+    /// snapshot.
+    pub proxy_protocol: bool,
 }
 
 impl SniPolicy {
@@ -154,7 +158,7 @@ mod tests {
             names: names.iter().map(|(n, a)| (n.to_string(), *a)).collect(),
             catch_all,
             unnamed: UnnamedPolicy::default(),
-            sources: GateSources::default(),
+            ..SniPolicy::default()
         }
     }
 

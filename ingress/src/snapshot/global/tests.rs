@@ -168,7 +168,7 @@ fn keys_not_applied_are_each_reported_with_why() {
         ("ssl-protocols", "TLSv1.2"),
         ("upstream-keepalive-requests", "64"),
         ("worker-processes", "4"),
-        ("use-proxy-protocol", "true"),
+        ("proxy-protocol-header-timeout", "3s"),
         ("use-proxy-protocol-typo", "true"),
         ("proxy-body-size", "2m"),
     ]);
@@ -187,7 +187,10 @@ fn keys_not_applied_are_each_reported_with_why() {
         ("ssl-protocols", "rustls"),
         ("upstream-keepalive-requests", "however many requests"),
         ("worker-processes", "accepted, no effect"),
-        ("use-proxy-protocol", "--use-proxy-protocol"),
+        (
+            "proxy-protocol-header-timeout",
+            "--proxy-protocol-header-timeout",
+        ),
         (
             "use-proxy-protocol-typo",
             "not an ingress-nginx ConfigMap key",
@@ -200,9 +203,34 @@ fn keys_not_applied_are_each_reported_with_why() {
             "{name}: {messages:?}"
         );
     }
-    // The same value as the running flag is no difference worth a warning.
-    let (_, diagnostics) = resolved(&[("use-proxy-protocol", "false")]);
+}
+
+#[test]
+fn use_proxy_protocol_is_read_live_over_the_flag() {
+    let (out, diagnostics) = resolved(&[("use-proxy-protocol", "true")]);
+    assert!(out.proxy_protocol);
     assert!(diagnostics.is_empty(), "{diagnostics:?}");
+    let flag_on = GlobalSettings {
+        proxy_protocol: true,
+        ..GlobalSettings::default()
+    };
+    let mut diagnostics = Vec::new();
+    let off = BTreeMap::from([("use-proxy-protocol".to_string(), "false".to_string())]);
+    let out = resolve(&flag_on, &key(), Some(&off), true, &mut diagnostics);
+    assert!(!out.proxy_protocol, "the ConfigMap wins over the flag");
+    let out = resolve(
+        &flag_on,
+        &key(),
+        Some(&BTreeMap::new()),
+        true,
+        &mut diagnostics,
+    );
+    assert!(out.proxy_protocol, "without the key the flag stays");
+    let bad = BTreeMap::from([("use-proxy-protocol".to_string(), "yes please".to_string())]);
+    let out = resolve(&flag_on, &key(), Some(&bad), true, &mut diagnostics);
+    assert!(out.proxy_protocol, "an invalid value keeps the flag's");
+    assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+    assert_eq!(diagnostics[0].kind, DiagnosticKind::InvalidConfigValue);
 }
 
 #[test]
@@ -408,7 +436,7 @@ fn the_reference_agrees_with_the_code() {
             .collect()
     };
     let applied = keys(applied);
-    assert_eq!(applied.len(), 37, "{applied:?}");
+    assert_eq!(applied.len(), 38, "{applied:?}");
     for (key, _) in &applied {
         assert_eq!(key_status(key), Some(KeyStatus::Applied), "{key}");
     }
