@@ -10,9 +10,13 @@
 //!   id ─> entries: (policy, ::ffff:v4 or v6 prefix) -> admit | refuse, one LPM lookup per client
 //! ```
 //!
-//! The kernel cannot see the real client behind PROXY protocol or trusted forwarded headers, so
-//! with either on no name gets an id. A route refused outright (503) or with `satisfy: any` and
-//! authentication (a client outside the ranges may still log in) is not judgeable either.
+//! Ids are given only while the kernel sees the client the access phase judges
+//! (`kernel_sees_client`). With trusted forwarded headers on it does not: the client is named
+//! per request, after accept, so no name gets an id. Behind PROXY protocol the programs read the
+//! client the header names, so names get ids unless `proxy-real-ip-cidr` is set: then whether
+//! a header is believed depends on its peer, which the kernel leaves to the access phase. A
+//! route refused outright (503) or with `satisfy: any` and authentication (a client outside the
+//! ranges may still log in) is not judgeable either.
 //!
 //! Ids are a hash of the policy's content (probed on a collision, in sorted order), not a rank:
 //! the same policy keeps its id from one snapshot to the next, so a policy's entries never
