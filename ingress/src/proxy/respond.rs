@@ -61,7 +61,7 @@ pub fn preflight(headers: Vec<(http::HeaderName, HeaderValue)>) -> Response<Prox
 
 /// A request turned away by authentication: its status (or redirect) with its headers
 /// (`WWW-Authenticate`, `Set-Cookie`), appended so that several cookies all arrive.
-pub(crate) fn denial(denial: crate::proxy::phase::auth::Denial) -> Response<ProxyBody> {
+pub(crate) fn denial(denial: crate::proxy::phase::Denial) -> Response<ProxyBody> {
     let mut response = match &denial.location {
         Some(location) => redirect(denial.status, location),
         None => status(denial.status),

@@ -1242,8 +1242,14 @@ impl<'s> Builder<'s> {
             if let Some(external) = &mut external {
                 external.proxy_set_headers = headers::auth(self.store, key, annotations)?;
             }
+            let (basic, digest) = match annotations::auth::password(annotations, self.store, key)? {
+                None => (None, None),
+                Some(annotations::auth::PasswordAuth::Basic(b)) => (Some(Arc::new(b)), None),
+                Some(annotations::auth::PasswordAuth::Digest(d)) => (None, Some(Arc::new(d))),
+            };
             Ok(AuthPolicy {
-                basic: annotations::auth::basic(annotations, self.store, key)?.map(Arc::new),
+                basic,
+                digest,
                 external: external.map(Arc::new),
                 satisfy,
             })

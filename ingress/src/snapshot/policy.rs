@@ -36,7 +36,7 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::annotations::affinity::Affinity;
-use super::annotations::auth::{BasicAuth, ExternalAuth, Satisfy};
+use super::annotations::auth::{BasicAuth, DigestAuth, ExternalAuth, Satisfy};
 use super::annotations::canary::Rules;
 use super::annotations::configmap_headers;
 pub use super::annotations::configmap_headers::ConfigHeaders;
@@ -283,6 +283,8 @@ pub struct AccessPolicy {
 pub struct AuthPolicy {
     /// `auth-type: basic` with its Secret's users.
     pub basic: Option<Arc<BasicAuth>>,
+    /// `auth-type: digest` with its Secret's users.
+    pub digest: Option<Arc<DigestAuth>>,
     /// `auth-url` and its companions.
     pub external: Option<Arc<ExternalAuth>>,
     /// `satisfy`.
@@ -292,7 +294,7 @@ pub struct AuthPolicy {
 impl AuthPolicy {
     /// Whether a request must authenticate at all.
     pub fn is_on(&self) -> bool {
-        self.basic.is_some() || self.external.is_some()
+        self.basic.is_some() || self.digest.is_some() || self.external.is_some()
     }
 }
 

@@ -285,6 +285,9 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
         for cookie in ctx.auth.map_or(&[][..], |g| g.cookies_for(status)) {
             push(out, &[b"set-cookie: ", cookie.as_bytes(), b"\r\n"]);
         }
+        if let Some(info) = ctx.auth.and_then(|g| g.info.as_ref()) {
+            push(out, &[b"authentication-info: ", info.as_bytes(), b"\r\n"]);
+        }
         if coded && !dechunk {
             write_codings(out, headers);
         } else if let (Some(n), false) = (length, coded || status == 204) {

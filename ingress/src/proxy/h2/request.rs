@@ -696,6 +696,12 @@ fn finish_response<B>(
             .headers_mut()
             .append(header::SET_COOKIE, cookie.clone());
     }
+    if let Some(info) = &auth.info {
+        response.headers_mut().insert(
+            http::HeaderName::from_static("authentication-info"),
+            info.clone(),
+        );
+    }
 }
 
 /// What the access log keeps of an HTTP/2 request. A request without a usable `X-Request-ID`

@@ -167,8 +167,8 @@ mod tests {
                 rate_limit: None,
                 auth: AuthPolicy {
                     basic: if auth { basic.clone() } else { None },
-                    external: None,
                     satisfy,
+                    ..AuthPolicy::default()
                 },
             };
             let conn = ConnInfo::new(client.parse().expect("addr"), 80, false);

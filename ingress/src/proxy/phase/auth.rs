@@ -11,6 +11,8 @@
 //!                       ─> allowed; else bcrypt on the blocking pool, at most one check per
 //!                       core at a time, MD5-crypt inline
 //!               allowed ─> Authorization is not sent upstream (ingress-nginx clears it)
+//!   digest    Authorization: Digest ... against the route's htdigest users (`digest.rs`)
+//!               allowed ─> Authentication-Info on the response; Authorization cleared
 //!   external  auth-url expanded ─> cached answer (auth-cache-key)? ─> else a subrequest:
 //!               the client's headers, no body, X-Original-URL, X-Original-Method, X-Sent-From,
 //!               X-Real-IP, X-Forwarded-For, X-Auth-Request-Redirect (nginx's auth location)
@@ -44,8 +46,9 @@ use sha1::{Digest as _, Sha1};
 use tokio::sync::Semaphore;
 
 use super::cors::SetHeaders;
+use super::digest::{DigestFacts, DigestResult, DigestState};
 use super::identity::ConnInfo;
-use super::{Decision, RequestHeaders, RequestView};
+use super::{Decision, Denial, RequestHeaders, RequestView};
 use crate::proxy::Proxy;
 use crate::proxy::auth_client::{AuthClient, Endpoint, Timeouts};
 use crate::proxy::connect::Connectors;
@@ -70,13 +73,20 @@ pub(crate) struct Pending {
     authorization: Option<Vec<u8>>,
     /// For an auth service: the request, as its variables and headers need it.
     external: Option<Arc<RequestFacts>>,
+    /// For digest auth: the method, target and client the response hash covers.
+    digest: Option<DigestFacts>,
 }
 
 impl Pending {
-    pub(crate) fn of(headers: &dyn RequestHeaders, external: Option<Arc<RequestFacts>>) -> Pending {
+    pub(crate) fn of(
+        headers: &dyn RequestHeaders,
+        external: Option<Arc<RequestFacts>>,
+        digest: Option<DigestFacts>,
+    ) -> Pending {
         Pending {
             authorization: headers.header("authorization").map(<[u8]>::to_vec),
             external,
+            digest,
         }
     }
 }
@@ -246,6 +256,9 @@ pub(crate) struct Granted {
     /// `add_header`), or any with `cookies_always` (`auth-always-set-cookie`).
     pub(crate) cookies: Vec<HeaderValue>,
     pub(crate) cookies_always: bool,
+    /// Digest auth's `Authentication-Info`, on the response whatever its status (the module
+    /// adds it to the response's headers as it lets the request in).
+    pub(crate) info: Option<HeaderValue>,
 }
 
 impl Granted {
@@ -254,7 +267,7 @@ impl Granted {
     /// route has no authentication.
     pub(crate) fn unchecked(policy: &AuthPolicy) -> Option<Granted> {
         let mut upstream = Vec::new();
-        if policy.basic.is_some() {
+        if policy.basic.is_some() || policy.digest.is_some() {
             upstream.push((header::AUTHORIZATION, None));
         }
         if let Some(external) = &policy.external {
@@ -283,17 +296,9 @@ impl Granted {
     }
 }
 
-/// A request turned away by authentication: its status, where to go (a redirect), and the
-/// headers of the answer (`WWW-Authenticate`, `Set-Cookie`).
-#[derive(Debug)]
-pub(crate) struct Denial {
-    pub(crate) status: StatusCode,
-    pub(crate) location: Option<String>,
-    pub(crate) headers: SetHeaders,
-}
-
 /// The proxy's authentication state, shared by every request.
 pub(crate) struct AuthState {
+    digest: DigestState,
     successes: SuccessCache,
     /// One bcrypt check per core at a time.
     costly: Semaphore,
@@ -305,6 +310,7 @@ impl AuthState {
     pub(crate) fn new(connectors: Arc<Connectors>) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
+            digest: DigestState::new(),
             successes: SuccessCache::default(),
             costly: Semaphore::new(cores),
             client: AuthClient::new(connectors),
@@ -338,6 +344,22 @@ impl Proxy {
             }
             // ingress-nginx clears Authorization (`proxy_set_header Authorization ""`): the
             // password stays at the edge.
+            granted.upstream.push((header::AUTHORIZATION, None));
+        }
+        if let (Some(digest), Some(facts)) = (&auth.digest, &pending.digest) {
+            let result = self
+                .auth
+                .digest
+                .check(digest, facts, pending.authorization.as_deref());
+            self.metrics.count_auth("digest", result.label());
+            match result {
+                DigestResult::Allowed(info) => granted.info = info,
+                DigestResult::Denied(denial)
+                | DigestResult::Stale(denial)
+                | DigestResult::Evading(denial)
+                | DigestResult::Full(denial) => return Decision::Deny(denial),
+            }
+            // As for basic auth: ingress-nginx clears it on a digest route too.
             granted.upstream.push((header::AUTHORIZATION, None));
         }
         if let (Some(external), Some(facts)) = (&auth.external, &pending.external) {
@@ -562,6 +584,7 @@ fn verdict(
             upstream: copied_headers(&external.response_headers, headers),
             cookies: cookies.clone(),
             cookies_always: external.always_set_cookie,
+            info: None,
         }),
         401 => match &external.signin {
             // `error_page 401 = <signin location>`: a 302 there, with the auth cookies.

@@ -45,6 +45,7 @@ pub mod affinity;
 pub mod auth;
 pub mod canary;
 pub mod cors;
+pub mod digest;
 pub mod error_page;
 pub mod identity;
 pub mod redirect;
@@ -166,6 +167,15 @@ pub(crate) struct RequestView<'r, 't> {
     pub(crate) request_id: &'r [u8],
 }
 
+/// A request turned away by authentication: its status, where to go (a redirect), and the
+/// headers of the answer (`WWW-Authenticate`, `Set-Cookie`).
+#[derive(Debug)]
+pub(crate) struct Denial {
+    pub(crate) status: StatusCode,
+    pub(crate) location: Option<String>,
+    pub(crate) headers: cors::SetHeaders,
+}
+
 /// What to do with a request; both HTTP paths act on it.
 #[expect(
     clippy::large_enum_variant,
@@ -183,7 +193,7 @@ pub(crate) enum Decision {
     /// Not forwarded, with the error that says why (503 for a refused route or no endpoint).
     Fail(UpstreamError),
     /// Turned away by authentication (401 with a challenge, 403, a redirect to sign in).
-    Deny(auth::Denial),
+    Deny(Denial),
     Forward(Forward),
 }
 
@@ -559,7 +569,19 @@ impl Proxy {
                     route.policy.access.auth.external.is_some().then(|| {
                         auth::RequestFacts::shared(facts, conn, &request, &target).clone()
                     });
-                auth::Pending::of(headers, external)
+                let digest =
+                    route
+                        .policy
+                        .access
+                        .auth
+                        .digest
+                        .is_some()
+                        .then(|| digest::DigestFacts {
+                            method: request.method.to_string(),
+                            request_uri: request.target.to_string(),
+                            client: conn.peer.ip().to_canonical(),
+                        });
+                auth::Pending::of(headers, external, digest)
             });
         // A request `satisfy any` let in by its address is not checked, but its location's
         // header settings still apply in ingress-nginx: Authorization cleared on a basic-auth

@@ -4,6 +4,8 @@
 //! ```text
 //!   auth-type: basic + auth-secret (+ auth-secret-type, auth-realm)
 //!       └─> the Secret (the Ingress's namespace) ─> htpasswd::Credentials ─> BasicAuth
+//!   auth-type: digest + auth-secret + auth-realm (+ auth-secret-type)
+//!       └─> the Secret ─> htdigest::DigestUsers ─> DigestAuth
 //!   auth-url (+ auth-method, auth-signin, auth-signin-redirect-param, auth-response-headers,
 //!   auth-request-redirect, auth-cache-key, auth-cache-duration, auth-keepalive*,
 //!   auth-always-set-cookie) ─> ExternalAuth, its URLs and keys as Templates of nginx variables
@@ -21,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::htdigest::DigestUsers;
 use super::htpasswd::Credentials;
 use super::lookup;
 pub use super::variables::{Template, Var};
@@ -36,6 +39,23 @@ pub struct BasicAuth {
     pub credentials: Credentials,
     /// The Secret the credentials came from, for logs.
     pub secret: ObjectKey,
+}
+
+/// `auth-type: digest`: who may in (by HA1), and the realm the challenge names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DigestAuth {
+    /// `auth-realm` (required: see [`password`]).
+    pub realm: Arc<str>,
+    pub users: DigestUsers,
+    /// The Secret the users came from, for logs.
+    pub secret: ObjectKey,
+}
+
+/// `auth-type` with its users: the one kind of password check a route can have.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PasswordAuth {
+    Basic(BasicAuth),
+    Digest(DigestAuth),
 }
 
 /// `satisfy`: with `any`, a client inside the route's allow-list needs no authentication, and
@@ -65,13 +85,13 @@ pub fn satisfy(annotations: Option<&BTreeMap<String, String>>) -> Result<Satisfy
     }
 }
 
-/// Basic auth for an Ingress `ingress` with `annotations`, its Secret read from `store`.
-/// `Ok(None)` without `auth-type` (ingress-nginx then ignores `auth-secret` too).
-pub fn basic(
+/// Basic or digest auth for an Ingress `ingress` with `annotations`, its Secret read from
+/// `store`. `Ok(None)` without `auth-type` (ingress-nginx then ignores `auth-secret` too).
+pub fn password(
     annotations: Option<&BTreeMap<String, String>>,
     store: &Store,
     ingress: &ObjectKey,
-) -> Result<Option<BasicAuth>, Refusal> {
+) -> Result<Option<PasswordAuth>, Refusal> {
     let Some(annotations) = annotations else {
         return Ok(None);
     };
@@ -79,19 +99,15 @@ pub fn basic(
     let Some((type_key, auth_type)) = lookup(annotations, "auth-type") else {
         return Ok(None);
     };
-    match auth_type.trim() {
-        "basic" => {}
-        "digest" => {
-            return Err(invalid(format!(
-                "{type_key}: digest authentication is not supported (basic is)"
-            )));
-        }
+    let digest = match auth_type.trim() {
+        "basic" => false,
+        "digest" => true,
         other => {
             return Err(invalid(format!(
                 "{type_key}: {other:?} is not \"basic\" or \"digest\""
             )));
         }
-    }
+    };
     let Some((secret_key, secret)) = lookup(annotations, "auth-secret") else {
         return Err(invalid(format!(
             "{type_key} is set without auth-secret: there is nobody to let in"
@@ -132,6 +148,13 @@ pub fn basic(
         }
     };
     let realm = lookup(annotations, "auth-realm").map_or("", |(_, v)| v);
+    // nginx's digest module treats an empty realm as "off": ingress-nginx would serve the
+    // path unprotected. Refused here, never open.
+    if digest && realm.is_empty() {
+        return Err(invalid(format!(
+            "{type_key}: digest needs auth-realm, the realm of the Secret's htdigest lines (ingress-nginx's nginx would leave this path unprotected)"
+        )));
+    }
     if realm
         .bytes()
         .any(|b| b == b'"' || b == b'\\' || b.is_ascii_control())
@@ -153,31 +176,49 @@ pub fn basic(
         )
     };
     let data = object.data.as_ref();
-    let credentials = match secret_type {
-        SecretType::File => {
-            let Some(file) = data.and_then(|d| d.get("auth")) else {
-                return Err(secret_invalid(
-                    "no \"auth\" key (auth-secret-type auth-file wants an htpasswd file there)"
-                        .into(),
-                ));
-            };
-            Credentials::from_htpasswd(&file.0).map_err(|e| secret_invalid(format!("auth: {e}")))?
+    let file = || {
+        data.and_then(|d| d.get("auth")).ok_or_else(|| {
+            secret_invalid(format!(
+                "no \"auth\" key (auth-secret-type auth-file wants an {} file there)",
+                if digest { "htdigest" } else { "htpasswd" }
+            ))
+        })
+    };
+    let entries = || {
+        data.into_iter()
+            .flatten()
+            .map(|(user, value)| (user.as_str(), value.0.as_slice()))
+    };
+    if digest {
+        let users = match secret_type {
+            SecretType::File => DigestUsers::from_htdigest(&file()?.0)
+                .map_err(|e| secret_invalid(format!("auth: {e}")))?,
+            SecretType::Map => DigestUsers::from_map(entries()).map_err(secret_invalid)?,
+        };
+        if !users.has_realm(realm) {
+            return Err(secret_invalid(format!(
+                "holds no user of realm {realm:?} (auth-realm): nobody could log in"
+            )));
         }
-        SecretType::Map => Credentials::from_map(
-            data.into_iter()
-                .flatten()
-                .map(|(user, hash)| (user.as_str(), hash.0.as_slice())),
-        )
-        .map_err(secret_invalid)?,
+        return Ok(Some(PasswordAuth::Digest(DigestAuth {
+            realm: Arc::from(realm),
+            users,
+            secret: key,
+        })));
+    }
+    let credentials = match secret_type {
+        SecretType::File => Credentials::from_htpasswd(&file()?.0)
+            .map_err(|e| secret_invalid(format!("auth: {e}")))?,
+        SecretType::Map => Credentials::from_map(entries()).map_err(secret_invalid)?,
     };
     if credentials.is_empty() {
         return Err(secret_invalid("holds no user".into()));
     }
-    Ok(Some(BasicAuth {
+    Ok(Some(PasswordAuth::Basic(BasicAuth {
         realm: Arc::from(realm),
         credentials,
         secret: key,
-    }))
+    })))
 }
 
 /// `auth-url` and its companions: every request asks an auth service first, as nginx's
@@ -760,10 +801,21 @@ mod tests {
                 &file,
                 Err(DiagnosticKind::InvalidAnnotation),
             ),
+            // Digest without a realm: nginx would serve it open.
             (
                 annotations(&[("auth-type", "digest"), ("auth-secret", "users")]),
                 &file,
                 Err(DiagnosticKind::InvalidAnnotation),
+            ),
+            // Digest with an htpasswd file: not htdigest lines.
+            (
+                annotations(&[
+                    ("auth-type", "digest"),
+                    ("auth-secret", "users"),
+                    ("auth-realm", "r"),
+                ]),
+                &file,
+                Err(DiagnosticKind::SecretInvalid),
             ),
             (
                 annotations(&[("auth-type", "Basic")]),
@@ -794,19 +846,73 @@ mod tests {
             ),
         ];
         for (annotations, store, want) in cases {
-            let got = basic(Some(&annotations), store, &ingress)
-                .map(|b| b.map(|b| b.credentials.len()))
+            let got = password(Some(&annotations), store, &ingress)
+                .map(|b| {
+                    b.map(|b| match b {
+                        PasswordAuth::Basic(basic) => basic.credentials.len(),
+                        PasswordAuth::Digest(digest) => digest.users.len(),
+                    })
+                })
                 .map_err(|(kind, _)| kind);
             assert_eq!(got, want, "{annotations:?}");
         }
-        let realm = basic(
+        let Ok(Some(PasswordAuth::Basic(realm))) = password(
             Some(&basic_with(&[("auth-realm", "Staff only")])),
             &file,
             &ingress,
-        )
-        .expect("parses")
-        .expect("basic auth");
+        ) else {
+            panic!("basic auth with a realm");
+        };
         assert_eq!(&*realm.realm, "Staff only");
+    }
+
+    #[test]
+    fn digest_auth_reads_htdigest_lines_of_its_realm() {
+        let ingress = ObjectKey::new("ns", "ing");
+        let ha1 = "8b84b0b7b4b1b3f9b0bc1d5e4f0e5f9a";
+        let file = store_with("users", &[("auth", &format!("alice:Staff:{ha1}\n"))]);
+        let map = store_with("users", &[("alice", &format!("Staff:{ha1}"))]);
+        let digest_with = |extra: &[(&str, &str)]| {
+            let mut pairs = vec![("auth-type", "digest"), ("auth-secret", "users")];
+            pairs.extend_from_slice(extra);
+            annotations(&pairs)
+        };
+        type Want = Result<Option<usize>, DiagnosticKind>;
+        let cases: Vec<(BTreeMap<String, String>, &Store, Want)> = vec![
+            (digest_with(&[("auth-realm", "Staff")]), &file, Ok(Some(1))),
+            (
+                digest_with(&[("auth-realm", "Staff"), ("auth-secret-type", "auth-map")]),
+                &map,
+                Ok(Some(1)),
+            ),
+            (
+                digest_with(&[]),
+                &file,
+                Err(DiagnosticKind::InvalidAnnotation),
+            ),
+            // No line of the annotation's realm: nobody could ever log in.
+            (
+                digest_with(&[("auth-realm", "Other")]),
+                &file,
+                Err(DiagnosticKind::SecretInvalid),
+            ),
+            (
+                digest_with(&[("auth-realm", "Staff"), ("auth-secret-type", "auth-map")]),
+                &file,
+                Err(DiagnosticKind::SecretInvalid),
+            ),
+        ];
+        for (annotations, store, want) in cases {
+            let got = password(Some(&annotations), store, &ingress)
+                .map(|p| {
+                    p.map(|p| match p {
+                        PasswordAuth::Digest(digest) => digest.users.len(),
+                        PasswordAuth::Basic(_) => panic!("digest"),
+                    })
+                })
+                .map_err(|(kind, _)| kind);
+            assert_eq!(got, want, "{annotations:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod configmap_headers;
 pub mod cors;
 pub mod errors;
 pub mod hash;
+pub mod htdigest;
 pub mod htpasswd;
 pub mod rate_limit;
 pub mod registry;
