@@ -37,6 +37,7 @@ pub mod modes;
 pub mod netns;
 pub mod otlp;
 pub mod passthrough;
+pub mod path_tricks;
 pub mod pins;
 pub mod pki;
 pub mod poll;

@@ -9,6 +9,7 @@
 use base64::Engine as _;
 use ingress_tests::curl::{self, VERSIONS};
 use ingress_tests::manifests::{annotated_ingress, opaque_secret, service};
+use ingress_tests::path_tricks;
 use ingress_tests::process::Ingress;
 use ingress_tests::raw::exchange;
 use ingress_tests::scratch::Scratch;
@@ -337,25 +338,10 @@ fn every_hash_format_lets_its_user_in_and_nothing_else_does() {
 #[test]
 fn path_tricks_do_not_reach_the_protected_path_without_credentials() {
     let site = start();
-    // Exact bytes over HTTP/1.1: each must be refused (400) or challenged (401); none may reach
-    // the admin backend.
-    for target in [
-        "/admin",
-        "/admin/",
-        "/admin/x",
-        "/open/../admin/x",
-        "/open/%2e%2e/admin/x",
-        "/open/%2E%2E/admin/x",
-        "//admin//x",
-        "/./admin/x",
-        "/adm%69n/x",
-        "/%61dmin/x",
-        "/admin%2fx",
-        "/x/..%2Fadmin/x",
-        "/open/..%2fadmin",
-        "/admin/x?../../open",
-        "/admin;/x",
-    ] {
+    // The edge-hardening corpus, as exact bytes over HTTP/1.1: each must be refused (400) or
+    // challenged (401), or go to the open backend; none may reach the admin backend.
+    for target in path_tricks::toward("admin", "open") {
+        let target = target.as_str();
         let raw = format!("GET {target} HTTP/1.1\r\nHost: basic.test\r\n\r\n");
         let reply = exchange(site.ingress.http, raw.as_bytes());
         assert!(
@@ -376,7 +362,10 @@ fn path_tricks_do_not_reach_the_protected_path_without_credentials() {
             reply.status,
             reply.text()
         );
-        for version in VERSIONS {
+        for version in VERSIONS
+            .iter()
+            .filter(|_| path_tricks::curl_can_send(target))
+        {
             let reply = curl::get(&site.ingress, "basic.test", target, version, &[]);
             assert!(
                 matches!(reply.status, 400 | 401) || reply.backend() == "open",

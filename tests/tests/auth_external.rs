@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ingress_tests::auth_service::AuthService;
 use ingress_tests::curl::{self, VERSIONS};
 use ingress_tests::manifests::{annotated_ingress, service};
+use ingress_tests::path_tricks;
 use ingress_tests::process::Ingress;
 use ingress_tests::raw::exchange;
 use ingress_tests::scratch::Scratch;
@@ -540,18 +541,10 @@ fn cookies_follow_nginxs_add_header_rules() {
 fn path_tricks_do_not_skip_the_auth_service() {
     let site = start();
     let denied = site.auth.requests();
-    for target in [
-        "/admin",
-        "/admin/x",
-        "/open/../admin/x",
-        "/open/%2e%2e/admin/x",
-        "//admin//x",
-        "/./admin/x",
-        "/adm%69n/x",
-        "/%61dmin",
-        "/x/..%2Fadmin/x",
-        "/admin;/x",
-    ] {
+    // The edge-hardening corpus: each target refused (400), denied by the auth service (401)
+    // or routed to the open backend.
+    for target in path_tricks::toward("admin", "open") {
+        let target = target.as_str();
         let raw = format!("GET {target} HTTP/1.1\r\nHost: tricks.test\r\n\r\n");
         let reply = exchange(site.ingress.http, raw.as_bytes());
         assert!(
@@ -560,7 +553,10 @@ fn path_tricks_do_not_skip_the_auth_service() {
             reply.status,
             reply.text()
         );
-        for version in VERSIONS {
+        for version in VERSIONS
+            .iter()
+            .filter(|_| path_tricks::curl_can_send(target))
+        {
             let reply = curl::get(&site.ingress, "tricks.test", target, version, &[]);
             assert!(
                 matches!(reply.status, 400 | 401) || reply.backend() == "app",

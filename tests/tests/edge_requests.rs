@@ -17,6 +17,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use ingress_tests::manifests::{ingress, service, service_at};
+use ingress_tests::path_tricks;
 use ingress_tests::pki::{Ca, secret_yaml};
 use ingress_tests::process::Ingress;
 use ingress_tests::raw::{RawConn, exchange, get};
@@ -155,6 +156,21 @@ fn what_is_routed_is_what_the_upstream_reads() {
     site.refused(&get("p.example", "/public/..;/admin"), 400);
     site.refused(&get("t.example", "/../admin"), 400);
     site.refused(&get("t.example", "/a/%2e%2e/%2e%2e/admin"), 400);
+    // The shared corpus the access-control tests aim at their protected paths: each refused,
+    // or normalised to the path it names.
+    for template in path_tricks::REFUSED {
+        let target = path_tricks::fill(template, "admin", "public");
+        site.refused(&get("t.example", &target), 400);
+    }
+    for (template, normal) in path_tricks::NORMALISED {
+        let target = path_tricks::fill(template, "admin", "public");
+        let normal = path_tricks::fill(normal, "admin", "public");
+        assert_eq!(
+            site.routed(&get("t.example", &target)),
+            ("admin".to_string(), normal),
+            "{target}"
+        );
+    }
 }
 
 #[test]
