@@ -45,6 +45,22 @@ impl Ca {
         }
     }
 
+    /// An intermediate CA this CA signs: its `pem` is its own certificate, which a chain from
+    /// it must carry after the leaf.
+    pub fn intermediate(&self, name: &str) -> Ca {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("sign intermediate");
+        Ca {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
     /// A leaf for `names`, valid now (or expired in 2021).
     pub fn leaf(
         &self,

@@ -1,6 +1,8 @@
 //! Client certificates (`auth-tls-*`) through the real binary with curl and `openssl s_client`
 //! holding real client certificates: valid, expired, from another CA, revoked by the Secret's
-//! CRL, missing, and with a CN that `auth-tls-match-cn` refuses; over HTTP/1.1 and HTTP/2. As
+//! CRL, missing, and with a CN that `auth-tls-match-cn` refuses, from an unknown CA under
+//! `optional_no_ca`, and through an intermediate against `auth-tls-verify-depth` 1 and 2; over
+//! HTTP/1.1 and HTTP/2. As
 //! nginx does it, the handshake completes and the request is answered 400 (or redirected to
 //! `auth-tls-error-page`); only hosts with `auth-tls-secret` send a CertificateRequest; the
 //! `ssl-client-*` headers reach the upstream from the proxy only, never from the client.
@@ -150,10 +152,18 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
     let expired = Client::write(&dir, "expired", &ca.client("alice", 11, true));
     let revoked = Client::write(&dir, "revoked", &ca.client("alice", 12, false));
     let rogue = Client::write(&dir, "rogue", &rogue_ca.client("alice", 10, false));
+    // Two links below the Secret's CA: accepted only where auth-tls-verify-depth allows 2.
+    let intermediate = ca.intermediate("client intermediate");
+    let mut deep = intermediate.client("dave", 14, false);
+    deep.chain.push_str(&intermediate.pem);
+    let deep = Client::write(&dir, "deep", &deep);
     let crl = ca.crl(&[12]);
     let manifests = [
         service("t", "web", &[&web]),
         ca_secret_yaml("t", "ca", &ca.pem, Some(&crl)),
+        // Without a CRL: with one, nginx checks every link of a chain (CRL_CHECK_ALL), and the
+        // intermediate publishes none, so a chain through it would fail for that alone.
+        ca_secret_yaml("t", "ca-no-crl", &ca.pem, None),
         annotated_ingress(
             "t",
             "strict",
@@ -202,6 +212,33 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
             &[("broken.test", "/", "Prefix", "web")],
         ),
         annotated_ingress("t", "open", 6, &[], &[("open.test", "/", "Prefix", "web")]),
+        annotated_ingress(
+            "t",
+            "no-ca",
+            10,
+            &[
+                ("auth-tls-secret", "t/ca"),
+                ("auth-tls-verify-client", "optional_no_ca"),
+            ],
+            &[("no-ca.test", "/", "Prefix", "web")],
+        ),
+        annotated_ingress(
+            "t",
+            "depth",
+            11,
+            &[
+                ("auth-tls-secret", "t/ca-no-crl"),
+                ("auth-tls-verify-depth", "2"),
+            ],
+            &[("depth.test", "/", "Prefix", "web")],
+        ),
+        annotated_ingress(
+            "t",
+            "shallow",
+            12,
+            &[("auth-tls-secret", "t/ca-no-crl")],
+            &[("shallow.test", "/", "Prefix", "web")],
+        ),
         annotated_ingress(
             "t",
             "off",
@@ -267,6 +304,42 @@ fn client_certificates_as_nginx_checks_them(mode: Mode) {
                     before,
                     "{version} {host}: the backend saw nothing"
                 );
+            }
+        }
+
+        // optional_no_ca: a certificate from an unknown CA passes, with what nginx reports of
+        // it; any other failure (expired) is still a 400. verify-depth: the default 1 refuses a
+        // chain through an intermediate, 2 takes it.
+        let cases: [(&str, Option<&Client>, u16, Option<&str>); 9] = [
+            ("no-ca.test", Some(&rogue), 200, Some("FAILED:")),
+            ("no-ca.test", None, 200, Some("NONE")),
+            ("no-ca.test", Some(&alice), 200, Some("SUCCESS")),
+            ("no-ca.test", Some(&expired), 400, None),
+            ("shallow.test", Some(&deep), 400, None),
+            ("shallow.test", Some(&alice), 200, Some("SUCCESS")),
+            ("depth.test", Some(&deep), 200, Some("SUCCESS")),
+            ("depth.test", Some(&alice), 200, Some("SUCCESS")),
+            ("depth.test", Some(&rogue), 400, None),
+        ];
+        for (host, client, status, verify) in cases {
+            let before = web.served();
+            let reply = get(&ingress, host, version, client, &[]);
+            let who = client.map(|c| &c.cert);
+            assert_eq!(reply.status, status, "{version} {host} with {who:?}");
+            match verify {
+                Some(verify) => {
+                    let echo = reply.echo().expect("echo");
+                    let got = echo.headers.get("ssl-client-verify").map(String::as_str);
+                    assert!(
+                        got.is_some_and(|v| v.starts_with(verify)),
+                        "{version} {host} with {who:?}: ssl-client-verify {got:?}"
+                    );
+                }
+                None => assert_eq!(
+                    web.served(),
+                    before,
+                    "{version} {host}: the backend saw nothing"
+                ),
             }
         }
 
