@@ -167,3 +167,85 @@ fn configmap_keys_apply_live_and_annotations_override_them() {
         ingress.logs()
     );
 }
+
+/// The ConfigMap's global access keys, live: `whitelist-source-range` and
+/// `denylist-source-range` for routes whose Ingress sets no list of its own (403), a range
+/// that does not parse refusing those routes (503, never open), and `limit-req-status-code`
+/// for a route over its `limit-rps`.
+#[test]
+fn global_source_ranges_and_the_limit_status_apply_live() {
+    let web = Backend::start("web");
+    let dir = Scratch::new("configmap-access");
+    dir.write(
+        "site.yaml",
+        &[
+            service("t", "web", &[&web]),
+            annotated_ingress(
+                "t",
+                "plain",
+                1,
+                &[],
+                &[("plain.test", "/", "Prefix", "web")],
+            ),
+            annotated_ingress(
+                "t",
+                "own",
+                2,
+                &[("whitelist-source-range", "127.0.0.1/32")],
+                &[("own.test", "/", "Prefix", "web")],
+            ),
+            // One a second with nginx's default burst of 5: a quick run of 20 goes over. Its own
+            // deny-list keeps the global one off it.
+            annotated_ingress(
+                "t",
+                "limited",
+                3,
+                &[("limit-rps", "1"), ("denylist-source-range", "10.0.0.0/8")],
+                &[("limited.test", "/", "Prefix", "web")],
+            ),
+        ]
+        .concat(),
+    );
+    dir.write(
+        "config.yaml",
+        &config_map(&[("whitelist-source-range", "10.0.0.0/8")]),
+    );
+    let ingress = Ingress::builder()
+        .manifests(dir.path())
+        .args(["--configmap", FLAG])
+        .start();
+    let status = |host: &str| curl::get(&ingress, host, "/", "--http1.1", &[]).status;
+    assert_eq!(status("plain.test"), 403, "outside the global allow-list");
+    assert_eq!(status("own.test"), 200, "the Ingress's own list wins");
+
+    dir.replace(
+        "config.yaml",
+        &config_map(&[
+            ("denylist-source-range", "127.0.0.0/8"),
+            ("limit-req-status-code", "429"),
+        ]),
+    );
+    // Each list is its own default, as ingress-nginx's parsers take them: an Ingress with its
+    // own allow-list and no deny-list gets the global deny-list.
+    eventually("the global deny-list", 403, || status("own.test"));
+    assert_eq!(status("plain.test"), 403);
+    let limited: Vec<u16> = (0..20).map(|_| status("limited.test")).collect();
+    assert!(
+        limited.contains(&429) && !limited.contains(&503),
+        "limit-req-status-code 429: {limited:?}"
+    );
+
+    // A range that does not parse: the routes that would use it are refused, not served open.
+    dir.replace(
+        "config.yaml",
+        &config_map(&[("whitelist-source-range", "10.0.0.0/33")]),
+    );
+    eventually("the invalid range refusing", 503, || status("plain.test"));
+    assert_eq!(
+        status("own.test"),
+        200,
+        "its own allow-list is not the invalid one"
+    );
+    dir.replace("config.yaml", &config_map(&[]));
+    eventually("no global range", 200, || status("plain.test"));
+}
