@@ -4,7 +4,9 @@
 //! TC program's SOURCES lookup (the kernel's counter moves, the proxy accepts nothing), in
 //! userspace mode after accept with the same reason. A host whose paths differ in policy is not
 //! judged by the gate: the access phase's 403 answers. A split ClientHello is judged by the
-//! stream verdict, and a passthrough host's allow-list (set live) by the gate too.
+//! stream verdict, and a passthrough host's allow-list (set live) by the gate too. One corpus of
+//! addresses, IPv4 and IPv6, gets the same verdict from the kernel's own LPM lookup in the
+//! loaded trie as from the access phase.
 //!
 //! ```text
 //!   client ns 10.231.0.2 (allowed) ─┐
@@ -319,4 +321,135 @@ async fn a_passthrough_hosts_ranges_refuse_at_the_gate(mode: Mode) {
     use tokio::io::AsyncWriteExt;
     tls.write_all(b"E").await.expect("command");
     tls.flush().await.expect("flush");
+}
+
+/// One corpus for both halves: the kernel's own longest-prefix match in the SOURCES trie the
+/// gate loaded (an LPM lookup from userspace is the kernel's), and the access phase's
+/// `SourcePolicy::admits`, agree on every address, IPv4 and IPv6: range edges, their
+/// neighbours, nested deny ranges, and a spread of addresses from a fixed generator.
+#[tokio::test]
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "addresses are cut from wider random words and neighbours on purpose"
+)]
+async fn the_kernels_longest_match_is_the_access_phase_verdict_on_one_corpus() {
+    use aya::maps::lpm_trie::{Key, LpmTrie};
+    use aya::maps::{Map, MapData};
+    use ingress::snapshot::gate_sources::{GateSources, mapped_addr};
+    use ingress::snapshot::sources::{SourcePolicy, parse_ranges};
+    use ingress_common::{SourceData, SourceValue, source_verdict};
+    use ingress_tests::gate_server::{GateServer, policy};
+    use std::collections::BTreeMap;
+
+    let ranges = |allow: Option<&str>, deny: &str| SourcePolicy {
+        allow: allow.map(|a| parse_ranges(a).expect("allow").expect("a list")),
+        deny: parse_ranges(deny).expect("deny").unwrap_or_default(),
+    };
+    let policies = [
+        ("allow-one.test", ranges(Some("10.1.2.3"), "")),
+        (
+            "nested.test",
+            ranges(Some("10.0.0.0/8, 192.168.0.0/16"), "10.9.0.0/16, 10.9.9.9"),
+        ),
+        (
+            "deny-only.test",
+            ranges(None, "203.0.113.0/24, 2001:db8:dead::/48"),
+        ),
+        (
+            "v6.test",
+            ranges(Some("2001:db8::/32, ::1"), "2001:db8:bad::/64"),
+        ),
+        (
+            "mixed.test",
+            ranges(Some("0.0.0.0/1, fd00::/8"), "127.0.0.0/8, fd00:1::/32"),
+        ),
+    ];
+    let sources = GateSources::assign(
+        policies
+            .iter()
+            .map(|(name, p)| (name.to_string(), p.clone()))
+            .collect::<BTreeMap<_, _>>(),
+    );
+    let mut sni = policy(&policies.iter().map(|(n, _)| *n).collect::<Vec<_>>());
+    sni.sources = sources.clone();
+    let Some(h) = GateServer::start("src-corpus", sni).await else {
+        return;
+    };
+    let map = MapData::from_pin(h.pins.path().join(ingress::gate::pins::SOURCES))
+        .expect("the pinned SOURCES map");
+    let trie: LpmTrie<MapData, SourceData, SourceValue> =
+        LpmTrie::try_from(Map::LpmTrie(map)).expect("an LPM trie");
+
+    // The corpus: every range's first and last address and their neighbours, then addresses
+    // from a fixed 64-bit LCG, half IPv4, half IPv6 (some inside 2001:db8::/32).
+    let mut corpus: Vec<std::net::IpAddr> = Vec::new();
+    for (_, p) in &policies {
+        for net in p.allow.iter().flat_map(|a| a.iter()).chain(p.deny.iter()) {
+            for addr in [net.network(), net.broadcast()] {
+                corpus.push(addr);
+                let bits = match addr {
+                    IpAddr::V4(a) => u128::from(u32::from(a)),
+                    IpAddr::V6(a) => u128::from(a),
+                };
+                for neighbour in [bits.wrapping_sub(1), bits.wrapping_add(1)] {
+                    corpus.push(match addr {
+                        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::from(neighbour as u32)),
+                        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(neighbour)),
+                    });
+                }
+            }
+        }
+    }
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        state
+    };
+    for i in 0..4000 {
+        let high = next();
+        corpus.push(if i % 2 == 0 {
+            // Bias toward the ranges above: the top byte from a few that occur in them.
+            let top = [10u32, 192, 203, 127, 1, 200][(high >> 61) as usize % 6];
+            IpAddr::V4(Ipv4Addr::from(top << 24 | (high as u32 & 0x00ff_ffff)))
+        } else {
+            let prefix: u128 =
+                [0x2001_0db8, 0xfd00_0001, 0xfd00_0000, 0x2001_0db9][(high >> 62) as usize];
+            IpAddr::V6(std::net::Ipv6Addr::from(
+                prefix << 96 | u128::from(next()) << 32 | u128::from(high as u32),
+            ))
+        });
+    }
+
+    let (mut checked, mut refused) = (0, 0);
+    for (id, p) in &sources.policies {
+        for client in &corpus {
+            let key = Key::new(
+                SourceData::FULL_BITS,
+                SourceData {
+                    policy: *id,
+                    addr: mapped_addr(*client).octets(),
+                },
+            );
+            let kernel = trie
+                .get(&key, 0)
+                .expect("every policy has a /0 entry")
+                .verdict;
+            let want = if p.admits(*client) {
+                source_verdict::ADMIT
+            } else {
+                source_verdict::REFUSE
+            };
+            assert_eq!(kernel, want, "policy {p:?}, client {client}");
+            checked += 1;
+            refused += usize::from(kernel == source_verdict::REFUSE);
+        }
+    }
+    assert!(checked > 20_000, "{checked}");
+    assert!(
+        refused > checked / 10 && refused < checked * 9 / 10,
+        "both verdicts are exercised: {refused} of {checked} refused"
+    );
+    eprintln!("{checked} (policy, client) pairs agree, {refused} refused");
 }
