@@ -187,6 +187,40 @@ fn start() -> Site {
             "badvar.test",
             &[("auth-url", "http://$nonsense/check")],
         ),
+        // auth-signin-redirect-param: the parameter the signin URL gets.
+        guarded(
+            "param",
+            23,
+            "param.test",
+            &[
+                ("auth-url", &deny),
+                ("auth-signin", "https://login.example/start"),
+                ("auth-signin-redirect-param", "return_to"),
+            ],
+        ),
+        // A cache entry for a second; kept connections for two checks each, idle for a second.
+        guarded(
+            "brief",
+            24,
+            "brief.test",
+            &[
+                ("auth-url", &url("/count")),
+                ("auth-cache-key", "$http_authorization"),
+                ("auth-cache-duration", "200 1s"),
+                ("auth-response-headers", "X-Auth-Request-User"),
+            ],
+        ),
+        guarded(
+            "recycled",
+            25,
+            "recycled.test",
+            &[
+                ("auth-url", &ok),
+                ("auth-keepalive", "4"),
+                ("auth-keepalive-requests", "2"),
+                ("auth-keepalive-timeout", "1"),
+            ],
+        ),
         // satisfy any with an allow-list naming the client: the auth service is not asked.
         guarded(
             "any",
@@ -319,6 +353,14 @@ fn denials_and_failures_never_reach_the_backend() {
             reply.header("set-cookie"),
             None,
             "{version}: without auth-always-set-cookie a 401 carries no cookie (nginx's add_header)"
+        );
+
+        let reply = curl::get(&site.ingress, "param.test", "/path?q=1", version, &[]);
+        assert_eq!(reply.status, 302, "{version}: {reply:?}");
+        assert_eq!(
+            reply.header("location"),
+            Some("https://login.example/start?return_to=http://param.test%2Fpath%3Fq%3D1"),
+            "{version}: auth-signin-redirect-param"
         );
 
         let reply = curl::get(&site.ingress, "signin.test", "/path?q=1", version, &[]);
@@ -485,6 +527,18 @@ fn answers_are_cached_by_key_and_connections_kept_alive() {
         "another key asks again"
     );
     assert_eq!(site.auth.requests(), before + 2);
+    // auth-cache-duration: an entry lives as long as its status's duration.
+    let before = site.auth.requests();
+    user("brief.test", "one", "--http1.1");
+    user("brief.test", "one", "--http1.1");
+    assert_eq!(site.auth.requests(), before + 1, "cached within the second");
+    pause(std::time::Duration::from_millis(1200));
+    user("brief.test", "one", "--http1.1");
+    assert_eq!(
+        site.auth.requests(),
+        before + 2,
+        "asked again once it expired"
+    );
     // Without auth-cache-key every request asks.
     let a = user("uncached.test", "one", "--http1.1");
     let b = user("uncached.test", "one", "--http2-prior-knowledge");
@@ -507,6 +561,27 @@ fn answers_are_cached_by_key_and_connections_kept_alive() {
     }
     let kept = site.auth.connections() - connections;
     assert!(kept <= 2, "{kept} connections for 6 kept-alive checks");
+    // auth-keepalive-requests 2: a kept connection serves two checks, then a new one is made;
+    // auth-keepalive-timeout 1: one idle longer is not reused.
+    let connections = site.auth.connections();
+    for _ in 0..6 {
+        let reply = curl::get(&site.ingress, "recycled.test", "/", "--http1.1", &[]);
+        assert_eq!(reply.backend(), "app");
+    }
+    assert_eq!(
+        site.auth.connections() - connections,
+        3,
+        "two checks per kept connection"
+    );
+    let connections = site.auth.connections();
+    curl::get(&site.ingress, "recycled.test", "/", "--http1.1", &[]);
+    pause(std::time::Duration::from_millis(1500));
+    curl::get(&site.ingress, "recycled.test", "/", "--http1.1", &[]);
+    assert_eq!(
+        site.auth.connections() - connections,
+        2,
+        "a connection idle past auth-keepalive-timeout is not reused"
+    );
     let connections = site.auth.connections();
     for _ in 0..3 {
         let reply = curl::get(&site.ingress, "ok.test", "/", "--http1.1", &[]);
@@ -612,4 +687,13 @@ fn an_https_auth_service_is_reached_over_tls() {
 
 fn service_manifest(app: &Backend) -> String {
     service("t", "app", &[app])
+}
+
+/// Waits out a cache entry's or an idle connection's lifetime; these tests are synchronous.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a plain #[test] with no runtime: a blocking sleep is what it should do"
+)]
+fn pause(how_long: std::time::Duration) {
+    std::thread::sleep(how_long);
 }

@@ -42,7 +42,9 @@ pub struct Endpoint {
 /// Connections to auth services, with the idle ones `auth-keepalive` keeps.
 pub struct AuthClient {
     connectors: Arc<Connectors>,
-    idle: Kept<Endpoint>,
+    /// By endpoint and keepalive settings: as each nginx location's auth has its own upstream
+    /// block, a route never takes a connection another route's limits kept.
+    idle: Kept<(Endpoint, Keepalive)>,
 }
 
 /// How long each step may take.
@@ -76,12 +78,12 @@ impl AuthClient {
         // is not retried after that.
         let read = timeouts.read;
         let timed_out = || UpstreamError::ResponseTimeout(read);
-        if let Some(idle) = self.idle.checkout(endpoint, keepalive) {
+        let pool = (endpoint.clone(), keepalive);
+        if let Some(idle) = self.idle.checkout(&pool, keepalive) {
             match tokio::time::timeout(read, Self::exchange(idle.sender, make())).await {
                 Ok(Ok((parts, sender))) => {
                     if let Some(sender) = sender {
-                        self.idle
-                            .checkin(endpoint, sender, idle.used + 1, keepalive);
+                        self.idle.checkin(&pool, sender, idle.used + 1, keepalive);
                     }
                     return Ok(parts);
                 }
@@ -96,7 +98,7 @@ impl AuthClient {
             .await
             .map_err(|_| timed_out())??;
         if let Some(sender) = sender {
-            self.idle.checkin(endpoint, sender, 1, keepalive);
+            self.idle.checkin(&pool, sender, 1, keepalive);
         }
         Ok(parts)
     }

@@ -321,7 +321,8 @@ impl DigestState {
 
     /// A nonce this instance made: its id (issue time and random part) and issue time.
     fn nonce_id(&self, nonce: &[u8]) -> Option<(u64, u32)> {
-        if nonce.len() != 32 {
+        // Hex digits only: from_str_radix would also take a sign, another spelling of a nonce.
+        if nonce.len() != 32 || !nonce.iter().all(u8::is_ascii_hexdigit) {
             return None;
         }
         let field = |range: std::ops::Range<usize>| {
@@ -407,7 +408,7 @@ fn hex(digest: &[u8]) -> [u8; 32] {
 
 /// `nc`: eight hex digits as RFC 2617 writes it; the module reads any hex number.
 fn parse_nc(nc: &[u8]) -> Option<u32> {
-    if nc.is_empty() || nc.len() > 8 {
+    if nc.is_empty() || nc.len() > 8 || !nc.iter().all(u8::is_ascii_hexdigit) {
         return None;
     }
     u32::from_str_radix(std::str::from_utf8(nc).ok()?, 16).ok()

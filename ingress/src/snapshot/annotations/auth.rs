@@ -258,7 +258,7 @@ pub struct ExternalAuth {
 /// `auth-keepalive`: idle connections kept to the auth service, each reused for at most
 /// `requests` requests and kept idle at most `timeout`. `connections: 0` is a new connection
 /// per check.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Keepalive {
     pub connections: usize,
     pub requests: u32,

@@ -180,9 +180,13 @@ fn a_session_follows_the_digest_modules_rules() {
     // A fresh nonce left unanswered for 60 s is stale at its first use.
     let (old, _) = challenged(&check(None, &client, 100));
     assert!(challenged(&check(Some(&auth(&old, 1)), &client, 160)).1);
-    // A nonce this instance never made is refused, not stale.
+    // A nonce this instance never made is refused, not stale; so is another spelling of one.
     let forged = format!("{}{}", &old[..16], "0000000000000000");
     let refused = check(Some(&auth(&forged, 1)), &client, 101);
+    assert!(!challenged(&refused).1);
+    let signed = format!("+{}", &old[1..]);
+    assert!(old.starts_with('0'), "issued at 100 s: {old}");
+    let refused = check(Some(&auth(&signed, 1)), &client, 101);
     assert!(!challenged(&refused).1);
     // Another instance's (another key's) nonce is refused too.
     let (theirs, _) = challenged(&DigestState::new().check_at(&route, &client, None, 100));
