@@ -36,22 +36,17 @@ impl fmt::Debug for DigestUsers {
 impl DigestUsers {
     /// An htdigest file's lines.
     pub fn from_htdigest(text: &[u8]) -> Result<DigestUsers, String> {
-        let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text".to_string())?;
         let mut table = DigestUsers::default();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim_end_matches('\r');
-            if line.trim().is_empty() || line.starts_with('#') {
-                continue;
-            }
+        for (n, line) in super::htpasswd::entry_lines(text)? {
             let mut fields = line.splitn(3, ':');
             let (Some(user), Some(realm), Some(ha1)) =
                 (fields.next(), fields.next(), fields.next())
             else {
-                return Err(format!("line {}: no \"user:realm:HA1\"", n + 1));
+                return Err(format!("line {n}: no \"user:realm:HA1\""));
             };
             table
                 .insert(user, realm, ha1)
-                .map_err(|e| format!("line {}: {e}", n + 1))?;
+                .map_err(|e| format!("line {n}: {e}"))?;
         }
         Ok(table)
     }

@@ -64,19 +64,14 @@ pub enum PasswordHash {
 impl Credentials {
     /// An htpasswd file's lines.
     pub fn from_htpasswd(text: &[u8]) -> Result<Credentials, String> {
-        let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text".to_string())?;
         let mut users = BTreeMap::new();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim_end_matches('\r');
-            if line.trim().is_empty() || line.starts_with('#') {
-                continue;
-            }
+        for (n, line) in entry_lines(text)? {
             let Some((user, rest)) = line.split_once(':') else {
-                return Err(format!("line {}: no \"user:hash\"", n + 1));
+                return Err(format!("line {n}: no \"user:hash\""));
             };
             // What follows a second colon is a comment, as nginx reads it.
             let hash = rest.split(':').next().unwrap_or_default();
-            insert(&mut users, user, hash).map_err(|e| format!("line {}: {e}", n + 1))?;
+            insert(&mut users, user, hash).map_err(|e| format!("line {n}: {e}"))?;
         }
         Ok(Credentials { users })
     }
@@ -106,6 +101,17 @@ impl Credentials {
     pub fn get(&self, user: &str) -> Option<&PasswordHash> {
         self.users.get(user)
     }
+}
+
+/// The lines of a password file that hold an entry, numbered from 1, as nginx reads them:
+/// UTF-8, CRLF or LF, `#` lines and blank lines skipped. Shared with htdigest files.
+pub(super) fn entry_lines(text: &[u8]) -> Result<impl Iterator<Item = (usize, &str)>, String> {
+    let text = std::str::from_utf8(text).map_err(|_| "not UTF-8 text".to_string())?;
+    Ok(text
+        .lines()
+        .enumerate()
+        .map(|(n, line)| (n + 1, line.trim_end_matches('\r')))
+        .filter(|(_, line)| !line.trim().is_empty() && !line.starts_with('#')))
 }
 
 fn insert(
