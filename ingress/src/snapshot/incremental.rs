@@ -184,11 +184,7 @@ impl BuildCache {
             if host.www.is_some() {
                 extra_sensitive.insert(pattern.clone());
                 if let HostPattern::Exact(to) = pattern {
-                    let from = match to.strip_prefix("www.") {
-                        Some(bare) => bare.to_string(),
-                        None => format!("www.{to}"),
-                    };
-                    extra_sensitive.insert(HostPattern::Exact(from));
+                    extra_sensitive.insert(HostPattern::Exact(super::www_partner(to)));
                 }
             }
         }

@@ -320,6 +320,14 @@ enum ExtraName {
     WwwRedirect(String),
 }
 
+/// The other name of `from-to-www-redirect`'s host: `www.` added, or taken off.
+pub(crate) fn www_partner(name: &str) -> String {
+    match name.strip_prefix("www.") {
+        Some(bare) => bare.to_string(),
+        None => format!("www.{name}"),
+    }
+}
+
 /// The names `server-alias` and `from-to-www-redirect` add, as ingress-nginx adds them: never
 /// a name an Ingress rule declares; of two claims on one name, the older Ingress's wins.
 fn extra_names(
@@ -368,10 +376,7 @@ fn extra_names(
             ));
             continue;
         };
-        let from = match to.strip_prefix("www.") {
-            Some(bare) => bare.to_string(),
-            None => format!("www.{to}"),
-        };
+        let from = www_partner(to);
         let from_pattern = HostPattern::Exact(from.clone());
         if hosts.contains_key(&from_pattern) || extra.contains_key(&from_pattern) {
             diagnostics.push(Diagnostic::warning(
