@@ -4,7 +4,8 @@
 //! TC program's SOURCES lookup (the kernel's counter moves, the proxy accepts nothing), in
 //! userspace mode after accept with the same reason. A host whose paths differ in policy is not
 //! judged by the gate: the access phase's 403 answers. A split ClientHello is judged by the
-//! stream verdict, and a passthrough host's allow-list (set live) by the gate too. One corpus of
+//! stream verdict, and a passthrough host's allow-list (set live) by the gate too; IPv6 clients
+//! are judged by their own address, against IPv6 and IPv4-only lists. One corpus of
 //! addresses, IPv4 and IPv6, gets the same verdict from the kernel's own LPM lookup in the
 //! loaded trie as from the access phase.
 //!
@@ -452,4 +453,136 @@ async fn the_kernels_longest_match_is_the_access_phase_verdict_on_one_corpus() {
         "both verdicts are exercised: {refused} of {checked} refused"
     );
     eprintln!("{checked} (policy, client) pairs agree, {refused} refused");
+}
+
+both_modes!(ipv6_clients_are_judged_by_their_own_address);
+
+/// IPv6 through the gate, in both modes: the veth pair gets IPv6 addresses and the proxy
+/// listens dual-stack. A host whose allow-list is an IPv6 range (with a deny address nested in
+/// it) admits a client inside it and resets one on the deny address before any handshake (in
+/// eBPF mode, the TC program reads the client from the IPv6 header); a host whose allow-list
+/// is IPv4 only refuses every IPv6 client; a host without ranges serves them.
+async fn ipv6_clients_are_judged_by_their_own_address(mode: Mode) {
+    const SERVER_V6: &str = "fd00:231::1";
+    const CLIENT_V6: &str = "fd00:231::2";
+    const OTHER_V6: &str = "fd00:231::3";
+    const V6_HOST: &str = "v6.wild.test";
+    let Some(site) = site(&format!("src6-{}", mode.flag())) else {
+        return;
+    };
+    // nodad: usable at once, without duplicate address detection's wait.
+    for (ns, addr) in [
+        (&site.pair.server, SERVER_V6),
+        (&site.pair.client, CLIENT_V6),
+        (&site.pair.client, OTHER_V6),
+    ] {
+        ns.ip(&[
+            "addr",
+            "add",
+            &format!("{addr}/64"),
+            "dev",
+            "veth0",
+            "nodad",
+        ])
+        .expect("an IPv6 address");
+    }
+    let tmp = site.dir.path().join(".v6.yaml.tmp");
+    std::fs::write(
+        &tmp,
+        ingress(
+            "v6",
+            V6_HOST,
+            "/",
+            &[
+                ("allowlist-source-range", "fd00:231::/64"),
+                ("denylist-source-range", OTHER_V6),
+            ],
+        ),
+    )
+    .expect("write manifests");
+    std::fs::rename(&tmp, site.manifests().join("v6.yaml")).expect("rename manifests");
+    let proxy = site.proxy().mode(mode).bind("::").start();
+    let curl6 = async |name: &str, from: &str| -> Result<u16, Option<i32>> {
+        let out = site
+            .pair
+            .client
+            .command("curl")
+            .args([
+                "--interface",
+                from,
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .args(["--max-time", "5", "--cacert"])
+            .arg(site.dir.path().join("ca.pem"))
+            .arg("--resolve")
+            .arg(format!("{name}:{}:[{SERVER_V6}]", MAIN.https))
+            .arg(format!("https://{name}:{}/", MAIN.https))
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(STEP * 2, out)
+            .await
+            .expect("curl finished")
+            .expect("run curl");
+        let code = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        if out.status.success() && code != 0 {
+            Ok(code)
+        } else {
+            Err(out.status.code())
+        }
+    };
+
+    let deadline = std::time::Instant::now() + STEP;
+    // The listener and the routes are up; the first IPv6 exchange may wait for neighbour
+    // discovery.
+    while curl6(KNOWN, OTHER_V6).await != Ok(200) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ranges: served over IPv6\n{}",
+            proxy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(curl6(V6_HOST, CLIENT_V6).await, Ok(200), "{}", proxy.logs());
+
+    let before = proxy.scrape();
+    assert!(
+        curl6(V6_HOST, OTHER_V6).await.is_err(),
+        "the deny address nested in the IPv6 allow-list"
+    );
+    assert!(
+        curl6(ALLOWED, CLIENT_V6).await.is_err(),
+        "an IPv4-only allow-list"
+    );
+    let after = scrape_until(&proxy, "two source refusals", |s| {
+        s.gate("source_refused") >= before.gate("source_refused") + 2.0
+    })
+    .await;
+    assert_eq!(
+        after.gate("source_refused") - before.gate("source_refused"),
+        2.0
+    );
+    assert_eq!(
+        after.handshakes(),
+        before.handshakes(),
+        "a handshake started"
+    );
+    if mode == Mode::Ebpf {
+        let delta = |name: &str| after.kernel(name) - before.kernel(name);
+        assert_eq!(delta("source_refused"), 2.0, "{}", after.0);
+        // curl's hello is one segment: the TC program judged both from the IPv6 header.
+        assert_eq!(
+            delta("reset_before_accept_source_refused"),
+            2.0,
+            "{}",
+            after.0
+        );
+    }
+    assert!(!proxy.logs().contains("ERROR"), "{}", proxy.logs());
 }
