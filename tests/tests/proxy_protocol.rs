@@ -149,6 +149,15 @@ async fn the_client_a_proxy_header_names_is_the_client() {
         (status.as_str(), forwarded_for(&echo).0),
         ("200", Some("127.0.0.1"))
     );
+    // curl's own v1 header over plain HTTP, naming its own address: served where no range
+    // applies, refused (403) by ranged.test's allow-list.
+    for version in ingress_tests::curl::VERSIONS {
+        let haproxy = ["--haproxy-protocol"];
+        let open = ingress_tests::curl::get(&ingress, "open.test", "/", version, &haproxy);
+        assert_eq!(open.status, 200, "{version}: {open:?}");
+        let ranged = ingress_tests::curl::get(&ingress, "ranged.test", "/", version, &haproxy);
+        assert_eq!(ranged.status, 403, "{version}: {ranged:?}");
+    }
 
     // No header, a bad one, or one that never finishes: closed without an answer.
     let served = web.served();
