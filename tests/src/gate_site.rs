@@ -178,10 +178,30 @@ impl Site {
         path: &str,
         source: Option<IpAddr>,
     ) -> Result<u16, Option<i32>> {
+        self.curl_to(IpAddr::V4(SERVER_IP), name, port, path, source, &[])
+            .await
+    }
+
+    /// As [`curl_from`](Self::curl_from), to the server's address `server` (IPv4 or IPv6) and
+    /// with `extra` curl arguments (`--haproxy-protocol`, say): the status, or curl's exit code
+    /// when it failed.
+    pub async fn curl_to(
+        &self,
+        server: IpAddr,
+        name: &str,
+        port: u16,
+        path: &str,
+        source: Option<IpAddr>,
+        extra: &[&str],
+    ) -> Result<u16, Option<i32>> {
         let mut cmd = self.pair.client.command("curl");
         if let Some(source) = source {
             cmd.arg("--interface").arg(source.to_string());
         }
+        let server = match server {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("[{v6}]"),
+        };
         let out = cmd
             .args([
                 "-s",
@@ -192,10 +212,11 @@ impl Site {
                 "--max-time",
                 "5",
             ])
+            .args(extra)
             .arg("--cacert")
             .arg(&self.ca_file)
             .arg("--resolve")
-            .arg(format!("{name}:{port}:{SERVER_IP}"))
+            .arg(format!("{name}:{port}:{server}"))
             .arg(format!("https://{name}:{port}{path}"))
             .kill_on_drop(true)
             .output();

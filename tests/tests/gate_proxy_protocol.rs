@@ -341,41 +341,13 @@ async fn curl_proxied(site: &Site, name: &str) -> Result<u16, Option<i32>> {
 
 /// `curl https://<name>/` from the client namespace, with a PROXY v1 header when `proxied`.
 async fn curl_https(site: &Site, name: &str, proxied: bool) -> Result<u16, Option<i32>> {
-    let ca = site.dir.path().join("ca.pem");
-    let out = site
-        .pair
-        .client
-        .command("curl")
-        .args([
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "--max-time",
-            "5",
-        ])
-        .args(proxied.then_some("--haproxy-protocol"))
-        .arg("--cacert")
-        .arg(&ca)
-        .arg("--resolve")
-        .arg(format!("{name}:{}:{SERVER_IP}", MAIN.https))
-        .arg(format!("https://{name}:{}/", MAIN.https))
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(STEP * 2, out)
-        .await
-        .expect("curl finished")
-        .expect("run curl");
-    let code = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0);
-    if out.status.success() && code != 0 {
-        Ok(code)
+    let extra: &[&str] = if proxied {
+        &["--haproxy-protocol"]
     } else {
-        Err(out.status.code())
-    }
+        &[]
+    };
+    site.curl_to(IpAddr::V4(SERVER_IP), name, MAIN.https, "/", None, extra)
+        .await
 }
 
 /// `GET /` over TLS for `name` behind `header`: in the same segment as the ClientHello (the

@@ -503,39 +503,9 @@ async fn ipv6_clients_are_judged_by_their_own_address(mode: Mode) {
     std::fs::rename(&tmp, site.manifests().join("v6.yaml")).expect("rename manifests");
     let proxy = site.proxy().mode(mode).bind("::").start();
     let curl6 = async |name: &str, from: &str| -> Result<u16, Option<i32>> {
-        let out = site
-            .pair
-            .client
-            .command("curl")
-            .args([
-                "--interface",
-                from,
-                "-s",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-            ])
-            .args(["--max-time", "5", "--cacert"])
-            .arg(site.dir.path().join("ca.pem"))
-            .arg("--resolve")
-            .arg(format!("{name}:{}:[{SERVER_V6}]", MAIN.https))
-            .arg(format!("https://{name}:{}/", MAIN.https))
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(STEP * 2, out)
+        let (server, from) = (SERVER_V6.parse().expect("v6"), from.parse().expect("v6"));
+        site.curl_to(server, name, MAIN.https, "/", Some(from), &[])
             .await
-            .expect("curl finished")
-            .expect("run curl");
-        let code = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0);
-        if out.status.success() && code != 0 {
-            Ok(code)
-        } else {
-            Err(out.status.code())
-        }
     };
 
     let deadline = std::time::Instant::now() + STEP;
