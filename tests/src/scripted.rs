@@ -16,6 +16,8 @@ pub struct Seen {
     pub body: Vec<u8>,
     /// How many requests this connection served before this one.
     pub served_on_connection: usize,
+    /// Which connection it came on: 1 for the first one accepted, and so on.
+    pub connection: usize,
 }
 
 impl Seen {
@@ -56,9 +58,9 @@ impl Scripted {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { return };
-                conns.fetch_add(1, Ordering::SeqCst);
+                let connection = conns.fetch_add(1, Ordering::SeqCst) + 1;
                 let (script, reqs) = (script.clone(), reqs.clone());
-                std::thread::spawn(move || serve(stream, &*script, &reqs));
+                std::thread::spawn(move || serve(stream, connection, &*script, &reqs));
             }
         });
         Scripted {
@@ -79,7 +81,7 @@ impl Scripted {
     }
 }
 
-fn serve(stream: TcpStream, script: &Script, requests: &AtomicUsize) {
+fn serve(stream: TcpStream, connection: usize, script: &Script, requests: &AtomicUsize) {
     let Ok(read_half) = stream.try_clone() else {
         return;
     };
@@ -138,6 +140,7 @@ fn serve(stream: TcpStream, script: &Script, requests: &AtomicUsize) {
             headers,
             body,
             served_on_connection: served,
+            connection,
         };
         match script(&seen) {
             Answer::Bytes(bytes) => {

@@ -7,7 +7,7 @@
 //!   phase/       identity → tls → route → access → redirect → upstream → response,
 //!                the same for both protocol paths (see phase/mod.rs)
 //!   h1/          HTTP/1.x read and written by the proxy itself; upstream streams (h1/streams.rs)
-//!   h2/          HTTP/2 served by hyper; upstream requests through hyper's client (pool.rs)
+//!   h2/          HTTP/2 served by hyper; HTTP/1.1 upstreams through pool.rs, on h1's streams
 //!   forward.rs   the header rules between client and upstream, for both paths
 //!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
 //!   auth_client.rs  connections to auth services (auth-url), on connect.rs
@@ -61,12 +61,12 @@ pub type ProxyBody =
 
 pub struct Proxy {
     published: Arc<Published>,
-    /// HTTP/2 requests' upstream connections (hyper's client, driven inline).
+    /// HTTP/2 requests' exchanges with HTTP/1.1 upstreams, on `streams`' connections.
     pool: Arc<Pool>,
     /// HTTP/2 upstreams' multiplexed connections.
     h2_pool: Arc<multiplex::H2Pool>,
-    /// The HTTP/1.x path's upstream connections.
-    streams: h1::streams::StreamPool,
+    /// Kept HTTP/1.1 upstream connections, for both client protocols.
+    streams: Arc<h1::streams::StreamPool>,
     metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
     /// `--otlp-endpoint`: request spans; `None` (the default) costs nothing.
@@ -93,11 +93,12 @@ impl Proxy {
         published.add_hook(Arc::new(PoolLimitsHook(limits.clone())));
         limits.set(&published.load().global.keepalive);
         let connectors = Arc::new(connect::Connectors::default());
+        let streams = Arc::new(h1::streams::StreamPool::new(limits, connectors.clone()));
         Self {
             published,
-            pool: Pool::new(limits.clone(), connectors.clone()),
+            pool: Pool::new(streams.clone()),
             h2_pool: multiplex::H2Pool::new(connectors.clone()),
-            streams: h1::streams::StreamPool::new(limits, connectors.clone()),
+            streams,
             metrics,
             settings,
             tracing: None,

@@ -1,49 +1,46 @@
-//! Upstream HTTP/1.1 connections for HTTP/2 requests: one keep-alive pool per endpoint, with
-//! each connection driven inline by the task that uses it.
+//! Upstream HTTP/1.1 exchanges for HTTP/2 requests, over the HTTP/1.x fast path's kept
+//! connections ([`StreamPool`]): one idle list per endpoint and transport, whichever protocol
+//! the client spoke.
 //!
 //! ```text
-//!   checkout(endpoint) ── idle connection (still open?) ──┐
-//!                     └── none: connect (timeout) ────────┤
-//!   send: poll the connection and the response together ──┤  one task, no hand-off
-//!   response body: polls the connection as it streams ────┤
-//!   body finished and connection reusable → back to idle ─┘  (dropped early → closed)
+//!   checkout(endpoint) ── idle connection (still open?) or a new one ──┐ no connection: the
+//!   head written (Content-Length, or chunked when the length is unknown)│ request comes back
+//!   body streamed; the upstream answering early stops the upload ───────┤ unsent (retried
+//!   response head parsed (1xx skipped) into the HTTP/2 response ────────┤ elsewhere)
+//!   body: read as framed, passed on as it comes ────────────────────────┤
+//!   body ended, nothing extra, reusable → back to idle; else closed ────┘
 //! ```
 //!
-//! hyper's pooled client runs every connection as its own task and hands each request to it
-//! through a channel, which costs two task wake-ups per request; a proxy forwarding small
-//! requests spends a large share of its time there. Driving the connection from the request's
-//! own task removes both, and hyper still does all of the HTTP/1.1 work.
+//! A reused connection that fails before any answer to a request sent whole with its head is
+//! retried once on a new one, as on the HTTP/1.x path. The response head is read with the same
+//! rules as there (`h1::response`): a Content-Length that disagrees with itself is refused,
+//! Transfer-Encoding wins over Content-Length, and a message with both never leaves its
+//! connection reusable.
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futures_util::FutureExt;
-use http::{Request, Response};
+use bytes::{Buf, Bytes};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::{TrySendError, http1};
-use hyper_util::rt::TokioIo;
+use ingress_wire::chunked::{self, ChunkError, Chunked};
+use ingress_wire::header::{Kind, kind, tokens};
+use ingress_wire::request::{MAX_HEADERS, content_length, push};
+use tokio::io::AsyncWriteExt;
 
-use super::connect::{Connectors, Transport, UpstreamStream};
+use super::connect::Transport;
 pub use super::connect::{PoolKey, connect_to_any, open, resolve_external};
+use super::h1::streams::{StreamPool, Upstream};
+use super::h1::{MAX_RESPONSE_HEAD, READ_SIZE};
 use super::upstream::UpstreamError;
 use crate::publish::PublishHook;
 use crate::snapshot::Snapshot;
 use crate::snapshot::global::UpstreamKeepalive;
-use crate::snapshot::policy::Wire;
-
-/// Idle connections are kept per endpoint and transport.
-type IdleKey = (PoolKey, Transport);
-
-/// Boxed: the connection's state is large, and a checked-out connection travels inside the
-/// response body, which is moved several times per request.
-type Conn = Box<http1::Connection<TokioIo<UpstreamStream>, RequestBody>>;
 
 /// A client's request body on its way upstream, failing if the client pauses too long.
 pub type RequestBody = super::idle::IdleBody<ClientBody>;
@@ -116,9 +113,7 @@ impl Body for ClientBody {
 }
 
 pub struct Pool {
-    idle: Mutex<HashMap<IdleKey, Vec<Idle>, foldhash::fast::RandomState>>,
-    settings: Arc<PoolLimits>,
-    connectors: Arc<Connectors>,
+    streams: Arc<StreamPool>,
 }
 
 /// How many idle upstream connections are kept and for how long: the ConfigMap's
@@ -169,12 +164,6 @@ impl PublishHook for PoolLimitsHook {
     }
 }
 
-struct Idle {
-    sender: http1::SendRequest<RequestBody>,
-    conn: Conn,
-    since: Instant,
-}
-
 /// A request that could not be sent, with the request itself when no connection could be made
 /// for it (nothing of it reached an upstream, so it can go to another: `proxy-next-upstream`).
 pub struct SendError {
@@ -198,27 +187,13 @@ impl SendError {
     }
 }
 
-/// A connection checked out for one request.
-pub struct Checked {
-    sender: http1::SendRequest<RequestBody>,
-    conn: Conn,
-    key: IdleKey,
-    pool: Arc<Pool>,
-    /// It served a request before, so a failure to send may just mean the upstream closed it.
-    reused: bool,
-}
-
 impl Pool {
-    pub fn new(settings: Arc<PoolLimits>, connectors: Arc<Connectors>) -> Arc<Self> {
-        Arc::new(Self {
-            idle: Mutex::new(HashMap::default()),
-            settings,
-            connectors,
-        })
+    pub fn new(streams: Arc<StreamPool>) -> Arc<Self> {
+        Arc::new(Self { streams })
     }
 
-    /// Sends `req` to `key` and returns the response, whose body keeps the connection going. A
-    /// request that a reused connection could not even start is retried once on a new one.
+    /// Sends `req` to `key` and returns the response, whose body reads the rest of the
+    /// exchange from the connection and gives it back to the pool at its end.
     pub async fn send(
         self: &Arc<Self>,
         key: PoolKey,
@@ -226,214 +201,900 @@ impl Pool {
         connect_timeout: Duration,
         req: Request<RequestBody>,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        let key = (key, transport);
-        let mut checked = match self.checkout(&key, connect_timeout).await {
-            Ok(checked) => checked,
+        let up = match (self.streams)
+            .checkout(&key, &transport, connect_timeout, Instant::now())
+            .await
+        {
+            Ok(up) => up,
             Err(error) => return Err(SendError::unsent(error, req)),
         };
-        let outcome = checked.send(req).await;
-        match outcome {
-            Ok(response) => Ok(response.map(|body| UpstreamBody {
-                body,
-                checked: Some(checked),
-                done: false,
-            })),
-            Err(mut err) if checked.reused => match err.take_message() {
-                Some(req) => {
-                    drop(checked);
-                    let mut fresh = match self.connect(&key, connect_timeout).await {
-                        Ok(fresh) => fresh,
-                        Err(error) => return Err(SendError::unsent(error, req)),
-                    };
-                    match fresh.send(req).await {
-                        Ok(response) => Ok(response.map(|body| UpstreamBody {
-                            body,
-                            checked: Some(fresh),
-                            done: false,
-                        })),
-                        Err(err) => {
-                            Err(SendError::sent(UpstreamError::from_hyper(err.into_error())))
-                        }
-                    }
-                }
-                None => Err(SendError::sent(UpstreamError::from_hyper(err.into_error()))),
-            },
-            Err(err) => Err(SendError::sent(UpstreamError::from_hyper(err.into_error()))),
-        }
-    }
-
-    async fn checkout(
-        self: &Arc<Self>,
-        key: &IdleKey,
-        connect_timeout: Duration,
-    ) -> Result<Checked, UpstreamError> {
-        while let Some(mut idle) = self.pop(key) {
-            // Let the connection notice a close that arrived while it sat idle.
-            let closed = (&mut idle.conn).now_or_never().is_some();
-            if !closed
-                && idle.sender.is_ready()
-                && idle.since.elapsed() < self.settings.idle_timeout()
+        let (parts, mut body) = req.into_parts();
+        let (head, upload) = request_head(&parts, &body);
+        let head_request = parts.method == Method::HEAD;
+        let reused = up.reused;
+        let mut result = exchange(up, &head, upload, &mut body, head_request).await;
+        if let Err(Failed { error, stale: true }) = &result
+            && reused
+            && upload == Upload::WithHead
+        {
+            tracing::debug!(upstream = %key, %error, "kept-alive upstream connection was closed; retrying on a new one");
+            let fresh = match self
+                .streams
+                .connect(&key, &transport, connect_timeout)
+                .await
             {
-                return Ok(Checked {
-                    sender: idle.sender,
-                    conn: idle.conn,
-                    key: key.clone(),
-                    pool: self.clone(),
-                    reused: true,
-                });
-            }
+                Ok(fresh) => fresh,
+                Err(error) => {
+                    return Err(SendError::unsent(error, Request::from_parts(parts, body)));
+                }
+            };
+            result = exchange(fresh, &head, upload, &mut body, head_request).await;
         }
-        self.connect(key, connect_timeout).await
-    }
-
-    fn pop(&self, key: &IdleKey) -> Option<Idle> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        idle.get_mut(key).and_then(Vec::pop)
-    }
-
-    async fn connect(
-        self: &Arc<Self>,
-        key: &IdleKey,
-        connect_timeout: Duration,
-    ) -> Result<Checked, UpstreamError> {
-        let (target, transport) = key;
-        let stream = self
-            .connectors
-            .open(target, transport, Wire::Http1, connect_timeout)
-            .await?;
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(UpstreamError::from_hyper)?;
-        Ok(Checked {
-            sender,
-            conn: Box::new(conn),
-            key: key.clone(),
-            pool: self.clone(),
-            reused: false,
-        })
-    }
-
-    fn checkin(&self, checked: Checked) {
-        let Checked {
-            sender, conn, key, ..
-        } = checked;
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(key).or_default();
-        if list.len() < self.settings.max_idle_per_endpoint() {
-            list.push(Idle {
-                sender,
-                conn,
-                since: Instant::now(),
-            });
-        }
+        let (parsed, up) = result.map_err(|failed| SendError::sent(failed.error))?;
+        let body = UpstreamBody::new(
+            up,
+            parsed.framing,
+            parsed.reusable,
+            self.streams.clone(),
+            key,
+            transport,
+        );
+        Ok(parsed.response.map(|()| body))
     }
 
     /// Idle connections held right now, for tests and metrics.
     pub fn idle_count(&self) -> usize {
-        self.idle
-            .lock()
-            .map(|i| i.values().map(Vec::len).sum())
-            .unwrap_or(0)
+        self.streams.idle_count()
     }
 }
 
-impl Checked {
-    /// Polls the connection while waiting for the response head.
-    async fn send(
-        &mut self,
-        req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, TrySendError<Request<RequestBody>>> {
-        let response = self.sender.try_send_request(req);
-        let mut response = std::pin::pin!(response);
-        let conn = &mut self.conn;
-        let mut conn_done = false;
-        std::future::poll_fn(|cx| {
-            if !conn_done && let Poll::Ready(result) = Pin::new(&mut *conn).poll(cx) {
-                conn_done = true;
-                if let Err(err) = result {
-                    tracing::debug!(%err, "upstream connection ended");
+/// How the request body goes upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Upload {
+    /// None: the head is the whole request, and can be sent again.
+    WithHead,
+    /// As it comes, `Content-Length` declared.
+    Length,
+    /// As it comes, chunked: its length is not known.
+    Chunked,
+}
+
+/// The request head as the upstream reads it, and how its body follows. The framing is the
+/// proxy's: the client's HTTP/2 request has none of its own (its `content-length`, which
+/// HTTP/2 holds its DATA frames to, is kept).
+fn request_head(parts: &http::request::Parts, body: &RequestBody) -> (Vec<u8>, Upload) {
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut head = Vec::with_capacity(512);
+    push(
+        &mut head,
+        &[
+            parts.method.as_str().as_bytes(),
+            b" ",
+            target.as_bytes(),
+            b" HTTP/1.1\r\n",
+        ],
+    );
+    for (name, value) in &parts.headers {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        push(
+            &mut head,
+            &[name.as_str().as_bytes(), b": ", value.as_bytes(), b"\r\n"],
+        );
+    }
+    let upload = if body.is_end_stream() {
+        // A method whose request carries content says it has none, as hyper's client did.
+        if matches!(parts.method, Method::POST | Method::PUT | Method::PATCH)
+            || parts.headers.contains_key(header::CONTENT_LENGTH)
+        {
+            head.extend_from_slice(b"content-length: 0\r\n");
+        }
+        Upload::WithHead
+    } else if let Some(length) = body.size_hint().exact() {
+        push(
+            &mut head,
+            &[
+                b"content-length: ",
+                itoa::Buffer::new().format(length).as_bytes(),
+                b"\r\n",
+            ],
+        );
+        Upload::Length
+    } else {
+        head.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        Upload::Chunked
+    };
+    head.extend_from_slice(b"\r\n");
+    (head, upload)
+}
+
+/// Why an exchange failed, and whether it failed before any answer on a connection that may
+/// only have been closed while it sat idle.
+struct Failed {
+    error: UpstreamError,
+    stale: bool,
+}
+
+impl Failed {
+    fn stale(error: UpstreamError) -> Self {
+        Self { error, stale: true }
+    }
+
+    fn error(error: UpstreamError) -> Self {
+        Self {
+            error,
+            stale: false,
+        }
+    }
+}
+
+/// Writes the request, streams its body, and reads the response head.
+async fn exchange(
+    mut up: Upstream,
+    head: &[u8],
+    upload: Upload,
+    body: &mut RequestBody,
+    head_request: bool,
+) -> Result<(Head, Upstream), Failed> {
+    if let Err(err) = up.stream.write_all(head).await {
+        return Err(Failed::stale(UpstreamError::Protocol(err.to_string())));
+    }
+    let mut early = false;
+    if upload != Upload::WithHead {
+        early = stream_body(&mut up, upload, body).await?;
+    }
+    let mut answered = false;
+    loop {
+        if !up.buf.is_empty() {
+            answered = true;
+            match parse_head(&up.buf, head_request) {
+                HeadParse::Complete(mut parsed) => {
+                    up.buf.advance(parsed.head_len);
+                    // The rest of an upload the upstream did not wait for was never sent.
+                    parsed.reusable &= !early;
+                    return Ok((parsed, up));
+                }
+                HeadParse::Interim(len) => {
+                    up.buf.advance(len);
+                    continue;
+                }
+                HeadParse::Partial if up.buf.len() < MAX_RESPONSE_HEAD => {}
+                HeadParse::Partial => {
+                    let error = UpstreamError::Protocol("response head too large".into());
+                    return Err(Failed::error(error));
+                }
+                HeadParse::Invalid(why) => {
+                    return Err(Failed::error(UpstreamError::Protocol(why.into())));
                 }
             }
-            response.as_mut().poll(cx)
-        })
-        .await
+        }
+        up.buf.reserve(READ_SIZE);
+        let stale = !answered && upload == Upload::WithHead;
+        match tokio::io::AsyncReadExt::read_buf(&mut up.stream, &mut up.buf).await {
+            Ok(0) => {
+                let error = UpstreamError::Protocol("connection closed before a response".into());
+                return Err(Failed { error, stale });
+            }
+            Ok(_) => {}
+            Err(err) => {
+                let error = UpstreamError::Protocol(err.to_string());
+                return Err(Failed { error, stale });
+            }
+        }
     }
 }
 
-/// A response body from a pooled connection. Polling it drives the connection; when it ends
-/// cleanly the connection goes back to the pool, and if it is dropped early the connection is
-/// closed, since a half-read response cannot be resumed.
+/// Streams the client's body upstream, chunked when its length is unknown (trailers are not
+/// passed to an HTTP/1.1 upstream). Returns whether the upstream answered before it was all
+/// sent; the rest is then not sent.
+async fn stream_body(
+    up: &mut Upstream,
+    upload: Upload,
+    body: &mut RequestBody,
+) -> Result<bool, Failed> {
+    let mut out = Vec::new();
+    loop {
+        let frame = tokio::select! {
+            biased;
+            ready = up.stream.readable() => {
+                if ready.is_ok() && up.answered_early() {
+                    return Ok(true);
+                }
+                continue;
+            }
+            frame = body.frame() => frame,
+        };
+        let data = match frame {
+            None => {
+                if upload == Upload::Chunked {
+                    write(up, chunked::LAST_CHUNK).await?;
+                }
+                return Ok(false);
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(_trailers) => continue,
+            },
+            Some(Err(err)) => {
+                let error = UpstreamError::Protocol(format!("the request body failed: {err}"));
+                return Err(Failed::error(error));
+            }
+        };
+        if upload == Upload::Chunked {
+            out.clear();
+            chunked::encode_chunk(&data, &mut out);
+            write(up, &out).await?;
+        } else {
+            write(up, &data).await?;
+        }
+    }
+}
+
+async fn write(up: &mut Upstream, bytes: &[u8]) -> Result<(), Failed> {
+    match up.stream.write_all(bytes).await {
+        Ok(()) => Ok(()),
+        // The upstream may have answered and closed; its answer is worth reading.
+        Err(_) if up.answered_early() => Ok(()),
+        Err(err) => Err(Failed::error(UpstreamError::Protocol(err.to_string()))),
+    }
+}
+
+/// An upstream's response head, as the HTTP/2 client is sent it.
+struct Head {
+    head_len: usize,
+    response: Response<()>,
+    framing: Framing,
+    /// The connection may serve another request once the body has been read.
+    reusable: bool,
+}
+
+enum HeadParse {
+    Partial,
+    Invalid(&'static str),
+    /// A 1xx head of this length: the response follows it.
+    Interim(usize),
+    Complete(Head),
+}
+
+/// How the response body is delimited.
+#[derive(Debug, PartialEq, Eq)]
+enum Framing {
+    Empty,
+    Length(u64),
+    Chunked(Chunked),
+    UntilClose,
+}
+
+/// Parses the upstream's response head in `buf` (RFC 9112 section 6.3, with the HTTP/1.x
+/// path's rules).
+fn parse_head(buf: &[u8], head_request: bool) -> HeadParse {
+    let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut storage);
+    let head_len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return HeadParse::Partial,
+        Err(_) => return HeadParse::Invalid("malformed response head"),
+    };
+    let (Some(code), Some(version)) = (res.code, res.version) else {
+        return HeadParse::Invalid("malformed response head");
+    };
+    let Ok(status) = StatusCode::from_u16(code) else {
+        return HeadParse::Invalid("status code outside 100-599");
+    };
+    if !(100..=599).contains(&code) {
+        return HeadParse::Invalid("status code outside 100-599");
+    }
+    if code == 101 {
+        return HeadParse::Invalid("switching protocols without an upgrade");
+    }
+    if status.is_informational() {
+        return HeadParse::Interim(head_len);
+    }
+    let mut length = None;
+    let (mut chunked, mut coded) = (false, false);
+    let mut keep_alive = version == 1;
+    let mut headers = HeaderMap::with_capacity(res.headers.len());
+    for h in res.headers.iter() {
+        match kind(h.name) {
+            Kind::ContentLength => match (content_length(h.value), length) {
+                (Some(n), None) => length = Some(n),
+                (Some(n), Some(m)) if n == m => continue,
+                _ => return HeadParse::Invalid("invalid content-length"),
+            },
+            Kind::TransferEncoding => {
+                coded = true;
+                // Only the last coding says how the message ends.
+                for coding in tokens(h.value) {
+                    chunked = coding.eq_ignore_ascii_case(b"chunked");
+                }
+            }
+            Kind::Connection => {
+                for token in tokens(h.value) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        keep_alive = false;
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                        keep_alive |= version == 0;
+                    }
+                }
+            }
+            _ => {}
+        }
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(h.name.as_bytes()),
+            HeaderValue::from_bytes(h.value),
+        ) else {
+            return HeadParse::Invalid("invalid response header");
+        };
+        headers.append(name, value);
+    }
+    let framing = if head_request || code == 204 || code == 304 {
+        Framing::Empty
+    } else if chunked {
+        Framing::Chunked(Chunked::default())
+    } else if coded {
+        Framing::UntilClose
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::UntilClose
+    };
+    if coded {
+        // The coding delimits the body; a Content-Length beside it says nothing true.
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    HeadParse::Complete(Head {
+        head_len,
+        response,
+        // A message with both Transfer-Encoding and Content-Length may have been framed
+        // differently by someone on the way: never trust that connection again.
+        reusable: keep_alive && framing != Framing::UntilClose && !(coded && length.is_some()),
+        framing,
+    })
+}
+
+/// Why a response body did not arrive whole.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamBodyError {
+    #[error("the upstream closed the connection before the response body ended")]
+    CutShort,
+    #[error("malformed chunked response body: {0}")]
+    Chunked(#[from] ChunkError),
+    #[error("reading the response body: {0}")]
+    Read(#[from] std::io::Error),
+}
+
+/// A response body read from its upstream connection as the client takes it. When it ends
+/// cleanly (and the upstream sent nothing past it) the connection goes back to the pool; if it
+/// is dropped early or fails, the connection is closed, since a half-read response cannot be
+/// resumed.
 pub struct UpstreamBody {
-    body: Incoming,
-    checked: Option<Checked>,
-    done: bool,
+    up: Option<Upstream>,
+    framing: Framing,
+    reusable: bool,
+    streams: Arc<StreamPool>,
+    key: PoolKey,
+    transport: Transport,
 }
 
 impl UpstreamBody {
-    fn finish(&mut self) {
-        self.done = true;
-        if let Some(mut checked) = self.checked.take() {
-            // One more turn lets hyper move the connection to idle so it reports ready.
-            let closed = (&mut checked.conn).now_or_never().is_some();
-            if !closed && checked.sender.is_ready() {
-                checked.pool.clone().checkin(checked);
-            }
+    fn new(
+        up: Upstream,
+        framing: Framing,
+        reusable: bool,
+        streams: Arc<StreamPool>,
+        key: PoolKey,
+        transport: Transport,
+    ) -> Self {
+        let mut body = Self {
+            up: Some(up),
+            framing,
+            reusable,
+            streams,
+            key,
+            transport,
+        };
+        if matches!(body.framing, Framing::Empty | Framing::Length(0)) {
+            body.finish();
         }
+        body
+    }
+
+    fn finish(&mut self) {
+        self.framing = Framing::Empty;
+        if let Some(up) = self.up.take()
+            && self.reusable
+            && up.buf.is_empty()
+        {
+            self.streams
+                .checkin(&self.key, &self.transport, up, Instant::now());
+        }
+    }
+
+    fn fail(
+        &mut self,
+        error: UpstreamBodyError,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
+        self.up = None;
+        self.framing = Framing::Empty;
+        Poll::Ready(Some(Err(error)))
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpstreamBodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
         let this = &mut *self;
-        if let Some(checked) = this.checked.as_mut()
-            && let Poll::Ready(result) = Pin::new(&mut checked.conn).poll(cx)
-        {
-            // The connection finished (closed or failed); the body reports any error itself.
-            if let Err(err) = result {
-                tracing::debug!(%err, "upstream connection ended mid-body");
+        loop {
+            let Some(up) = this.up.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if !up.buf.is_empty() {
+                let data = match &mut this.framing {
+                    Framing::Empty => return Poll::Ready(None),
+                    Framing::Length(left) => {
+                        let n = usize::try_from(*left)
+                            .unwrap_or(usize::MAX)
+                            .min(up.buf.len());
+                        *left -= n as u64;
+                        up.buf.split_to(n).freeze()
+                    }
+                    Framing::UntilClose => up.buf.split().freeze(),
+                    Framing::Chunked(decoder) => match decoder.decode(&up.buf) {
+                        Ok(step) => {
+                            let data = Bytes::copy_from_slice(&up.buf[step.data.clone()]);
+                            up.buf.advance(step.consumed);
+                            if step.done {
+                                this.framing = Framing::Empty;
+                            }
+                            data
+                        }
+                        Err(err) => return this.fail(err.into()),
+                    },
+                };
+                if matches!(this.framing, Framing::Empty | Framing::Length(0)) {
+                    this.finish();
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                return Poll::Ready(Some(Ok(Frame::data(data))));
             }
-            this.checked = None;
+            up.buf.reserve(READ_SIZE);
+            match tokio_util::io::poll_read_buf(Pin::new(&mut up.stream), cx, &mut up.buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if this.framing == Framing::UntilClose => {
+                    this.up = None;
+                    this.framing = Framing::Empty;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => return this.fail(UpstreamBodyError::CutShort),
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(err)) => return this.fail(err.into()),
+            }
         }
-        let frame = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = frame {
-            this.finish();
-        }
-        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.body.is_end_stream()
+        self.up.is_none() && self.framing == Framing::Empty
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-impl Drop for UpstreamBody {
-    fn drop(&mut self) {
-        // Bodies that are empty by definition (HEAD, 204, 304) are never polled to the end.
-        if !self.done && self.body.is_end_stream() {
-            self.finish();
+        match self.framing {
+            Framing::Empty => SizeHint::with_exact(0),
+            Framing::Length(left) => SizeHint::with_exact(left),
+            _ => SizeHint::default(),
         }
     }
-}
-
-/// Collects a body; used by tests.
-pub async fn collect(body: UpstreamBody) -> Result<Bytes, hyper::Error> {
-    Ok(body.collect().await?.to_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a parsed head says, for a table.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Seen {
+        Partial,
+        Invalid(&'static str),
+        Interim(usize),
+        Complete {
+            status: u16,
+            framing: Framing,
+            reusable: bool,
+            content_length: Option<String>,
+        },
+    }
+
+    fn seen(head: &str, head_request: bool) -> Seen {
+        match parse_head(head.as_bytes(), head_request) {
+            HeadParse::Partial => Seen::Partial,
+            HeadParse::Invalid(why) => Seen::Invalid(why),
+            HeadParse::Interim(len) => Seen::Interim(len),
+            HeadParse::Complete(head) => Seen::Complete {
+                status: head.response.status().as_u16(),
+                framing: head.framing,
+                reusable: head.reusable,
+                content_length: head
+                    .response
+                    .headers()
+                    .get_all(header::CONTENT_LENGTH)
+                    .iter()
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .reduce(|a, b| format!("{a},{b}")),
+            },
+        }
+    }
+
+    fn complete(status: u16, framing: Framing, reusable: bool, length: Option<&str>) -> Seen {
+        Seen::Complete {
+            status,
+            framing,
+            reusable,
+            content_length: length.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn response_heads_are_framed_as_the_http1_path_frames_them() {
+        let chunked = || Framing::Chunked(Chunked::default());
+        let cases: Vec<(&str, &str, bool, Seen)> = vec![
+            (
+                "length",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+                false,
+                complete(200, Framing::Length(5), true, Some("5")),
+            ),
+            (
+                "the same length twice is one",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\nContent-Length: 5\r\n\r\n",
+                false,
+                complete(200, Framing::Length(5), true, Some("5")),
+            ),
+            (
+                "two lengths",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n",
+                false,
+                Seen::Invalid("invalid content-length"),
+            ),
+            (
+                "a signed length",
+                "HTTP/1.1 200 OK\r\ncontent-length: +5\r\n\r\n",
+                false,
+                Seen::Invalid("invalid content-length"),
+            ),
+            (
+                "a list of lengths",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5, 5\r\n\r\n",
+                false,
+                Seen::Invalid("invalid content-length"),
+            ),
+            (
+                "chunked wins over a length, which is dropped, and the connection is not reused",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n",
+                false,
+                complete(200, chunked(), false, None),
+            ),
+            (
+                "chunked",
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false,
+                complete(200, chunked(), true, None),
+            ),
+            (
+                "chunked not last: until close",
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
+                false,
+                complete(200, Framing::UntilClose, false, None),
+            ),
+            (
+                "no framing: until close",
+                "HTTP/1.1 200 OK\r\n\r\n",
+                false,
+                complete(200, Framing::UntilClose, false, None),
+            ),
+            (
+                "HEAD: no body whatever the length says",
+                "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n",
+                true,
+                complete(200, Framing::Empty, true, Some("5")),
+            ),
+            (
+                "204",
+                "HTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                complete(204, Framing::Empty, true, None),
+            ),
+            (
+                "304",
+                "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n",
+                false,
+                complete(304, Framing::Empty, true, Some("9")),
+            ),
+            (
+                "connection: close",
+                "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\n",
+                false,
+                complete(200, Framing::Length(1), false, Some("1")),
+            ),
+            (
+                "HTTP/1.0 closes unless kept alive",
+                "HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n",
+                false,
+                complete(200, Framing::Length(1), false, Some("1")),
+            ),
+            (
+                "HTTP/1.0 kept alive",
+                "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n",
+                false,
+                complete(200, Framing::Length(1), true, Some("1")),
+            ),
+            (
+                "100 Continue",
+                "HTTP/1.1 100 Continue\r\n\r\n",
+                false,
+                Seen::Interim(25),
+            ),
+            (
+                "103 Early Hints",
+                "HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n",
+                false,
+                Seen::Interim(40),
+            ),
+            (
+                "101 unasked",
+                "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n",
+                false,
+                Seen::Invalid("switching protocols without an upgrade"),
+            ),
+            (
+                "status 600",
+                "HTTP/1.1 600 Odd\r\ncontent-length: 0\r\n\r\n",
+                false,
+                Seen::Invalid("status code outside 100-599"),
+            ),
+            (
+                "a control byte in a value",
+                "HTTP/1.1 200 OK\r\nx-a: a\x01b\r\ncontent-length: 0\r\n\r\n",
+                false,
+                Seen::Invalid("malformed response head"),
+            ),
+            (
+                "a bare LF ends a header line, as on the HTTP/1.x path",
+                "HTTP/1.1 200 OK\r\nx-a: a\nb: c\r\ncontent-length: 0\r\n\r\n",
+                false,
+                complete(200, Framing::Length(0), true, Some("0")),
+            ),
+            (
+                "not yet whole",
+                "HTTP/1.1 200 OK\r\ncontent-le",
+                false,
+                Seen::Partial,
+            ),
+            (
+                "not HTTP",
+                "SSH-2.0-OpenSSH\r\n\r\n",
+                false,
+                Seen::Invalid("malformed response head"),
+            ),
+        ];
+        for (what, head, head_request, want) in cases {
+            assert_eq!(seen(head, head_request), want, "{what}");
+        }
+    }
+
+    fn body(client: ClientBody) -> RequestBody {
+        super::super::idle::IdleBody::new(client, Duration::from_secs(5))
+    }
+
+    fn parts(method: Method, target: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut req = Request::builder().method(method).uri(target);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        req.body(())
+            .map(|r| r.into_parts().0)
+            .expect("a valid request")
+    }
+
+    #[test]
+    fn request_heads_say_how_the_body_follows() {
+        let (_tx, pieces) = tokio::sync::mpsc::channel(1);
+        let (_tx2, pieces2) = tokio::sync::mpsc::channel(1);
+        let cases: Vec<(&str, http::request::Parts, RequestBody, &str, Upload)> = vec![
+            (
+                "GET without a body",
+                parts(Method::GET, "/a?b", &[("host", "h"), ("x-a", "1")]),
+                body(ClientBody::Empty),
+                "GET /a?b HTTP/1.1\r\nhost: h\r\nx-a: 1\r\n\r\n",
+                Upload::WithHead,
+            ),
+            (
+                "POST without a body says so",
+                parts(Method::POST, "/", &[("host", "h")]),
+                body(ClientBody::Empty),
+                "POST / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n",
+                Upload::WithHead,
+            ),
+            (
+                "a known length, the client's framing headers replaced",
+                parts(
+                    Method::PUT,
+                    "/",
+                    &[
+                        ("host", "h"),
+                        ("content-length", "3"),
+                        ("transfer-encoding", "chunked"),
+                    ],
+                ),
+                body(ClientBody::H1 {
+                    pieces,
+                    length: Some(3),
+                    ended: false,
+                }),
+                "PUT / HTTP/1.1\r\nhost: h\r\ncontent-length: 3\r\n\r\n",
+                Upload::Length,
+            ),
+            (
+                "an unknown length is chunked",
+                parts(Method::POST, "/", &[("host", "h")]),
+                body(ClientBody::H1 {
+                    pieces: pieces2,
+                    length: None,
+                    ended: false,
+                }),
+                "POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n",
+                Upload::Chunked,
+            ),
+        ];
+        for (what, parts, body, want_head, want_upload) in cases {
+            let (head, upload) = request_head(&parts, &body);
+            assert_eq!(String::from_utf8_lossy(&head), want_head, "{what}");
+            assert_eq!(upload, want_upload, "{what}");
+        }
+    }
+
+    /// A response body read off a real connection: what the client gets, and whether the
+    /// connection went back to the pool.
+    async fn read_body(
+        framing: Framing,
+        reusable: bool,
+        sent: &'static [u8],
+    ) -> (Result<Bytes, String>, usize) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.expect("accept");
+            conn.write_all(sent).await.expect("write");
+            conn.shutdown().await.ok();
+            // Held open until the test is done reading.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let streams = Arc::new(StreamPool::new(
+            PoolLimits::new(&UpstreamKeepalive::default()),
+            Arc::new(super::super::connect::Connectors::default()),
+        ));
+        let up = Upstream {
+            stream: super::super::connect::UpstreamStream::Plain(stream),
+            buf: bytes::BytesMut::new(),
+            reused: false,
+        };
+        let key = PoolKey::Addr(addr);
+        let body = UpstreamBody::new(
+            up,
+            framing,
+            reusable,
+            streams.clone(),
+            key,
+            Transport::Plain,
+        );
+        let got = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .map_err(|e| e.to_string());
+        server.await.ok();
+        (got, streams.idle_count())
+    }
+
+    #[tokio::test]
+    async fn response_bodies_end_where_their_framing_says_and_only_then_are_reused() {
+        let chunked = || Framing::Chunked(Chunked::default());
+        let cases: Vec<(
+            &str,
+            Framing,
+            bool,
+            &'static [u8],
+            Result<&[u8], &str>,
+            usize,
+        )> = vec![
+            (
+                "length",
+                Framing::Length(5),
+                true,
+                b"hello",
+                Ok(b"hello"),
+                1,
+            ),
+            (
+                "length, then bytes nobody asked for",
+                Framing::Length(5),
+                true,
+                b"helloEXTRA",
+                Ok(b"hello"),
+                0,
+            ),
+            (
+                "length cut short",
+                Framing::Length(9),
+                true,
+                b"hello",
+                Err("the upstream closed the connection before the response body ended"),
+                0,
+            ),
+            (
+                "chunked",
+                chunked(),
+                true,
+                b"5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n",
+                Ok(b"hello!"),
+                1,
+            ),
+            (
+                "chunked with trailers",
+                chunked(),
+                true,
+                b"5\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+                Ok(b"hello"),
+                1,
+            ),
+            (
+                "chunked, malformed size",
+                chunked(),
+                true,
+                b"5x\r\nhello\r\n0\r\n\r\n",
+                Err("malformed chunked response body"),
+                0,
+            ),
+            (
+                "chunked, not to be reused (it came with a length too)",
+                chunked(),
+                false,
+                b"5\r\nhello\r\n0\r\n\r\n",
+                Ok(b"hello"),
+                0,
+            ),
+            (
+                "until close",
+                Framing::UntilClose,
+                false,
+                b"all of it",
+                Ok(b"all of it"),
+                0,
+            ),
+            ("empty", Framing::Empty, true, b"", Ok(b""), 1),
+        ];
+        for (what, framing, reusable, sent, want, idle) in cases {
+            let (got, kept) = read_body(framing, reusable, sent).await;
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(&got[..], want, "{what}"),
+                (Err(got), Err(want)) => assert!(got.starts_with(want), "{what}: {got}"),
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+            assert_eq!(kept, idle, "{what}: connections back in the pool");
+        }
+    }
 
     #[tokio::test]
     async fn an_http1_body_ends_only_when_its_end_was_sent() {

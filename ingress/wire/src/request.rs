@@ -312,7 +312,8 @@ fn split_target(raw: &str) -> Result<(Cow<'_, str>, Option<&str>), &'static str>
     Ok((origin, Some(authority)))
 }
 
-fn content_length(value: &[u8]) -> Option<u64> {
+/// A `Content-Length` value: digits only, at most 18 of them.
+pub fn content_length(value: &[u8]) -> Option<u64> {
     if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
         return None;
     }

@@ -470,7 +470,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     .is_err()
             {
                 // The upstream may have answered and closed; its answer is worth reading.
-                return if self.peek_upstream(up) {
+                return if up.answered_early() {
                     Ok(Sent::AnsweredEarly)
                 } else {
                     Err(Failure::Error(UpstreamError::Protocol(
@@ -486,7 +486,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             tokio::select! {
                 biased;
                 ready = up.stream.readable() => {
-                    if ready.is_ok() && self.peek_upstream(up) {
+                    if ready.is_ok() && up.answered_early() {
                         return Ok(Sent::AnsweredEarly);
                     }
                 }
@@ -503,27 +503,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                     ));
                 }
             }
-        }
-    }
-
-    /// Reads what the upstream has sent so far, without waiting. True if it answered (or
-    /// closed) before the request was complete; a `100 Continue` it sent unasked is dropped.
-    fn peek_upstream(&self, up: &mut Upstream) -> bool {
-        up.buf.reserve(READ_SIZE);
-        match up.stream.try_read_buf(&mut up.buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(err) => return err.kind() != std::io::ErrorKind::WouldBlock,
-        }
-        let mut storage = [httparse::EMPTY_HEADER; 16];
-        let mut head = httparse::Response::new(&mut storage);
-        match head.parse(&up.buf) {
-            Ok(httparse::Status::Complete(len)) if head.code == Some(100) => {
-                up.buf.advance(len);
-                !up.buf.is_empty()
-            }
-            // Part of a head: whatever it is, it is an answer.
-            _ => true,
         }
     }
 

@@ -68,9 +68,9 @@ use ingress_wire::header::usable_request_id;
 /// kept-alive connection holds its buffer.
 const HEAD_READ: usize = 4 * 1024;
 /// Bytes asked for per read of a body, in either direction.
-const READ_SIZE: usize = 16 * 1024;
+pub(crate) const READ_SIZE: usize = 16 * 1024;
 /// Largest upstream response head accepted (then 502).
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Request bodies up to this size are read whole and sent with the head, so the request can be
 /// retried on a fresh connection; larger ones are streamed.
 pub const BUFFERED_BODY: u64 = 16 * 1024;

@@ -20,7 +20,7 @@ use http::StatusCode;
 
 use ingress_wire::chunked::{ChunkError, Chunked};
 use ingress_wire::header::{self, Kind, tokens};
-use ingress_wire::request::{MAX_HEADERS, push};
+use ingress_wire::request::{MAX_HEADERS, content_length, push};
 
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
@@ -186,7 +186,7 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
     } else if coded {
         Framing::UntilClose
     } else if let Some(n) = length {
-        Framing::Length(n as u64)
+        Framing::Length(n)
     } else {
         Framing::UntilClose
     };
@@ -369,15 +369,6 @@ fn listed(headers: &[httparse::Header<'_>], name: &str) -> bool {
             .map(|h| h.value),
         name,
     )
-}
-
-fn content_length(value: &[u8]) -> Option<usize> {
-    if value.is_empty() || value.len() > 18 || !value.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    value.iter().try_fold(0usize, |n, d| {
-        n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
-    })
 }
 
 /// A response the proxy makes itself (400, 404, 421, 503, a redirect, 502 and 504), with the

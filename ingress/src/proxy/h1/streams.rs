@@ -26,6 +26,29 @@ pub struct Upstream {
     pub reused: bool,
 }
 
+impl Upstream {
+    /// Reads what the upstream has sent so far, without waiting. True if it answered (or
+    /// closed) before the request was complete; a `100 Continue` it sent unasked is dropped.
+    pub fn answered_early(&mut self) -> bool {
+        self.buf.reserve(super::READ_SIZE);
+        match self.stream.try_read_buf(&mut self.buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(err) => return err.kind() != std::io::ErrorKind::WouldBlock,
+        }
+        let mut storage = [httparse::EMPTY_HEADER; 16];
+        let mut head = httparse::Response::new(&mut storage);
+        match head.parse(&self.buf) {
+            Ok(httparse::Status::Complete(len)) if head.code == Some(100) => {
+                bytes::Buf::advance(&mut self.buf, len);
+                !self.buf.is_empty()
+            }
+            // Part of a head: whatever it is, it is an answer.
+            _ => true,
+        }
+    }
+}
+
 struct Idle {
     stream: UpstreamStream,
     buf: BytesMut,
