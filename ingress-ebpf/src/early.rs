@@ -77,6 +77,9 @@ const _: () = assert!(V4_FRAME_U32 as usize == V4_FRAME && V6_FRAME_U32 as usize
 pub fn judge(ctx: &TcContext) -> Option<()> {
     let config = CONFIG.get(0)?;
     let skb = ctx.skb.skb;
+    if !segment::may_be_gated_data(skb, |port| port_gated(config, port)) {
+        return None;
+    }
     let mut seg = Segment::EMPTY;
     if !segment::read_into(skb, &mut seg) {
         return None;

@@ -100,6 +100,48 @@ impl Segment {
     };
 }
 
+/// Whether the skb may be a data segment to a port `gated` accepts: TCP with ACK set, SYN and RST
+/// clear. Three loads rule out nearly all traffic (every segment of every other port, on a
+/// node that carries much more than the gated listeners) before [`read`] does its dozen, so the
+/// hook costs the rest of the node's packets next to nothing.
+#[inline(always)]
+pub fn may_be_gated_data(skb: *mut __sk_buff, gated: impl Fn(u32) -> bool) -> bool {
+    let l3 = ETH_HLEN;
+    let Some(ethertype) = load::<2>(skb, 12) else {
+        return false;
+    };
+    let tcp = match u16::from_be_bytes(ethertype) {
+        ETH_P_IP => {
+            // Version and header length, then (at 9) the protocol.
+            let Some(ip) = load::<10>(skb, l3) else {
+                return false;
+            };
+            if ip[0] >> 4 != 4 || ip[9] != IPPROTO_TCP {
+                return false;
+            }
+            l3 + u32::from(ip[0] & 0x0f) * 4
+        }
+        ETH_P_IPV6 => {
+            let Some(ip) = load::<7>(skb, l3) else {
+                return false;
+            };
+            if ip[6] != IPPROTO_TCP {
+                return false;
+            }
+            l3 + 40
+        }
+        _ => return false,
+    };
+    // Ports, sequence and acknowledgement numbers, data offset, flags.
+    let Some(tcp) = load::<14>(skb, tcp) else {
+        return false;
+    };
+    let flags = tcp[13];
+    flags & TCP_ACK != 0
+        && flags & (TCP_SYN | TCP_RST) == 0
+        && gated(u32::from(u16::from_be_bytes([tcp[2], tcp[3]])))
+}
+
 /// `read`, into `out`: not inlined, so the header loads' temporaries live in a frame of their
 /// own rather than in the caller's for its whole run (the verifier allows 512 bytes of stack
 /// for a whole chain of calls).
