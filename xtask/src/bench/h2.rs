@@ -9,7 +9,9 @@
 //!
 //! Reported per proxy: requests/s, p99 (from h2load's per-request log) and requests per proxy
 //! CPU-second, medians of interleaved rounds, and ingress's ratios to each peer. Goal (issue
-//! 15): ahead of haproxy.
+//! 15): ahead of haproxy. Then ingress alone: what an HTTP/2 request costs it (64×10 and 64×1)
+//! against one on its HTTP/1.1 fast path (wrk, 64 keep-alive connections), all over TLS; the
+//! goal is HTTP/2 at the fast path's cost.
 
 use std::path::Path;
 use std::process::Command;
@@ -18,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 
 use super::procs::{self, Running};
-use super::{Bench, median, rig, tls, write};
+use super::{Bench, median, rig, tls, write, wrk};
 
 const UPSTREAM: u16 = 19500;
 const NGINX: u16 = 19543;
@@ -95,6 +97,7 @@ pub fn run(bench: &Bench) -> Result<()> {
         );
     }
     let (ingress, nginx, haproxy) = (results[2], results[0], results[1]);
+    let fast_path = same_cost(bench, &dir, &proxies[2].2)?;
     writeln!(
         bench.report,
         "ratio ingress/haproxy: requests/s {:.2}x, p99 {:.2}x, per CPU-second {:.2}x (goal: ahead of haproxy)",
@@ -109,7 +112,46 @@ pub fn run(bench: &Bench) -> Result<()> {
         ingress.1 / nginx.1,
         ingress.2 / nginx.2
     );
+    writeln!(
+        bench.report,
+        "ingress, requests per proxy CPU-second over TLS: HTTP/2 {CONNECTIONS}×{STREAMS} {:.0}, HTTP/2 {CONNECTIONS}×1 {:.0}, HTTP/1.1 fast path (wrk, {CONNECTIONS} keep-alive connections) {:.0}",
+        ingress.2, fast_path.h2_single, fast_path.h1
+    );
+    writeln!(
+        bench.report,
+        "ratio HTTP/2 / HTTP/1.1 per CPU-second: {:.2}x with {STREAMS} streams, {:.2}x with 1 (goal: HTTP/2 at the fast path's cost, 1.00x or more)",
+        ingress.2 / fast_path.h1,
+        fast_path.h2_single / fast_path.h1
+    );
     Ok(())
+}
+
+/// What an HTTP/2 request costs ingress against one on its HTTP/1.1 fast path, both over TLS
+/// to the same upstream: medians of requests per proxy CPU-second.
+struct SameCost {
+    h2_single: f64,
+    h1: f64,
+}
+
+fn same_cost(bench: &Bench, dir: &Path, ingress: &Running) -> Result<SameCost> {
+    let url = format!("https://{}:{INGRESS}/", rig::HOST);
+    let (mut h2_single, mut h1) = (Vec::new(), Vec::new());
+    for _ in 0..bench.rounds {
+        let single = h2load(dir, ingress, (CONNECTIONS, 1), bench.duration, &[], &url)?;
+        h2_single.push(single.per_cpu_second);
+        let before = ingress.cpu_time()?;
+        let load = wrk::run(&url, rig::HOST, bench.duration, CONNECTIONS, None)?;
+        let cpu = ingress.cpu_time()?.saturating_sub(before);
+        ensure!(
+            load.all_answered(),
+            "{url} over HTTP/1.1: not every request was answered: {load:?}"
+        );
+        h1.push(load.requests as f64 / cpu.as_secs_f64().max(0.001));
+    }
+    Ok(SameCost {
+        h2_single: median(h2_single),
+        h1: median(h1),
+    })
 }
 
 /// One h2load run against `port`: its rate, its p99 and the proxy's CPU per request.
