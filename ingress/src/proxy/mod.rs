@@ -6,7 +6,8 @@
 //!                passthrough backend] → HTTP/1.x (h1/) or HTTP/2 (h2/)
 //!   phase/       identity → tls → route → access → redirect → upstream → response,
 //!                the same for both protocol paths (see phase/mod.rs)
-//!   h1/          HTTP/1.x read and written by the proxy itself; upstream streams (h1/streams.rs)
+//!   h1/          HTTP/1.x read and written by the proxy itself
+//!   streams.rs   kept HTTP/1.1 upstream connections, for both client protocols
 //!   h2/          HTTP/2 served by hyper; HTTP/1.1 upstreams through pool.rs, on h1's streams
 //!   forward.rs   the header rules between client and upstream, for both paths
 //!   connect.rs   upstream connections: TCP, and TLS with the route's proxy-ssl-* policy
@@ -39,6 +40,7 @@ pub mod rate_limit;
 pub mod respond;
 pub mod rewind;
 pub mod settings;
+pub mod streams;
 pub mod tls;
 pub mod trace;
 pub mod upstream;
@@ -66,7 +68,7 @@ pub struct Proxy {
     /// HTTP/2 upstreams' multiplexed connections.
     h2_pool: Arc<multiplex::H2Pool>,
     /// Kept HTTP/1.1 upstream connections, for both client protocols.
-    streams: Arc<h1::streams::StreamPool>,
+    streams: Arc<streams::StreamPool>,
     metrics: Arc<ProxyMetrics>,
     settings: ProxySettings,
     /// `--otlp-endpoint`: request spans; `None` (the default) costs nothing.
@@ -93,7 +95,7 @@ impl Proxy {
         published.add_hook(Arc::new(PoolLimitsHook(limits.clone())));
         limits.set(&published.load().global.keepalive);
         let connectors = Arc::new(connect::Connectors::default());
-        let streams = Arc::new(h1::streams::StreamPool::new(limits, connectors.clone()));
+        let streams = Arc::new(streams::StreamPool::new(limits, connectors.clone()));
         Self {
             published,
             pool: Pool::new(streams.clone()),

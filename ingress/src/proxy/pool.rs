@@ -19,7 +19,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -35,12 +34,9 @@ use tokio::io::AsyncWriteExt;
 
 use super::connect::Transport;
 pub use super::connect::{PoolKey, connect_to_any, open, resolve_external};
-use super::h1::streams::{StreamPool, Upstream};
-use super::h1::{MAX_RESPONSE_HEAD, READ_SIZE};
+use super::streams::{MAX_RESPONSE_HEAD, READ_SIZE, StreamPool, Upstream};
+pub use super::streams::{PoolLimits, PoolLimitsHook};
 use super::upstream::UpstreamError;
-use crate::publish::PublishHook;
-use crate::snapshot::Snapshot;
-use crate::snapshot::global::UpstreamKeepalive;
 
 /// A client's request body on its way upstream, failing if the client pauses too long.
 pub type RequestBody = super::idle::IdleBody<ClientBody>;
@@ -114,54 +110,6 @@ impl Body for ClientBody {
 
 pub struct Pool {
     streams: Arc<StreamPool>,
-}
-
-/// How many idle upstream connections are kept and for how long: the ConfigMap's
-/// `upstream-keepalive-connections` and `upstream-keepalive-timeout`, set from each published
-/// snapshot by [`PoolLimitsHook`] and read with one atomic load where a pool needs them.
-#[derive(Debug)]
-pub struct PoolLimits {
-    idle_timeout_ms: AtomicU64,
-    max_idle_per_endpoint: AtomicUsize,
-}
-
-impl PoolLimits {
-    pub fn new(keepalive: &UpstreamKeepalive) -> Arc<Self> {
-        let limits = Arc::new(Self {
-            idle_timeout_ms: AtomicU64::new(0),
-            max_idle_per_endpoint: AtomicUsize::new(0),
-        });
-        limits.set(keepalive);
-        limits
-    }
-
-    pub fn set(&self, keepalive: &UpstreamKeepalive) {
-        let ms = u64::try_from(keepalive.idle_timeout.as_millis()).unwrap_or(u64::MAX);
-        self.idle_timeout_ms.store(ms, Ordering::Relaxed);
-        self.max_idle_per_endpoint
-            .store(keepalive.max_idle, Ordering::Relaxed);
-    }
-
-    /// Idle connections older than this are closed rather than reused.
-    pub fn idle_timeout(&self) -> Duration {
-        Duration::from_millis(self.idle_timeout_ms.load(Ordering::Relaxed))
-    }
-
-    /// Idle connections kept per endpoint (and protocol); `0` keeps none.
-    pub fn max_idle_per_endpoint(&self) -> usize {
-        self.max_idle_per_endpoint.load(Ordering::Relaxed)
-    }
-}
-
-/// Keeps [`PoolLimits`] in step with the published snapshot's global settings.
-pub struct PoolLimitsHook(pub Arc<PoolLimits>);
-
-impl PublishHook for PoolLimitsHook {
-    fn before(&self, _new: &Snapshot, _old: &Snapshot) {}
-
-    fn after(&self, new: &Snapshot, _old: &Snapshot) {
-        self.0.set(&new.global.keepalive);
-    }
 }
 
 /// A request that could not be sent, with the request itself when no connection could be made
@@ -699,6 +647,7 @@ impl Body for UpstreamBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot::global::UpstreamKeepalive;
 
     /// What a parsed head says, for a table.
     #[derive(Debug, PartialEq, Eq)]

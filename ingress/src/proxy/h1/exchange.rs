@@ -19,12 +19,12 @@ use ingress_wire::chunked::{self, Chunked};
 use ingress_wire::request::BodyFraming;
 
 use super::response::{self, Framing, ResponseContext, ResponseParse};
-use super::streams::Upstream;
 use super::{
     BUFFERED_BODY, Client, MAX_RESPONSE_HEAD, Prepared, READ_SIZE, read_timed, write_timed,
 };
 use crate::proxy::access_log::UpstreamMeter;
 use crate::proxy::phase::upstream;
+use crate::proxy::streams::Upstream;
 use crate::proxy::upstream::UpstreamError;
 use crate::proxy::{Forward, Outcome};
 use crate::snapshot::annotations::rate_limit::Bandwidth;

@@ -34,7 +34,6 @@ mod bridge;
 mod deadline;
 mod exchange;
 pub mod response;
-pub mod streams;
 mod tunnel;
 
 use std::pin::pin;
@@ -57,6 +56,7 @@ use super::phase::response as phase_response;
 use super::phase::route::Refusal;
 use super::phase::{Phased, RequestHeaders, RequestView};
 use super::settings::HttpSettings;
+pub(crate) use super::streams::{MAX_RESPONSE_HEAD, READ_SIZE};
 use super::trace::{self, RequestTrace};
 use super::{ConnInfo, Decision, Outcome, Proxy, Record};
 use crate::snapshot::Route;
@@ -67,10 +67,6 @@ use ingress_wire::header::usable_request_id;
 /// Room made for a client's next request head: most are well under this, and an idle
 /// kept-alive connection holds its buffer.
 const HEAD_READ: usize = 4 * 1024;
-/// Bytes asked for per read of a body, in either direction.
-pub(crate) const READ_SIZE: usize = 16 * 1024;
-/// Largest upstream response head accepted (then 502).
-pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Request bodies up to this size are read whole and sent with the head, so the request can be
 /// retried on a fresh connection; larger ones are streamed.
 pub const BUFFERED_BODY: u64 = 16 * 1024;

@@ -136,11 +136,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
     /// Reads the response to an upgrade request into `self.response`.
     async fn upgrade_head(
         &mut self,
-        mut up: super::streams::Upstream,
+        mut up: crate::proxy::streams::Upstream,
         p: &Prepared,
         timeout: Duration,
         ctx: &mut ResponseContext<'_>,
-    ) -> Result<(response::Response, super::streams::Upstream), UpstreamError> {
+    ) -> Result<(response::Response, crate::proxy::streams::Upstream), UpstreamError> {
         self.upstream_due.set(p.forwarded + timeout);
         loop {
             if !up.buf.is_empty() {

@@ -1,18 +1,28 @@
-//! Kept-alive upstream connections for the fast path: TCP or TLS streams, each with the read
-//! buffer it came back with, one idle list per endpoint and transport (a TLS connection made
-//! under one `proxy-ssl-*` policy is never handed to a route with another).
+//! Kept-alive HTTP/1.1 upstream connections, for HTTP/1.x clients (`h1`) and HTTP/2 ones
+//! (`pool`) alike: TCP or TLS streams, each with the read buffer it came back with, one idle
+//! list per endpoint and transport (a TLS connection made under one `proxy-ssl-*` policy is
+//! never handed to a route with another).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
 
+use crate::proxy::connect::PoolKey;
 use crate::proxy::connect::{Connectors, Transport, UpstreamStream};
-use crate::proxy::pool::{PoolKey, PoolLimits};
 use crate::proxy::upstream::UpstreamError;
+use crate::publish::PublishHook;
+use crate::snapshot::Snapshot;
+use crate::snapshot::global::UpstreamKeepalive;
 use crate::snapshot::policy::Wire;
+
+/// Bytes asked for per read of a body, in either direction.
+pub(crate) const READ_SIZE: usize = 16 * 1024;
+/// Largest upstream response head accepted (then 502).
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// Per endpoint, the idle connections of each transport (nearly always just one).
 type IdleLists = Vec<(Transport, Vec<Idle>)>;
@@ -30,7 +40,7 @@ impl Upstream {
     /// Reads what the upstream has sent so far, without waiting. True if it answered (or
     /// closed) before the request was complete; a `100 Continue` it sent unasked is dropped.
     pub fn answered_early(&mut self) -> bool {
-        self.buf.reserve(super::READ_SIZE);
+        self.buf.reserve(READ_SIZE);
         match self.stream.try_read_buf(&mut self.buf) {
             Ok(0) => return true,
             Ok(_) => {}
@@ -163,5 +173,53 @@ fn still_open(stream: &mut UpstreamStream) -> bool {
             let mut byte = BytesMut::with_capacity(1);
             matches!(stream.try_read_buf(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
         }
+    }
+}
+
+/// How many idle upstream connections are kept and for how long: the ConfigMap's
+/// `upstream-keepalive-connections` and `upstream-keepalive-timeout`, set from each published
+/// snapshot by [`PoolLimitsHook`] and read with one atomic load where a pool needs them.
+#[derive(Debug)]
+pub struct PoolLimits {
+    idle_timeout_ms: AtomicU64,
+    max_idle_per_endpoint: AtomicUsize,
+}
+
+impl PoolLimits {
+    pub fn new(keepalive: &UpstreamKeepalive) -> Arc<Self> {
+        let limits = Arc::new(Self {
+            idle_timeout_ms: AtomicU64::new(0),
+            max_idle_per_endpoint: AtomicUsize::new(0),
+        });
+        limits.set(keepalive);
+        limits
+    }
+
+    pub fn set(&self, keepalive: &UpstreamKeepalive) {
+        let ms = u64::try_from(keepalive.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        self.idle_timeout_ms.store(ms, Ordering::Relaxed);
+        self.max_idle_per_endpoint
+            .store(keepalive.max_idle, Ordering::Relaxed);
+    }
+
+    /// Idle connections older than this are closed rather than reused.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    /// Idle connections kept per endpoint (and protocol); `0` keeps none.
+    pub fn max_idle_per_endpoint(&self) -> usize {
+        self.max_idle_per_endpoint.load(Ordering::Relaxed)
+    }
+}
+
+/// Keeps [`PoolLimits`] in step with the published snapshot's global settings.
+pub struct PoolLimitsHook(pub Arc<PoolLimits>);
+
+impl PublishHook for PoolLimitsHook {
+    fn before(&self, _new: &Snapshot, _old: &Snapshot) {}
+
+    fn after(&self, new: &Snapshot, _old: &Snapshot) {
+        self.0.set(&new.global.keepalive);
     }
 }
