@@ -28,8 +28,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use ingress_wire::chunked::{self, ChunkError, Chunked};
-use ingress_wire::header::{Kind, kind, tokens};
-use ingress_wire::request::{MAX_HEADERS, content_length, push};
+use ingress_wire::header::{Kind, kind};
+use ingress_wire::request::{MAX_HEADERS, push};
 use tokio::io::AsyncWriteExt;
 
 use super::connect::Transport;
@@ -439,34 +439,19 @@ fn parse_head(buf: &[u8], head_request: bool) -> HeadParse {
     if status.is_informational() {
         return HeadParse::Interim(head_len);
     }
-    let mut length = None;
-    let (mut chunked, mut coded) = (false, false);
-    let mut keep_alive = version == 1;
+    let facts = match ingress_wire::response::facts(res.headers, version) {
+        Ok(facts) => facts,
+        Err(why) => return HeadParse::Invalid(why),
+    };
     let mut headers = HeaderMap::with_capacity(res.headers.len());
+    let mut lengths = 0;
     for h in res.headers.iter() {
-        match kind(h.name) {
-            Kind::ContentLength => match (content_length(h.value), length) {
-                (Some(n), None) => length = Some(n),
-                (Some(n), Some(m)) if n == m => continue,
-                _ => return HeadParse::Invalid("invalid content-length"),
-            },
-            Kind::TransferEncoding => {
-                coded = true;
-                // Only the last coding says how the message ends.
-                for coding in tokens(h.value) {
-                    chunked = coding.eq_ignore_ascii_case(b"chunked");
-                }
+        // The same length said twice is said once.
+        if kind(h.name) == Kind::ContentLength {
+            lengths += 1;
+            if lengths > 1 {
+                continue;
             }
-            Kind::Connection => {
-                for token in tokens(h.value) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        keep_alive = false;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        keep_alive |= version == 0;
-                    }
-                }
-            }
-            _ => {}
         }
         let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(h.name.as_bytes()),
@@ -476,6 +461,7 @@ fn parse_head(buf: &[u8], head_request: bool) -> HeadParse {
         };
         headers.append(name, value);
     }
+    let (length, chunked, coded) = (facts.length, facts.chunked, facts.coded);
     let framing = if head_request || code == 204 || code == 304 {
         Framing::Empty
     } else if chunked {
@@ -499,7 +485,7 @@ fn parse_head(buf: &[u8], head_request: bool) -> HeadParse {
         response,
         // A message with both Transfer-Encoding and Content-Length may have been framed
         // differently by someone on the way: never trust that connection again.
-        reusable: keep_alive && framing != Framing::UntilClose && !(coded && length.is_some()),
+        reusable: facts.keep_alive && framing != Framing::UntilClose && !facts.both_framings(),
         framing,
     })
 }

@@ -5,6 +5,7 @@
 //!   header     what the proxy does with a header, by name (hop-by-hop, set by the proxy, …)
 //!   request    an HTTP/1.x request head → RequestHead, or the status that refuses it;
 //!              and the head the upstream is sent
+//!   response   what an upstream's response head says about its framing and connection
 //!   chunked    where a chunked body ends, and which of its bytes are data
 //!   target     a request target → the normalised path that is routed and forwarded
 //!   authority  a Host or :authority → the one host routed and forwarded
@@ -19,4 +20,5 @@ pub mod chunked;
 pub mod differential;
 pub mod header;
 pub mod request;
+pub mod response;
 pub mod target;

@@ -20,7 +20,8 @@ use http::StatusCode;
 
 use ingress_wire::chunked::{ChunkError, Chunked};
 use ingress_wire::header::{self, Kind, tokens};
-use ingress_wire::request::{MAX_HEADERS, content_length, push};
+use ingress_wire::request::{MAX_HEADERS, push};
+use ingress_wire::response::HeadFacts;
 
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
@@ -129,43 +130,20 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
     }
     let headers: &[httparse::Header<'_>] = res.headers;
     let informational = (100..200).contains(&status) && !switching;
-    let mut length = None;
-    let (mut chunked, mut coded) = (false, false);
-    let mut keep_alive = version == 1;
-    let mut lists_headers = false;
-    let (mut has_date, mut has_hsts) = (false, false);
-    let mut upgrade_to = None;
-    for h in headers {
-        match header::kind(h.name) {
-            Kind::ContentLength => match (content_length(h.value), length) {
-                (Some(n), None) => length = Some(n),
-                (Some(n), Some(m)) if n == m => {}
-                _ => return ResponseParse::Invalid("invalid content-length"),
-            },
-            Kind::TransferEncoding => {
-                coded = true;
-                // Only the last coding says how the message ends.
-                for coding in tokens(h.value) {
-                    chunked = coding.eq_ignore_ascii_case(b"chunked");
-                }
-            }
-            Kind::Connection => {
-                for token in tokens(h.value) {
-                    if token.eq_ignore_ascii_case(b"close") {
-                        keep_alive = false;
-                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
-                        keep_alive |= version == 0;
-                    } else if !token.eq_ignore_ascii_case(b"upgrade") {
-                        lists_headers = true;
-                    }
-                }
-            }
-            Kind::Upgrade => upgrade_to = Some(h.value),
-            Kind::Date => has_date = true,
-            Kind::Hsts => has_hsts = true,
-            _ => {}
-        }
-    }
+    let facts = match ingress_wire::response::facts(headers, version) {
+        Ok(facts) => facts,
+        Err(why) => return ResponseParse::Invalid(why),
+    };
+    let HeadFacts {
+        length,
+        chunked,
+        coded,
+        lists_headers,
+        upgrade_to,
+        has_date,
+        has_hsts,
+        keep_alive,
+    } = facts;
     if switching
         && !upgrade_to
             .zip(ctx.upgrade)
@@ -311,7 +289,7 @@ pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> Resp
         framing,
         // A message with both Transfer-Encoding and Content-Length may have been framed
         // differently by someone on the way: never trust that connection again.
-        reusable: keep_alive && framing != Framing::UntilClose && !(coded && length.is_some()),
+        reusable: keep_alive && framing != Framing::UntilClose && !facts.both_framings(),
         close_client,
         informational,
         switching,
