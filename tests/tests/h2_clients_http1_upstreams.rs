@@ -165,6 +165,7 @@ async fn responses_are_framed_for_http2_and_connections_kept_only_when_clean() {
         (204, Some(&b""[..])),
         "{got:?}"
     );
+    assert_eq!(got.content_length, None, "a 204 says no length");
     let got = send(&mut h2, Method::GET, "/status-600", empty()).await;
     assert_eq!(got.status, 502, "{got:?}");
     let got = send(&mut h2, Method::GET, "/until-close", empty()).await;

@@ -355,10 +355,8 @@ async fn stream_body(
         };
         let data = match frame {
             None => {
-                if upload == Upload::Chunked {
-                    write(up, chunked::LAST_CHUNK).await?;
-                }
-                return Ok(false);
+                let done = upload != Upload::Chunked || write(up, chunked::LAST_CHUNK).await?;
+                return Ok(!done);
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => data,
@@ -369,21 +367,25 @@ async fn stream_body(
                 return Err(Failed::error(error));
             }
         };
-        if upload == Upload::Chunked {
+        let written = if upload == Upload::Chunked {
             out.clear();
             chunked::encode_chunk(&data, &mut out);
-            write(up, &out).await?;
+            write(up, &out).await?
         } else {
-            write(up, &data).await?;
+            write(up, &data).await?
+        };
+        if !written {
+            return Ok(true);
         }
     }
 }
 
-async fn write(up: &mut Upstream, bytes: &[u8]) -> Result<(), Failed> {
+/// Writes `bytes` upstream. `Ok(false)`: the write failed because the upstream answered (and
+/// perhaps closed) before reading the rest, and its answer is worth reading.
+async fn write(up: &mut Upstream, bytes: &[u8]) -> Result<bool, Failed> {
     match up.stream.write_all(bytes).await {
-        Ok(()) => Ok(()),
-        // The upstream may have answered and closed; its answer is worth reading.
-        Err(_) if up.answered_early() => Ok(()),
+        Ok(()) => Ok(true),
+        Err(_) if up.answered_early() => Ok(false),
         Err(err) => Err(Failed::error(UpstreamError::Protocol(err.to_string()))),
     }
 }
@@ -473,8 +475,9 @@ fn parse_head(buf: &[u8], head_request: bool) -> HeadParse {
     } else {
         Framing::UntilClose
     };
-    if coded {
-        // The coding delimits the body; a Content-Length beside it says nothing true.
+    if coded || code == 204 {
+        // The coding delimits the body, and a 204 has none: a Content-Length beside either
+        // says nothing true (the HTTP/1.x path drops it too).
         headers.remove(header::CONTENT_LENGTH);
     }
     let mut response = Response::new(());
@@ -743,8 +746,8 @@ mod tests {
                 complete(200, Framing::Empty, true, Some("5")),
             ),
             (
-                "204",
-                "HTTP/1.1 204 No Content\r\n\r\n",
+                "204, its Content-Length dropped",
+                "HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n",
                 false,
                 complete(204, Framing::Empty, true, None),
             ),
