@@ -30,6 +30,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use ingress_wire::chunked::{self, ChunkError, Chunked};
 use ingress_wire::header::{Kind, kind};
 use ingress_wire::request::{MAX_HEADERS, push};
+use ingress_wire::response::{self, Parsed};
 use tokio::io::AsyncWriteExt;
 
 use super::connect::Transport;
@@ -420,34 +421,32 @@ enum Framing {
 /// path's rules).
 fn parse_head(buf: &[u8], head_request: bool) -> HeadParse {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut storage);
-    let head_len = match res.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return HeadParse::Partial,
-        Err(_) => return HeadParse::Invalid("malformed response head"),
-    };
-    let (Some(code), Some(version)) = (res.code, res.version) else {
-        return HeadParse::Invalid("malformed response head");
+    let (head_len, code, version, parsed_headers) = match response::parse(buf, &mut storage) {
+        Parsed::Complete {
+            len,
+            status,
+            minor,
+            headers,
+        } => (len, status, minor, headers),
+        Parsed::Partial => return HeadParse::Partial,
+        Parsed::Invalid(why) => return HeadParse::Invalid(why),
     };
     let Ok(status) = StatusCode::from_u16(code) else {
         return HeadParse::Invalid("status code outside 100-599");
     };
-    if !(100..=599).contains(&code) {
-        return HeadParse::Invalid("status code outside 100-599");
-    }
     if code == 101 {
         return HeadParse::Invalid("switching protocols without an upgrade");
     }
     if status.is_informational() {
         return HeadParse::Interim(head_len);
     }
-    let facts = match ingress_wire::response::facts(res.headers, version) {
+    let facts = match response::facts(parsed_headers, version) {
         Ok(facts) => facts,
         Err(why) => return HeadParse::Invalid(why),
     };
-    let mut headers = HeaderMap::with_capacity(res.headers.len());
+    let mut headers = HeaderMap::with_capacity(parsed_headers.len());
     let mut lengths = 0;
-    for h in res.headers.iter() {
+    for h in parsed_headers {
         // The same length said twice is said once.
         if kind(h.name) == Kind::ContentLength {
             lengths += 1;

@@ -5,6 +5,44 @@
 use crate::header::{Kind, kind, tokens};
 use crate::request::content_length;
 
+/// A response head as both client paths start reading it.
+pub enum Parsed<'h, 'b> {
+    /// Not whole yet.
+    Partial,
+    Invalid(&'static str),
+    Complete {
+        /// Bytes of the head, its blank line included.
+        len: usize,
+        /// 100 to 599.
+        status: u16,
+        /// HTTP/1.`minor`.
+        minor: u8,
+        headers: &'h [httparse::Header<'b>],
+    },
+}
+
+/// Parses the head at the start of `buf` into `storage`, refusing a status outside 100-599.
+pub fn parse<'h, 'b>(buf: &'b [u8], storage: &'h mut [httparse::Header<'b>]) -> Parsed<'h, 'b> {
+    let mut res = httparse::Response::new(storage);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(_) => return Parsed::Invalid("malformed response head"),
+    };
+    let (Some(status), Some(minor)) = (res.code, res.version) else {
+        return Parsed::Invalid("malformed response head");
+    };
+    if !(100..=599).contains(&status) {
+        return Parsed::Invalid("status code outside 100-599");
+    }
+    Parsed::Complete {
+        len,
+        status,
+        minor,
+        headers: res.headers,
+    }
+}
+
 /// The framing and connection facts of one response head.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeadFacts<'a> {

@@ -21,7 +21,7 @@ use http::StatusCode;
 use ingress_wire::chunked::{ChunkError, Chunked};
 use ingress_wire::header::{self, Kind, tokens};
 use ingress_wire::request::{MAX_HEADERS, push};
-use ingress_wire::response::HeadFacts;
+use ingress_wire::response::{HeadFacts, Parsed, parse};
 
 use crate::snapshot::annotations::snippet::ResponseEdits;
 use crate::snapshot::annotations::upstream_rewrite::UpstreamRewrite;
@@ -112,23 +112,20 @@ pub enum ResponseParse {
 /// Parses the upstream's response head in `buf` and writes the client's into `out`.
 pub fn rewrite(buf: &[u8], ctx: &ResponseContext<'_>, out: &mut Vec<u8>) -> ResponseParse {
     let mut storage = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut res = httparse::Response::new(&mut storage);
-    let head_len = match res.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return ResponseParse::Partial,
-        Err(_) => return ResponseParse::Invalid("malformed response head"),
+    let (head_len, status, version, headers) = match parse(buf, &mut storage) {
+        Parsed::Complete {
+            len,
+            status,
+            minor,
+            headers,
+        } => (len, status, minor, headers),
+        Parsed::Partial => return ResponseParse::Partial,
+        Parsed::Invalid(why) => return ResponseParse::Invalid(why),
     };
-    let (Some(status), Some(version)) = (res.code, res.version) else {
-        return ResponseParse::Invalid("malformed response head");
-    };
-    if !(100..=599).contains(&status) {
-        return ResponseParse::Invalid("status code outside 100-599");
-    }
     let switching = status == 101;
     if switching && ctx.upgrade.is_none() {
         return ResponseParse::Invalid("switching protocols without an upgrade");
     }
-    let headers: &[httparse::Header<'_>] = res.headers;
     let informational = (100..200).contains(&status) && !switching;
     let facts = match ingress_wire::response::facts(headers, version) {
         Ok(facts) => facts,
