@@ -33,7 +33,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use regex::Regex;
+use regex_automata::{Anchored, Input, meta};
 
 use super::annotations::affinity::Affinity;
 use super::annotations::auth::{BasicAuth, DigestAuth, ExternalAuth, Satisfy};
@@ -214,16 +214,22 @@ pub struct RewritePolicy {
 /// `rewrite-target` on one path: when `regex` (the Ingress path, case-insensitive, unanchored,
 /// as nginx's `rewrite "(?i)PATH" TARGET`) matches the request path, the upstream is sent
 /// `template` expanded with its groups, and `X-Forwarded-Prefix` if the Ingress asks.
+///
+/// The regex is regex-automata's `meta::Regex` (the engine behind `regex::Regex`) because a
+/// rewrite runs on every request of its route, and that API lets it run anchored first and
+/// fill capture slots on the stack: see [`Rewrite::apply`].
 #[derive(Clone, Debug)]
 pub struct Rewrite {
-    pub regex: Regex,
+    pub regex: meta::Regex,
+    /// The pattern `regex` was built from.
+    pub pattern: Arc<str>,
     pub template: Arc<Template>,
     pub forwarded_prefix: Option<Arc<str>>,
 }
 
 impl PartialEq for Rewrite {
     fn eq(&self, other: &Self) -> bool {
-        self.regex.as_str() == other.regex.as_str()
+        self.pattern == other.pattern
             && self.template == other.template
             && self.forwarded_prefix == other.forwarded_prefix
     }
@@ -231,20 +237,30 @@ impl PartialEq for Rewrite {
 
 impl Eq for Rewrite {}
 
+/// Capture slots [`Rewrite::apply`] fills: the whole match and `$1`..`$9`, the groups a
+/// template can name (two slots each).
+const REWRITE_SLOTS: usize = 2 * 10;
+
 impl Rewrite {
     /// The rewrite of requests routed by `path` for an Ingress with `options`: `None` without
     /// `rewrite-target`, or when it equals the path (ingress-nginx then does not rewrite).
-    pub fn for_path(options: &Options, path: &str) -> Option<Result<Rewrite, regex::Error>> {
+    pub fn for_path(
+        options: &Options,
+        path: &str,
+    ) -> Option<Result<Rewrite, Box<meta::BuildError>>> {
         let template = options.rewrite_target.as_ref()?;
         if template.as_str() == path {
             return None;
         }
+        let pattern = format!("(?i){path}");
         Some(
-            regex::RegexBuilder::new(&format!("(?i){path}"))
-                .size_limit(super::path::REGEX_SIZE_LIMIT)
-                .build()
+            meta::Regex::builder()
+                .configure(meta::Config::new().nfa_size_limit(Some(super::path::REGEX_SIZE_LIMIT)))
+                .build(&pattern)
+                .map_err(Box::new)
                 .map(|regex| Rewrite {
                     regex,
+                    pattern: pattern.into(),
                     template: template.clone(),
                     forwarded_prefix: options.x_forwarded_prefix.clone(),
                 }),
@@ -253,12 +269,26 @@ impl Rewrite {
 
     /// The path sent upstream for `path`, or `None` when the regex does not match it (nginx's
     /// `rewrite` then leaves it alone).
+    ///
+    /// A routed request's path matched the route's `^PATH`, so the unanchored search's leftmost
+    /// match nearly always starts at 0, and a match that starts at 0 is the same match whether
+    /// the search was anchored or not (leftmost-first picks among matches at one start the same
+    /// way). So the anchored search goes first: it needs no reverse scan to find where the
+    /// match starts, and it is the only search most requests make. Only when nothing matches
+    /// at 0 does the unanchored search run.
     pub fn apply(&self, path: &str) -> Option<String> {
-        let captures = self.regex.captures(path)?;
-        Some(
-            self.template
-                .expand(|n| captures.get(n).map(|m| m.as_str())),
-        )
+        let mut slots = [None; REWRITE_SLOTS];
+        let slots = &mut slots[..self.regex.group_info().slot_len().min(REWRITE_SLOTS)];
+        let anchored = Input::new(path).anchored(Anchored::Yes);
+        if self.regex.search_slots(&anchored, slots).is_none() {
+            self.regex.search_slots(&Input::new(path), slots)?;
+        }
+        let slots = &*slots;
+        Some(self.template.expand(|n| {
+            let start = slots.get(2 * n).copied().flatten()?;
+            let end = slots.get(2 * n + 1).copied().flatten()?;
+            path.get(start.get()..end.get())
+        }))
     }
 }
 
@@ -620,6 +650,59 @@ mod tests {
             Rewrite::for_path(&options("/x"), "/a("),
             Some(Err(_))
         ));
+    }
+
+    /// `apply` runs anchored first; what it sends must be what nginx's unanchored `rewrite`
+    /// (here `regex::Regex::captures`, the unanchored reference) makes of every path, including
+    /// the paths whose leftmost match does not start at 0 and top-level alternations.
+    #[test]
+    fn anchored_first_rewrites_equal_the_unanchored_search() {
+        let patterns = [
+            "/something(/|$)(.*)",
+            "/api/(v[0-9]+)/(.*)",
+            "/b|/a(.*)",
+            "(/x)?/y(.*)",
+            "/a(.*)|/(.*)",
+            "/(a+)(a*)",
+            "/x",
+            "(.*)",
+            "/é(.*)",
+        ];
+        let paths = [
+            "/",
+            "/something",
+            "/something/new",
+            "/SOMETHING/new",
+            "/api/v12/users",
+            "/z/api/v1/u",
+            "/b",
+            "/a/q",
+            "/q/a/b",
+            "/x/y/z",
+            "/y",
+            "/zz/y/q",
+            "/aaaa",
+            "/a/x",
+            "/É/deux",
+        ];
+        let template = "/$1_$2_$9";
+        let options = Options {
+            rewrite_target: Some(Arc::new(Template::parse(template).unwrap())),
+            ..Options::default()
+        };
+        for pattern in patterns {
+            let rewrite = Rewrite::for_path(&options, pattern)
+                .expect("a rewrite")
+                .expect("a valid regex");
+            let reference = regex::Regex::new(&format!("(?i){pattern}")).unwrap();
+            for path in paths {
+                let want = reference.captures(path).map(|c| {
+                    let group = |n: usize| c.get(n).map_or("", |m| m.as_str());
+                    format!("/{}_{}_{}", group(1), group(2), group(9))
+                });
+                assert_eq!(rewrite.apply(path), want, "{pattern} on {path}");
+            }
+        }
     }
 
     #[test]
