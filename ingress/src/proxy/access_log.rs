@@ -476,6 +476,11 @@ fn json_str(out: &mut Vec<u8>, value: &str) {
 fn json_escape(out: &mut Vec<u8>, value: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = value.as_bytes();
+    // Nearly every value needs no escape at all: one pass over a table, then one copy.
+    if !bytes.iter().any(|&b| JSON_ESCAPED[usize::from(b)]) {
+        out.extend_from_slice(bytes);
+        return;
+    }
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let escaped: &[u8] = match b {
@@ -502,6 +507,19 @@ fn json_escape(out: &mut Vec<u8>, value: &str) {
     }
     out.extend_from_slice(&bytes[start..]);
 }
+
+/// The bytes [`json_escape`] escapes: the control characters, `"` and `\`.
+const JSON_ESCAPED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = true;
+        b += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
 
 /// A `fmt::Write` that appends what it is given as the inside of a JSON string: how
 /// `Display` values reach a line with no `String` in between.
@@ -634,6 +652,34 @@ struct Second {
     local: [u8; 26],
     /// `2026-11-26T21:46:28`, the JSON timestamp without its fraction.
     iso: [u8; 19],
+}
+
+/// The wall-clock time of `at`, a moment the request path already read from the monotonic
+/// clock (when the response ended), so a line reads no clock of its own: the wall clock is read
+/// once a second per thread, and `at` placed after that reading by the monotonic clock.
+/// Between two readings the two clocks drift apart by NTP's slew at most (well under a
+/// millisecond), and a step of the wall clock shows within a second. nginx's own `$msec` and
+/// `$time_local` are cached per event-loop turn the same way.
+pub(crate) fn wall_clock(at: Instant) -> SystemTime {
+    thread_local! {
+        static ANCHOR: Cell<Option<(Instant, SystemTime)>> = const { Cell::new(None) };
+    }
+    ANCHOR.with(|anchor| {
+        if let Some((instant, wall)) = anchor.get()
+            && let Some(since) = at.checked_duration_since(instant)
+            && since < Duration::from_secs(1)
+        {
+            return wall + since;
+        }
+        let (instant, wall) = (Instant::now(), SystemTime::now());
+        anchor.set(Some((instant, wall)));
+        match at.checked_duration_since(instant) {
+            Some(after) => wall + after,
+            None => wall
+                .checked_sub(instant.saturating_duration_since(at))
+                .unwrap_or(wall),
+        }
+    })
 }
 
 /// The second `now` falls in, formatted at most once a second per thread.
@@ -1083,6 +1129,37 @@ mod tests {
         let next = clock(at + Duration::from_millis(1_500));
         assert_eq!(&next.local, b"26/Nov/2026:21:46:29 +0000");
         assert_eq!(&clock(at).iso, b"2026-11-26T21:46:28");
+    }
+
+    /// A line's timestamp comes from the moment its response ended, placed by the monotonic
+    /// clock after a wall-clock reading at most a second old.
+    #[test]
+    fn wall_clock_places_moments_after_one_reading() {
+        let off_by = |a: SystemTime, b: SystemTime| {
+            a.duration_since(b)
+                .unwrap_or_else(|e| e.duration())
+                .as_millis()
+        };
+        let start = Instant::now();
+        let wall = SystemTime::now();
+        // The first call reads the wall clock; `start` is a moment before that reading.
+        assert!(off_by(wall_clock(start), wall) < 50);
+        // Later moments within the second keep their distance from each other exactly.
+        let (a, b) = (
+            start + Duration::from_millis(100),
+            start + Duration::from_millis(350),
+        );
+        assert_eq!(
+            wall_clock(b).duration_since(wall_clock(a)).unwrap(),
+            Duration::from_millis(250)
+        );
+        // A moment more than a second after the reading takes a new one (and is placed after
+        // it by as much as it is later).
+        let later = Instant::now() + Duration::from_millis(1_500);
+        let expected = SystemTime::now() + Duration::from_millis(1_500);
+        assert!(off_by(wall_clock(later), expected) < 50);
+        // And a moment before the newest reading is placed before it.
+        assert!(off_by(wall_clock(start), wall) < 50);
     }
 
     #[test]

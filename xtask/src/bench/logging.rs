@@ -1,6 +1,6 @@
 //! What the access log and tracing cost: the same HTTP/1.1 keep-alive load through ingress with
-//! access lines off, as JSON events, and in ingress-nginx's `upstream` format (written to a file
-//! as a container runtime would take them from stdout), and with OpenTelemetry tracing at a 1%
+//! access lines off, as JSON events, and in ingress-nginx's `upstream` format (written to stdout,
+//! a pipe that a reader on CPU 1 files, as a container runtime takes a container's stdout), and with OpenTelemetry tracing at a 1%
 //! and a 100% sample ratio (spans exported over OTLP/HTTP to the rig's upstream nginx, which
 //! answers 200 to anything). The configurations are interleaved round by round (a fresh rig
 //! each time, in reverse order every other round), and each is reported as the median of its

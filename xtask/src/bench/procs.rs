@@ -38,6 +38,8 @@ pub fn pinned(cpu: usize, program: &str) -> Command {
 /// A background process killed when dropped.
 pub struct Running {
     child: Child,
+    /// The process that reads `child`'s output from a pipe into its log, if it has one.
+    reader: Option<Child>,
 }
 
 impl Running {
@@ -50,7 +52,43 @@ impl Running {
             .stderr(err)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
-        Ok(Running { child })
+        Ok(Running {
+            child,
+            reader: None,
+        })
+    }
+
+    /// Like [`Running::start`], but the process writes its output into a pipe that `cat`,
+    /// pinned to `reader_cpu`, copies into `log`: a proxy in a container writes its stdout
+    /// into a pipe the container runtime reads and files, so the filing is not the proxy's
+    /// work (ingress-nginx's access log is `/dev/stdout` for the same reason).
+    pub fn start_piped(
+        name: &'static str,
+        mut cmd: Command,
+        log: &Path,
+        reader_cpu: usize,
+    ) -> Result<Running> {
+        let (read, write) = std::io::pipe()?;
+        let mut reader = pinned(reader_cpu, "cat");
+        let reader = reader
+            .stdin(read)
+            .stdout(std::fs::File::create(log)?)
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the log reader")?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(write.try_clone()?)
+            .stderr(write)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        // `cmd` still holds the pipe's write end: closed here, so the reader sees the end of
+        // its input when the child exits.
+        drop(cmd);
+        Ok(Running {
+            child,
+            reader: Some(reader),
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -150,20 +188,34 @@ impl Drop for Running {
     /// orphans its worker, which keeps the listening sockets and would answer the next
     /// section's traffic in place of the nginx that section starts (which could not bind).
     fn drop(&mut self) {
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+        stop(&mut self.child);
+        // The reader ends once it has filed what the child wrote; it is stopped only if it
+        // lingers.
+        if let Some(reader) = &mut self.reader {
             let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
+            while Instant::now() < deadline && matches!(reader.try_wait(), Ok(None)) {
                 std::thread::sleep(Duration::from_millis(20));
             }
+            stop(reader);
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
+}
+
+/// SIGTERM, then SIGKILL after 5 s if `child` is still there.
+fn stop(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Waits until `url` answers 200 (curl), or fails after `timeout`.

@@ -190,7 +190,8 @@ impl Rig {
                 &INGRESS_ADMIN.to_string(),
             ])
             .args(extra_args);
-        let mut ingress = Running::start("ingress", ingress_cmd, &dir.join("ingress.log"))?;
+        let mut ingress =
+            Running::start_piped("ingress", ingress_cmd, &dir.join("ingress.log"), 1)?;
 
         let timeout = Duration::from_secs(20);
         procs::wait_http(&format!("http://127.0.0.1:{UPSTREAM_PORT}/"), HOST, timeout)

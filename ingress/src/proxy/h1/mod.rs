@@ -628,6 +628,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             route: prepared.route.as_ref(),
             status,
             elapsed: finished.saturating_duration_since(prepared.started),
+            finished,
             logged: prepared.logged.as_ref(),
             meter: &self.meter,
             method: prepared.method.as_str(),

@@ -105,13 +105,15 @@ impl Proxy {
         }
         *response.version_mut() = Version::HTTP_2;
         let status = response.status().as_u16();
+        let finished = Instant::now();
         let record = |meter| Record {
             conn: &conn,
             route: route.as_ref(),
             method: method.as_str(),
             host: host.as_deref(),
             status,
-            elapsed: started.elapsed(),
+            elapsed: finished.saturating_duration_since(started),
+            finished,
             logged: logged.as_ref(),
             version: Version::HTTP_2,
             outcome: &outcome,
@@ -144,13 +146,15 @@ impl Proxy {
             if let Some(trace) = trace {
                 trace.finish(status, &meter);
             }
+            let finished = Instant::now();
             proxy.finished(&Record {
                 conn: &conn,
                 route: route.as_ref(),
                 method: method.as_str(),
                 host: host.as_deref(),
                 status,
-                elapsed: started.elapsed(),
+                elapsed: finished.saturating_duration_since(started),
+                finished,
                 logged: logged.as_ref(),
                 version: Version::HTTP_2,
                 outcome: &Outcome {

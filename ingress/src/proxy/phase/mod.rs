@@ -57,7 +57,7 @@ pub mod tls;
 pub mod upstream;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{StatusCode, Version};
 use ingress_wire::target::{self, Target};
@@ -315,6 +315,8 @@ pub(crate) struct Record<'a> {
     pub(crate) host: Option<&'a str>,
     pub(crate) status: u16,
     pub(crate) elapsed: Duration,
+    /// When the response ended (the end of `elapsed`): the access line's timestamp.
+    pub(crate) finished: Instant,
     /// What the access log keeps of the request, when it is on.
     pub(crate) logged: Option<&'a Logged>,
     pub(crate) version: Version,

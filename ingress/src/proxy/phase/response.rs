@@ -3,7 +3,6 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use http::{HeaderName, HeaderValue};
 
@@ -193,7 +192,7 @@ impl Proxy {
                 version: r.version,
                 upstream: outcome.upstream.as_ref(),
                 error,
-                now: SystemTime::now(),
+                now: access_log::wall_clock(r.finished),
             };
             LINE.with_borrow_mut(|buf| {
                 buf.clear();
