@@ -1,21 +1,26 @@
 //! What the access log and tracing cost: the same HTTP/1.1 keep-alive load through ingress with
-//! access lines off, as JSON events, and in ingress-nginx's `upstream` format (written to stdout,
-//! a pipe that a reader on CPU 1 files, as a container runtime takes a container's stdout), and with OpenTelemetry tracing at a 1%
-//! and a 100% sample ratio (spans exported over OTLP/HTTP to the rig's upstream nginx, which
-//! answers 200 to anything). The configurations are interleaved round by round (a fresh rig
-//! each time, in reverse order every other round), and each is reported as the median of its
-//! ratios to the "off" run of the same round (goals: at most 5% fewer requests/s with the log
-//! on; tracing off costs nothing, as "off" is also the untraced path). nginx is not involved;
-//! its rig process idles.
+//! access lines off, as JSON events, and in ingress-nginx's `upstream` format (written to
+//! stdout, a pipe that a reader on CPU 1 files, as a container runtime takes a container's
+//! stdout), and with OpenTelemetry tracing at a 1% and a 100% sample ratio (spans exported over
+//! OTLP/HTTP to the rig's upstream nginx, which answers 200 to anything).
 //!
-//! Each run is also measured as requests per CPU-second of the ingress process (all its
-//! threads: the log writer's `write`s count): on a shared machine, requests/s move with the
-//! neighbours' load on CPU 0, CPU per request much less.
+//! Each configuration is its own ingress process, all running at once on CPU 0 and taking turns
+//! in short slices (in reverse order every other slice; see [`Bench::goal_slices`]), so that
+//! each configuration meets the shared machine's disturbances as often as "off" does. Each is
+//! reported over all its slices against "off" (goals: at most 5% fewer requests/s with the log
+//! on; tracing off costs nothing, as "off" is also the untraced path), with the spread of the
+//! slice pairs' own ratios. nginx is not involved; its rig process idles.
+//!
+//! Each is also measured as requests per CPU-second of its process (all its threads: the log
+//! writer's `write`s count).
+
+use std::time::Duration;
 
 use anyhow::Result;
 
+use super::procs;
 use super::rig::{self, Rig};
-use super::{Bench, median, wrk};
+use super::{Bench, median, quartiles, wrk};
 
 /// The rig's upstream, which answers `200` to an OTLP export as to anything else.
 const SINK: &str = "http://127.0.0.1:19000/v1/traces";
@@ -54,10 +59,10 @@ const CONFIGS: [(&str, &[&str]); 5] = [
     ),
 ];
 
-/// A run with the access log on must have written a line per request it measured: a log
-/// that silently wrote nothing (a filter, a format that fell back) would look free.
-fn ensure_logged(bench: &Bench, requests: u64) -> Result<()> {
-    let log = bench.dir.join("rig").join("ingress.log");
+/// A configuration with the access log on must have written a line per request it measured:
+/// a log that silently wrote nothing (a filter, a format that fell back) would look free.
+fn ensure_logged(bench: &Bench, k: usize, requests: u64) -> Result<()> {
+    let log = rig::log_of(bench, k);
     // The writer thread may still be finishing its last batch.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
@@ -74,86 +79,119 @@ fn ensure_logged(bench: &Bench, requests: u64) -> Result<()> {
     }
 }
 
+/// One slice of one configuration: its load, and the CPU its process spent meanwhile.
+#[derive(Clone)]
+struct Slice {
+    load: wrk::Load,
+    cpu: Duration,
+}
+
 pub fn run(bench: &Bench) -> Result<()> {
-    let url = format!("http://127.0.0.1:{}/", rig::INGRESS_HTTP);
-    let mut runs: Vec<Vec<(wrk::Load, f64)>> = vec![Vec::new(); CONFIGS.len()];
-    let rounds = bench.goal_rounds();
-    for round in 0..rounds {
-        // Every other round runs the configurations backwards, so none is always measured
-        // first (or last) when the shared machine's load drifts across a round.
+    // Every configuration runs at once, each its own process on CPU 0 (idle but for its own
+    // slices), so the slices can take turns a second apart. All in userspace mode: instances
+    // would share the kernel gate's pins, and the HTTP port measured here is not gated anyway.
+    let with_mode = |args: &[&'static str]| -> Vec<&'static str> {
+        args.iter()
+            .copied()
+            .chain(["--mode", "userspace"])
+            .collect()
+    };
+    let rig = Rig::start(bench, &with_mode(CONFIGS[0].1))?;
+    let mut others = Vec::new();
+    for (k, (_, args)) in CONFIGS.iter().enumerate().skip(1) {
+        others.push(rig::start_ingress(bench, k, &with_mode(args))?);
+    }
+    let url = |k: usize| format!("http://127.0.0.1:{}/", rig::ingress_ports(k).0);
+    for (k, process) in others.iter_mut().enumerate() {
+        procs::wait_http(&url(k + 1), rig::HOST, Duration::from_secs(20))?;
+        process.ensure_running("ingress")?;
+    }
+    let process = |k: usize| if k == 0 { &rig.ingress } else { &others[k - 1] };
+    for k in 0..CONFIGS.len() {
+        wrk::run(
+            &url(k),
+            rig::HOST,
+            Duration::from_secs(1),
+            bench.connections,
+            None,
+        )?;
+    }
+    let (slices, slice) = bench.goal_slices();
+    let mut runs: Vec<Vec<Slice>> = vec![Vec::new(); CONFIGS.len()];
+    for round in 0..slices {
+        // Every other slice runs the configurations backwards, so none is always measured
+        // first (or last).
         let mut order: Vec<usize> = (0..CONFIGS.len()).collect();
         if round % 2 == 1 {
             order.reverse();
         }
-        for i in order {
-            let args = CONFIGS[i].1;
-            let rig = Rig::start(bench, args)?;
-            wrk::run(
-                &url,
-                rig::HOST,
-                std::time::Duration::from_secs(1),
-                bench.connections,
-                None,
-            )?;
-            let before = rig.ingress.cpu_time()?;
-            let load = wrk::run(&url, rig::HOST, bench.duration, bench.connections, None)?;
-            if args.contains(&"--access-log-format") {
-                ensure_logged(bench, load.requests)?;
-            }
-            // After the log check: the writer thread's last batch is the run's cost too.
-            let cpu = rig.ingress.cpu_time()?.saturating_sub(before);
-            let per_cpu_second = load.requests as f64 / cpu.as_secs_f64().max(0.001);
-            runs[i].push((load, per_cpu_second));
-            drop(rig);
+        for k in order {
+            let before = process(k).cpu_time()?;
+            let load = wrk::run(&url(k), rig::HOST, slice, bench.connections, None)?;
+            let cpu = process(k).cpu_time()?.saturating_sub(before);
+            runs[k].push(Slice { load, cpu });
+        }
+    }
+    for (k, (_, args)) in CONFIGS.iter().enumerate() {
+        if args.contains(&"--access-log-format") {
+            ensure_logged(bench, k, runs[k].iter().map(|s| s.load.requests).sum())?;
         }
     }
     writeln!(
         bench.report,
-        "\n## Access log and tracing cost: HTTP/1.1 keep-alive through ingress ({} connections, median of {} rounds)",
-        bench.connections, rounds
+        "\n## Access log and tracing cost: HTTP/1.1 keep-alive through ingress ({} connections, {} alternating slices of {:?})",
+        bench.connections, slices, slice
     );
     writeln!(
         bench.report,
         "{:<16} {:>12} {:>10} {:>10} {:>10} {:>16} {:>10}",
         "observability", "requests/s", "p50 ms", "p99 ms", "vs off", "requests/CPU-s", "vs off"
     );
-    // "vs off" pairs each run with the "off" run of its own round (the runs of a round are
-    // seconds apart, rounds a minute): the median of those ratios, so that a round in which the
-    // shared machine was faster or slower for everyone does not count as the log's cost.
-    let vs_off = |i: usize, value: fn(&(wrk::Load, f64)) -> f64| -> Vec<f64> {
-        runs[i]
+    // All slices together: requests over the time (or CPU) they took. The slices are of equal
+    // length, so "vs off" in requests/s is one configuration's requests over the "off" one's.
+    let requests = |k: usize| runs[k].iter().map(|s| s.load.requests as f64).sum::<f64>();
+    let seconds = |k: usize| {
+        runs[k]
             .iter()
-            .zip(&runs[0])
-            .map(|(run, off)| value(run) / value(off))
-            .collect()
+            .map(|s| s.load.requests as f64 / s.load.requests_per_sec.max(1.0))
+            .sum::<f64>()
     };
-    let rate_of: fn(&(wrk::Load, f64)) -> f64 = |(l, _)| l.requests_per_sec;
-    let cpu_of: fn(&(wrk::Load, f64)) -> f64 = |(_, c)| *c;
-    for (i, ((name, _), loads)) in CONFIGS.iter().zip(&runs).enumerate() {
+    let per_cpu = |k: usize| {
+        requests(k)
+            / runs[k]
+                .iter()
+                .map(|s| s.cpu.as_secs_f64())
+                .sum::<f64>()
+                .max(0.001)
+    };
+    for (k, (name, _)) in CONFIGS.iter().enumerate() {
         writeln!(
             bench.report,
             "{:<16} {:>12.0} {:>10.3} {:>10.3} {:>9.2}x {:>16.0} {:>9.2}x",
             name,
-            median(loads.iter().map(rate_of).collect()),
-            median(loads.iter().map(|(l, _)| l.p50_ms).collect()),
-            median(loads.iter().map(|(l, _)| l.p99_ms).collect()),
-            median(vs_off(i, rate_of)),
-            median(loads.iter().map(cpu_of).collect()),
-            median(vs_off(i, cpu_of))
+            requests(k) / seconds(k).max(f64::EPSILON),
+            median(runs[k].iter().map(|s| s.load.p50_ms).collect()),
+            median(runs[k].iter().map(|s| s.load.p99_ms).collect()),
+            requests(k) / requests(0).max(1.0),
+            per_cpu(k),
+            per_cpu(k) / per_cpu(0)
         );
     }
-    let rounds_of = |i: usize| {
-        vs_off(i, rate_of)
-            .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+    let spread = |k: usize| {
+        let [q1, q2, q3] = quartiles(
+            runs[k]
+                .iter()
+                .zip(&runs[0])
+                .map(|(s, off)| s.load.requests as f64 / (off.load.requests as f64).max(1.0))
+                .collect(),
+        );
+        format!("median {q2:.2}, middle half {q1:.2}-{q3:.2}")
     };
     writeln!(
         bench.report,
-        "requests/s vs off, round by round: json [{}], upstream [{}] (goal: at least 0.95x)",
-        rounds_of(1),
-        rounds_of(2)
+        "requests/s vs off, slice by slice: json {}; upstream {} (goal: at least 0.95x)",
+        spread(1),
+        spread(2)
     );
     Ok(())
 }

@@ -61,12 +61,19 @@ pub struct Bench {
 }
 
 impl Bench {
-    /// Rounds for a section whose goal is a ratio within a few percent of its line (policy,
-    /// logging): at least five, so the median is a middle run. On a shared two-CPU machine one
-    /// round's ratio moves by up to ±5%, wider than the margin these goals are judged by: with
-    /// three rounds, one disturbed round still moved the median across the line.
-    pub fn goal_rounds(&self) -> usize {
-        self.rounds.max(5)
+    /// How a section whose goal is a ratio within a few percent of its line (policy, logging)
+    /// measures: many short slices, the configurations it compares taking turns (in reverse
+    /// order every other slice), each ratio the sum of one configuration's requests over the
+    /// other's. On a shared two-CPU machine the load of the neighbours changes within seconds:
+    /// two 1-second slices in a row of the same route differed by up to 20%, and one 4-second
+    /// round's ratio by up to ±10%, wider than the margin these goals are judged by. Slices a
+    /// second apart meet the same disturbances, and sums over many of them average them out.
+    /// `--quick`: 16 slices of 1 s; a full run: 24 of 2 s.
+    pub fn goal_slices(&self) -> (usize, Duration) {
+        (
+            8 * self.rounds,
+            Duration::from_secs((self.duration.as_secs() / 4).max(1)),
+        )
     }
 
     pub fn scratch(&self, name: &str) -> Result<PathBuf> {
@@ -181,6 +188,18 @@ fn release_binary(ws: &Workspace) -> Result<PathBuf> {
 }
 
 /// The median of a list of numbers (the upper one for an even count).
+/// The first quartile, the median and the third quartile of `values`.
+pub fn quartiles(mut values: Vec<f64>) -> [f64; 3] {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: usize| {
+        values
+            .get(values.len() * q / 4)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    [at(1), at(2), at(3)]
+}
+
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)

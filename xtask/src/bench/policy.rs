@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 
 use super::procs::{self, Running};
-use super::{Bench, median, write, wrk};
+use super::{Bench, median, quartiles, write, wrk};
 
 const UPSTREAM_A: u16 = 19300;
 const UPSTREAM_B: u16 = 19301;
@@ -72,10 +72,10 @@ pub fn run(bench: &Bench) -> Result<()> {
         let url = format!("http://127.0.0.1:{port}{path}");
         wrk::run(&url, host, warm, bench.connections, Some(ORIGIN))?;
     }
-    let rounds = bench.goal_rounds();
-    for round in 0..rounds {
-        // Every other round runs the targets backwards, so neither route is always measured
-        // right after the other when the shared machine's load drifts across a round.
+    let (slices, slice) = bench.goal_slices();
+    for round in 0..slices {
+        // Every other slice runs the targets backwards, so neither route is always measured
+        // right after the other.
         let mut order: Vec<usize> = (0..targets.len()).collect();
         if round % 2 == 1 {
             order.reverse();
@@ -83,7 +83,7 @@ pub fn run(bench: &Bench) -> Result<()> {
         for i in order {
             let (name, port, host, path) = targets[i];
             let url = format!("http://127.0.0.1:{port}{path}");
-            let load = wrk::run(&url, host, bench.duration, bench.connections, Some(ORIGIN))?;
+            let load = wrk::run(&url, host, slice, bench.connections, Some(ORIGIN))?;
             ensure!(
                 load.all_answered(),
                 "{name} {host}{path}: {} of {} answers were not 2xx ({} socket errors, {} of them timeouts)",
@@ -95,12 +95,20 @@ pub fn run(bench: &Bench) -> Result<()> {
             runs[i].push(load);
         }
     }
-    let rate = |i: usize| median(runs[i].iter().map(|l| l.requests_per_sec).collect());
+    // Requests over the time they took, all slices together.
+    let rate = |i: usize| {
+        let requests: u64 = runs[i].iter().map(|l| l.requests).sum();
+        let seconds: f64 = runs[i]
+            .iter()
+            .map(|l| l.requests as f64 / l.requests_per_sec.max(1.0))
+            .sum();
+        requests as f64 / seconds.max(f64::EPSILON)
+    };
     let p99 = |i: usize| median(runs[i].iter().map(|l| l.p99_ms).collect());
     writeln!(
         bench.report,
-        "\n## Route policy: regex + rewrite-target + CORS + cookie affinity vs a plain route ({} connections, median of {} rounds)",
-        bench.connections, rounds
+        "\n## Route policy: regex + rewrite-target + CORS + cookie affinity vs a plain route ({} connections, {} alternating slices of {:?})",
+        bench.connections, slices, slice
     );
     writeln!(
         bench.report,
@@ -118,35 +126,31 @@ pub fn run(bench: &Bench) -> Result<()> {
             p99(i)
         );
     }
-    // Each route paired with the other in its own round (seconds apart): the median of those
-    // ratios, so that a round in which the shared machine was slower for everyone does not
-    // count as the policy's cost.
-    let per_round = |policy: usize, plain: usize| -> Vec<f64> {
-        runs[policy]
-            .iter()
-            .zip(&runs[plain])
-            .map(|(p, q)| p.requests_per_sec / q.requests_per_sec)
-            .collect()
+    // Each proxy's policy route against its plain route: all requests over all requests (the
+    // slices are of equal length), and the spread of the slice pairs' own ratios.
+    let total = |i: usize| runs[i].iter().map(|l| l.requests as f64).sum::<f64>();
+    let ratio = |policy: usize, plain: usize| total(policy) / total(plain).max(1.0);
+    let spread = |policy: usize, plain: usize| {
+        let [q1, q2, q3] = quartiles(
+            runs[policy]
+                .iter()
+                .zip(&runs[plain])
+                .map(|(p, q)| p.requests as f64 / (q.requests as f64).max(1.0))
+                .collect(),
+        );
+        format!("median {q2:.2}, middle half {q1:.2}-{q3:.2}")
     };
-    let listed = |ratios: &[f64]| {
-        ratios
-            .iter()
-            .map(|r| format!("{r:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let (nginx, ingress) = (per_round(1, 0), per_round(3, 2));
     writeln!(
         bench.report,
         "policy/plain requests/s: nginx {:.2}x, ingress {:.2}x (goal for ingress: at least 0.90x)",
-        median(nginx.clone()),
-        median(ingress.clone())
+        ratio(1, 0),
+        ratio(3, 2)
     );
     writeln!(
         bench.report,
-        "policy/plain round by round: nginx [{}], ingress [{}]",
-        listed(&nginx),
-        listed(&ingress)
+        "policy/plain slice by slice: nginx {}; ingress {}",
+        spread(1, 0),
+        spread(3, 2)
     );
     writeln!(
         bench.report,

@@ -170,28 +170,7 @@ impl Rig {
                 key = indent(&key)?
             ),
         )?;
-        let mut ingress_cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
-        // Defaults a section may override (clap refuses a flag given twice).
-        let defaults = [("--access-log", "false"), ("--log-level", "warn")]
-            .into_iter()
-            .filter(|(flag, _)| !extra_args.contains(flag))
-            .flat_map(|(flag, value)| [flag, value]);
-        ingress_cmd
-            .arg("--manifests")
-            .arg(&manifests)
-            .args(["--bind", "127.0.0.1", "--worker-threads", "1"])
-            .args(defaults)
-            .args([
-                "--http-port",
-                &INGRESS_HTTP.to_string(),
-                "--https-port",
-                &INGRESS_HTTPS.to_string(),
-                "--admin-port",
-                &INGRESS_ADMIN.to_string(),
-            ])
-            .args(extra_args);
-        let mut ingress =
-            Running::start_piped("ingress", ingress_cmd, &dir.join("ingress.log"), 1)?;
+        let mut ingress = start_ingress(bench, 0, extra_args)?;
 
         let timeout = Duration::from_secs(20);
         procs::wait_http(&format!("http://127.0.0.1:{UPSTREAM_PORT}/"), HOST, timeout)
@@ -210,4 +189,51 @@ impl Rig {
             ingress,
         })
     }
+}
+
+/// The ports of the `k`-th ingress of a rig: the rig's own (0), or another's beside it.
+pub fn ingress_ports(k: usize) -> (u16, u16, u16) {
+    let step = u16::try_from(k).map_or(u16::MAX, |k| k.saturating_mul(10));
+    (
+        INGRESS_HTTP.saturating_add(step),
+        INGRESS_HTTPS.saturating_add(step),
+        INGRESS_ADMIN.saturating_add(step),
+    )
+}
+
+/// Starts the `k`-th ingress on the rig's manifests (a rig started first wrote them), pinned to
+/// CPU 0, its output piped into `ingress.log` (`ingress-k.log` for k > 0).
+pub fn start_ingress(bench: &Bench, k: usize, extra_args: &[&str]) -> Result<Running> {
+    let dir = bench.dir.join("rig");
+    let (http, https, admin) = ingress_ports(k);
+    let mut cmd = procs::pinned(0, &bench.ingress.to_string_lossy());
+    // Defaults a section may override (clap refuses a flag given twice).
+    let defaults = [("--access-log", "false"), ("--log-level", "warn")]
+        .into_iter()
+        .filter(|(flag, _)| !extra_args.contains(flag))
+        .flat_map(|(flag, value)| [flag, value]);
+    cmd.arg("--manifests")
+        .arg(dir.join("manifests"))
+        .args(["--bind", "127.0.0.1", "--worker-threads", "1"])
+        .args(defaults)
+        .args([
+            "--http-port",
+            &http.to_string(),
+            "--https-port",
+            &https.to_string(),
+            "--admin-port",
+            &admin.to_string(),
+        ])
+        .args(extra_args);
+    Running::start_piped("ingress", cmd, &log_of(bench, k), 1)
+}
+
+/// Where the `k`-th ingress of the rig writes its output.
+pub fn log_of(bench: &Bench, k: usize) -> PathBuf {
+    let name = if k == 0 {
+        "ingress.log".to_string()
+    } else {
+        format!("ingress-{k}.log")
+    };
+    bench.dir.join("rig").join(name)
 }
