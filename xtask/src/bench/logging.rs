@@ -5,7 +5,7 @@
 //! OTLP/HTTP to the rig's upstream nginx, which answers 200 to anything).
 //!
 //! Each configuration is its own ingress process, all running at once on CPU 0 and taking turns
-//! in short slices (in reverse order every other slice; see [`Bench::goal_slices`]), so that
+//! in short slices, each after an unmeasured second of its own (see [`Bench::goal_slices`]), so that
 //! each configuration meets the shared machine's disturbances as often as "off" does. Each is
 //! reported over all its slices against "off" (goals: at most 5% fewer requests/s with the log
 //! on; tracing off costs nothing, as "off" is also the untraced path), with the spread of the
@@ -118,14 +118,11 @@ pub fn run(bench: &Bench) -> Result<()> {
     }
     let (slices, slice) = bench.goal_slices();
     let mut runs: Vec<Vec<Slice>> = vec![Vec::new(); CONFIGS.len()];
+    let warm = Duration::from_secs(1);
     for round in 0..slices {
-        // Every other slice runs the configurations backwards, so none is always measured
-        // first (or last).
-        let mut order: Vec<usize> = (0..CONFIGS.len()).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for k in order {
+        for k in Bench::slice_order(round, CONFIGS.len()) {
+            // Unmeasured: the caches become this configuration's (see `goal_slices`).
+            wrk::run(&url(k), rig::HOST, warm, bench.connections, None)?;
             let before = process(k).cpu_time()?;
             let load = wrk::run(&url(k), rig::HOST, slice, bench.connections, None)?;
             let cpu = process(k).cpu_time()?.saturating_sub(before);

@@ -62,18 +62,28 @@ pub struct Bench {
 
 impl Bench {
     /// How a section whose goal is a ratio within a few percent of its line (policy, logging)
-    /// measures: many short slices, the configurations it compares taking turns (in reverse
-    /// order every other slice), each ratio the sum of one configuration's requests over the
+    /// measures: many short slices, the configurations it compares taking turns, each ratio the sum of one configuration's requests over the
     /// other's. On a shared two-CPU machine the load of the neighbours changes within seconds:
     /// two 1-second slices in a row of the same route differed by up to 20%, and one 4-second
     /// round's ratio by up to ±10%, wider than the margin these goals are judged by. Slices a
     /// second apart meet the same disturbances, and sums over many of them average them out.
-    /// `--quick`: 16 slices of 1 s; a full run: 24 of 2 s.
+    /// `--quick`: 32 slices of 1 s; a full run: 48 of 2 s.
+    ///
+    /// Each slice starts at a different place in the order (the order turns by one), so no
+    /// configuration follows itself from one slice to the next, and each measured run comes
+    /// after an unmeasured second of the same load ([`Bench::slice_order`]): the CPU's caches
+    /// are then the measured configuration's own, whichever ran before it.
     pub fn goal_slices(&self) -> (usize, Duration) {
         (
-            8 * self.rounds,
+            16 * self.rounds,
             Duration::from_secs((self.duration.as_secs() / 4).max(1)),
         )
+    }
+
+    /// The order of slice `round` over `n` configurations (three or more): turned by one per
+    /// slice.
+    pub fn slice_order(round: usize, n: usize) -> impl Iterator<Item = usize> {
+        (0..n).map(move |j| (j + round) % n)
     }
 
     pub fn scratch(&self, name: &str) -> Result<PathBuf> {
@@ -207,4 +217,35 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 
 pub fn write(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every slice runs each configuration once, and none runs twice in a row across the
+    /// boundary of two slices (it would then start with its own caches warm).
+    #[test]
+    fn slices_turn_so_nothing_follows_itself() {
+        for n in 3..=5 {
+            let slices: Vec<Vec<usize>> = (0..16)
+                .map(|r| Bench::slice_order(r, n).collect())
+                .collect();
+            for (r, order) in slices.iter().enumerate() {
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "slice {r} of {n}");
+            }
+            for pair in slices.windows(2) {
+                assert_ne!(pair[0].last(), pair[1].first(), "{n}: {pair:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn quartiles_of_a_list() {
+        assert_eq!(quartiles(vec![4.0, 1.0, 3.0, 2.0]), [2.0, 3.0, 4.0]);
+        assert_eq!(quartiles(vec![1.0]), [1.0, 1.0, 1.0]);
+        assert!(quartiles(Vec::new())[1].is_nan());
+    }
 }

@@ -74,15 +74,11 @@ pub fn run(bench: &Bench) -> Result<()> {
     }
     let (slices, slice) = bench.goal_slices();
     for round in 0..slices {
-        // Every other slice runs the targets backwards, so neither route is always measured
-        // right after the other.
-        let mut order: Vec<usize> = (0..targets.len()).collect();
-        if round % 2 == 1 {
-            order.reverse();
-        }
-        for i in order {
+        for i in Bench::slice_order(round, targets.len()) {
             let (name, port, host, path) = targets[i];
             let url = format!("http://127.0.0.1:{port}{path}");
+            // Unmeasured: the caches become this target's (see `goal_slices`).
+            wrk::run(&url, host, warm, bench.connections, Some(ORIGIN))?;
             let load = wrk::run(&url, host, slice, bench.connections, Some(ORIGIN))?;
             ensure!(
                 load.all_answered(),
