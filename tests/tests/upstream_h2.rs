@@ -2,7 +2,8 @@
 //! h2c clients from curl): a stream refused with REFUSED_STREAM, and a GOAWAY whose last stream
 //! id is below the request's, are both retried on a new connection and answered; a GOAWAY storm
 //! (every connection refused that way) is a 502, not a hang; many streams at once are spread
-//! over more than one upstream connection. Servers are written with the h2 crate, which lets a
+//! over more than one upstream connection, and over as many as the upstream's
+//! `SETTINGS_MAX_CONCURRENT_STREAMS` needs. Servers are written with the h2 crate, which lets a
 //! test do what a well-behaved server would not.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -28,7 +29,12 @@ enum First {
     GoAwayAlways,
     /// Answer every stream after a pause, so streams pile up.
     Slow,
+    /// As `Slow`, allowing at most [`FEW_STREAMS`] streams at once per connection.
+    SlowFewStreams,
 }
+
+/// The `SETTINGS_MAX_CONCURRENT_STREAMS` of [`First::SlowFewStreams`].
+const FEW_STREAMS: u32 = 20;
 
 struct Counters {
     connections: AtomicUsize,
@@ -51,7 +57,10 @@ async fn h2_server(first: First) -> (SocketAddr, Arc<Counters>) {
             let c = c.clone();
             tokio::spawn(async move {
                 let mut builder = h2::server::Builder::new();
-                builder.max_concurrent_streams(1000);
+                builder.max_concurrent_streams(match first {
+                    First::SlowFewStreams => FEW_STREAMS,
+                    _ => 1000,
+                });
                 let Ok(mut conn) = builder.handshake::<_, Bytes>(stream).await else {
                     return;
                 };
@@ -78,7 +87,7 @@ async fn h2_server(first: First) -> (SocketAddr, Arc<Counters>) {
                     }
                     let c = c.clone();
                     tokio::spawn(async move {
-                        if matches!(first, First::Slow) {
+                        if matches!(first, First::Slow | First::SlowFewStreams) {
                             tokio::time::sleep(Duration::from_millis(500)).await;
                         }
                         let response = http::Response::builder()
@@ -117,6 +126,37 @@ async fn curl(ingress: &Ingress, host: &str) -> (u16, String) {
     (status.trim().parse().unwrap_or(0), body.to_string())
 }
 
+/// `n` requests at once on one HTTP/2 connection to the proxy; how many were answered 200.
+async fn parallel(ingress: &Ingress, host: &str, n: usize) -> usize {
+    let url = ingress.url("/");
+    let urls: Vec<String> = (0..n).map(|_| url.clone()).collect();
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "20",
+            "--http2-prior-knowledge",
+            "--parallel",
+            "--parallel-max",
+            &n.to_string(),
+        ])
+        .args([
+            "--parallel-immediate",
+            "-H",
+            &format!("Host: {host}"),
+            "-w",
+            "%{http_code}\n",
+        ])
+        .args(&urls)
+        .output()
+        .await
+        .expect("curl runs");
+    // Bodies ("ok") and codes interleave in curl's output; each code ends its line.
+    String::from_utf8_lossy(&out.stdout)
+        .matches("200\n")
+        .count()
+}
+
 fn h2c_route(name: &str, addr: SocketAddr) -> String {
     let service = service_at("t", name, &[addr]).replace(
         "{name: http, port: 80}",
@@ -133,18 +173,20 @@ async fn refused_streams_and_goaway_are_retried_storms_fail_and_load_spreads() {
     let (goaway, goaway_n) = h2_server(First::GoAwayOnce).await;
     let (storm, storm_n) = h2_server(First::GoAwayAlways).await;
     let (slow, slow_n) = h2_server(First::Slow).await;
+    let (few, few_n) = h2_server(First::SlowFewStreams).await;
     let dir = Scratch::new("upstream-h2");
     let yaml = [
         h2c_route("refuse", refuse),
         h2c_route("goaway", goaway),
         h2c_route("storm", storm),
         h2c_route("slow", slow),
+        h2c_route("few", few),
     ]
     .concat();
     dir.write("h2.yaml", &yaml);
     let ingress = Ingress::builder().manifests(dir.path()).start();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ingress.admin_get("/routes").1.contains("slow.example") {
+    while !ingress.admin_get("/routes").1.contains("few.example") {
         assert!(Instant::now() < deadline, "never routed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -181,38 +223,29 @@ async fn refused_streams_and_goaway_are_retried_storms_fail_and_load_spreads() {
 
     // 250 concurrent streams from one client connection: more than one connection upstream
     // (100 streams each at most), all answered.
-    let url = ingress.url("/");
-    let urls: Vec<String> = (0..250).map(|_| url.clone()).collect();
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-s",
-            "--max-time",
-            "20",
-            "--http2-prior-knowledge",
-            "--parallel",
-            "--parallel-max",
-            "250",
-        ])
-        .args([
-            "--parallel-immediate",
-            "-H",
-            "Host: slow.example",
-            "-w",
-            "%{http_code}\n",
-        ])
-        .args(&urls)
-        .output()
-        .await
-        .expect("curl runs");
-    let codes = String::from_utf8_lossy(&out.stdout);
-    // Bodies ("ok") and codes interleave in curl's output; each code ends its line.
-    let ok = codes.matches("200\n").count();
-    assert_eq!(ok, 250, "{codes}");
+    assert_eq!(parallel(&ingress, "slow.example", 250).await, 250);
     assert_eq!(slow_n.answered.load(Ordering::Relaxed), 250);
     let conns = slow_n.connections.load(Ordering::Relaxed);
     assert!(
         (2..=10).contains(&conns),
         "{conns} upstream connections for 250 streams"
+    );
+
+    // An upstream that takes 20 streams at once per connection: 100 at once need 5
+    // connections; none waits queued behind a full one.
+    let started = Instant::now();
+    assert_eq!(parallel(&ingress, "few.example", 100).await, 100);
+    assert_eq!(few_n.answered.load(Ordering::Relaxed), 100);
+    let conns = few_n.connections.load(Ordering::Relaxed);
+    assert!(
+        (5..=12).contains(&conns),
+        "{conns} upstream connections for 100 streams, 20 per connection"
+    );
+    // Each answer takes 500 ms; streams queued behind full connections would take 2.5 s.
+    assert!(
+        started.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        started.elapsed()
     );
 
     // The proxy is still fine for everyone else.

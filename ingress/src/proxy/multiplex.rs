@@ -1,43 +1,51 @@
 //! HTTP/2 to upstreams (`GRPC`, `GRPCS`, `appProtocol: kubernetes.io/h2c`): multiplexed
-//! connections per endpoint and transport, through hyper's HTTP/2 client.
+//! connections per endpoint and transport, spoken with the `h2` crate.
 //!
 //! ```text
 //!   send(key, transport, req)
-//!     ├─ a live connection with a free stream (in flight < MAX_STREAMS_PER_CONN) → reuse it
+//!     ├─ a live connection with a free stream (in flight < the peer's
+//!     │  SETTINGS_MAX_CONCURRENT_STREAMS, and < MAX_STREAMS_PER_CONN) → reuse it
 //!     └─ none: open one (TCP, TLS with ALPN h2, HTTP/2 handshake), add it to the list; one
 //!        opening at a time per endpoint, the requests waiting behind it share what it opened
+//!   request body: sent from the request's own task while it is at hand (a unary gRPC call's
+//!     one message); one that is still coming is pumped by a task of its own, in step with
+//!     the upstream's flow-control window, so the client is read no faster than the upstream
+//!     takes it, and a bidirectional stream flows both ways at once
 //!   the stream is refused before the upstream read any of it (REFUSED_STREAM, above a
 //!   GOAWAY's last stream id, or its connection closed before it was handed over), or the
 //!   connection was lost under an idempotent request before any answer, and none of its body
 //!   was sent → once more on a new connection
-//!   response body: counts against its connection until it ends or is dropped
+//!   response body: DATA frames, then the trailers; the window is given back as the client
+//!     takes each frame; counts against its connection until it ends or is dropped
 //! ```
 //!
-//! hyper does not expose the peer's `SETTINGS_MAX_CONCURRENT_STREAMS`, so each connection takes
-//! at most [`MAX_STREAMS_PER_CONN`] streams at once; a peer allowing fewer makes hyper queue the
-//! surplus on that connection rather than fail it. A connection that received GOAWAY or closed
-//! is dropped from the list and never chosen again, and one idle for [`IDLE_TIMEOUT`] is
-//! closed.
+//! A connection that received GOAWAY or closed is dropped from the list and never chosen
+//! again, one idle for [`IDLE_TIMEOUT`] is closed, and one whose PING goes unanswered for
+//! [`PING_TIMEOUT`] is closed with its streams failed.
 
 use std::collections::HashMap;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{Request, Response};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use h2::client::SendRequest;
+use h2::{RecvStream, SendStream};
+use http::{HeaderMap, Request, Response, header};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, SizeHint};
 
 use super::connect::{Connectors, PoolKey, Transport};
 use super::pool::SendError;
 use super::upstream::UpstreamError;
 use crate::snapshot::policy::Wire;
 
-/// Streams one upstream connection carries at once before another is opened.
+/// Streams one upstream connection carries at once before another is opened, when the peer
+/// allows more (its `SETTINGS_MAX_CONCURRENT_STREAMS`, which h2 assumes to be this until the
+/// peer's settings arrive).
 pub const MAX_STREAMS_PER_CONN: usize = 100;
 
 /// A request body on its way to an HTTP/2 upstream.
@@ -59,19 +67,42 @@ struct Endpoint {
 
 #[derive(Clone)]
 struct Conn {
-    sender: http2::SendRequest<Replayable>,
+    sender: SendRequest<Bytes>,
     in_flight: Arc<Load>,
 }
 
-/// A connection's streams in flight, and since when it has had none.
+impl Conn {
+    /// Whether another stream may start on this connection now: below what the peer allows.
+    fn has_room(&self) -> bool {
+        let allowed = self
+            .sender
+            .current_max_send_streams()
+            .min(MAX_STREAMS_PER_CONN);
+        self.in_flight.load(Ordering::Relaxed) < allowed
+    }
+}
+
+/// A connection's streams in flight, whether it still takes new ones, and since when it has
+/// had none.
 struct Load {
     streams: AtomicUsize,
     born: Instant,
     /// Milliseconds after `born` when the last stream ended.
     idle_since_ms: AtomicU64,
+    /// The connection ended (its task saw it close, or it failed a PING).
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Load {
+    fn new(streams: usize) -> Self {
+        Load {
+            streams: AtomicUsize::new(streams),
+            born: Instant::now(),
+            idle_since_ms: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     fn load(&self, order: Ordering) -> usize {
         self.streams.load(order)
     }
@@ -92,9 +123,12 @@ impl Load {
 /// GOAWAY), so an endpoint that left its Service does not keep one open forever.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// How long a PING may go unanswered before its connection is taken for dead.
+const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Whether a connection is worth keeping.
 fn alive(conn: &Conn) -> bool {
-    !conn.sender.is_closed() && !conn.in_flight.idle_for(IDLE_TIMEOUT)
+    !conn.in_flight.closed.load(Ordering::Relaxed) && !conn.in_flight.idle_for(IDLE_TIMEOUT)
 }
 
 impl H2Pool {
@@ -115,7 +149,18 @@ impl H2Pool {
         connect_timeout: Duration,
         req: Request<RequestBody>,
     ) -> Result<Response<H2Body>, SendError> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        let end_stream = body.is_end_stream();
+        // A body of known length says so, as an HTTP/1.1 request's would (hyper's client did
+        // the same): a zero only where the method gives a body meaning.
+        if let Some(length) = body.size_hint().exact()
+            && (length != 0 || !bodiless_method(&parts.method))
+            && !parts.headers.contains_key(header::CONTENT_LENGTH)
+        {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, http::HeaderValue::from(length));
+        }
         let slot = Arc::new(Mutex::new(Some(body)));
         let mut fresh = false;
         loop {
@@ -126,7 +171,14 @@ impl H2Pool {
             };
             let conn = match opened {
                 Ok(conn) => conn,
+                // A peer that went away before it answered the handshake (a GOAWAY as it
+                // opened, as a server shutting down sends) read nothing: once more.
+                Err(Opening::WentAway) if !fresh => {
+                    fresh = true;
+                    continue;
+                }
                 Err(error) => {
+                    let error = error.into_upstream();
                     // Nothing was sent: the request can go elsewhere, body and all.
                     let body = slot.lock().ok().and_then(|mut s| s.take());
                     return Err(match body {
@@ -136,23 +188,28 @@ impl H2Pool {
                 }
             };
             let guard = StreamGuard(conn.in_flight.clone());
-            let body = Replayable {
-                slot: slot.clone(),
-                inner: None,
-                started: false,
-            };
-            let request = Request::from_parts(parts.clone(), body);
-            let mut sender = conn.sender.clone();
+            let head = Request::from_parts(parts.clone(), ());
             // A connection that closed (a GOAWAY read, the peer gone) after it was picked and
             // before the request was handed to it sent nothing of it: as refused.
-            let (sent, handed) = match sender.ready().await {
-                Ok(()) => (sender.send_request(request).await, true),
+            let (sent, handed) = match conn.sender.clone().ready().await {
+                Ok(mut sender) => match sender.send_request(head, end_stream) {
+                    Ok((response, stream)) => {
+                        if !end_stream {
+                            send_body(&slot, stream).await;
+                        }
+                        (response.await, true)
+                    }
+                    Err(err) => (Err(err), false),
+                },
                 Err(err) => (Err(err), false),
             };
             match sent {
                 Ok(response) => {
+                    let length = content_length(response.headers());
                     return Ok(response.map(|body| H2Body {
                         body,
+                        data_done: false,
+                        length,
                         _guard: guard,
                     }));
                 }
@@ -162,13 +219,19 @@ impl H2Pool {
                         !handed || refused(&err) || (parts.method.is_idempotent() && lost(&err));
                     self.forget(key, transport, &conn);
                     // Retried once, and only while the body is still whole.
-                    let whole = slot.lock().map(|s| s.is_some()).unwrap_or(false);
+                    let whole = end_stream || slot.lock().map(|s| s.is_some()).unwrap_or(false);
                     if refused && whole && !fresh {
                         tracing::debug!(upstream = %key, %err, "HTTP/2 stream refused; retrying on a new connection");
                         fresh = true;
                         continue;
                     }
-                    return Err(SendError::sent(UpstreamError::from_hyper(err)));
+                    if !end_stream && let Some(body) = slot.lock().ok().and_then(|mut s| s.take()) {
+                        return Err(SendError::unsent(
+                            UpstreamError::from_h2(&err),
+                            Request::from_parts(parts, body),
+                        ));
+                    }
+                    return Err(SendError::sent(UpstreamError::from_h2(&err)));
                 }
             }
         }
@@ -181,7 +244,7 @@ impl H2Pool {
         list.retain(alive);
         let conn = list
             .iter()
-            .filter(|c| c.in_flight.load(Ordering::Relaxed) < MAX_STREAMS_PER_CONN)
+            .filter(|c| c.has_room())
             .min_by_key(|c| c.in_flight.load(Ordering::Relaxed))?;
         conn.in_flight.fetch_add(1, Ordering::Relaxed);
         Some(conn.clone())
@@ -194,7 +257,7 @@ impl H2Pool {
         key: &PoolKey,
         transport: &Transport,
         connect_timeout: Duration,
-    ) -> Result<Conn, UpstreamError> {
+    ) -> Result<Conn, Opening> {
         let opening = {
             let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
             conns
@@ -215,7 +278,7 @@ impl H2Pool {
         key: &PoolKey,
         transport: &Transport,
         connect_timeout: Duration,
-    ) -> Result<Conn, UpstreamError> {
+    ) -> Result<Conn, Opening> {
         let stream = self
             .connectors
             .open(key, transport, Wire::Http2, connect_timeout)
@@ -223,36 +286,50 @@ impl H2Pool {
         if let Transport::Tls(_) = transport
             && stream.alpn() != Some(b"h2")
         {
-            return Err(UpstreamError::Protocol(
+            return Err(Opening::Failed(UpstreamError::Protocol(
                 "the upstream did not agree to HTTP/2 (ALPN h2)".into(),
-            ));
+            )));
         }
-        let mut builder = http2::Builder::new(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .keep_alive_interval(self.keepalive)
-            .keep_alive_timeout(Duration::from_secs(20))
-            .keep_alive_while_idle(true)
-            .initial_stream_window_size(256 * 1024)
-            .initial_connection_window_size(1024 * 1024);
-        let handshake = builder.handshake(TokioIo::new(stream));
-        let (sender, connection) = tokio::time::timeout(connect_timeout, handshake)
+        let handshake = h2::client::Builder::new()
+            .initial_max_send_streams(MAX_STREAMS_PER_CONN)
+            .initial_window_size(256 * 1024)
+            .initial_connection_window_size(1024 * 1024)
+            .enable_push(false)
+            .handshake::<_, Bytes>(stream);
+        let (sender, mut connection) = tokio::time::timeout(connect_timeout, handshake)
             .await
             .map_err(|_| UpstreamError::ConnectTimeout)?
-            .map_err(UpstreamError::from_hyper)?;
+            .map_err(|err| UpstreamError::from_h2(&err))?;
+        let load = Arc::new(Load::new(1));
+        let ping = connection.ping_pong().ok_or_else(|| {
+            UpstreamError::Protocol("HTTP/2 connection without its PING handle".into())
+        })?;
         let upstream = key.to_string();
+        let watched = load.clone();
+        let keepalive = self.keepalive;
+        let (opened, ready) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
+            let ended = drive(&mut connection, ping, keepalive, opened).await;
+            watched.closed.store(true, Ordering::Relaxed);
+            if let Err(err) = ended {
                 tracing::debug!(%upstream, %err, "HTTP/2 upstream connection ended");
             }
         });
+        // Not handed out before the peer answered: a peer that is not HTTP/2 (an HTTP/1.1
+        // server on an h2c port) fails here, with the request still unsent.
+        match tokio::time::timeout(connect_timeout, ready).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(None))) | Ok(Err(_)) => return Err(Opening::WentAway),
+            Ok(Ok(Err(Some(err)))) => {
+                return Err(Opening::Failed(UpstreamError::Protocol(format!(
+                    "HTTP/2 handshake: {err}"
+                ))));
+            }
+            Err(_) => return Err(Opening::Failed(UpstreamError::ConnectTimeout)),
+        }
         let conn = Conn {
             sender,
-            in_flight: Arc::new(Load {
-                streams: AtomicUsize::new(1),
-                born: Instant::now(),
-                idle_since_ms: AtomicU64::new(0),
-            }),
+            in_flight: load,
         };
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         // Opening is rare: a good moment to drop every idle or closed connection, and the
@@ -270,9 +347,12 @@ impl H2Pool {
     }
 
     fn forget(&self, key: &PoolKey, transport: &Transport, conn: &Conn) {
-        if !conn.sender.is_closed() {
+        let closed = conn.in_flight.closed.load(Ordering::Relaxed)
+            || conn.sender.clone().poll_ready_now().is_err();
+        if !closed {
             return;
         }
+        conn.in_flight.closed.store(true, Ordering::Relaxed);
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(endpoint) = conns.get_mut(&(key.clone(), transport.clone())) {
             endpoint
@@ -290,18 +370,204 @@ impl H2Pool {
     }
 }
 
+/// Why a connection could not be opened.
+enum Opening {
+    /// The peer closed it cleanly (a GOAWAY) before answering the handshake: it read nothing.
+    WentAway,
+    Failed(UpstreamError),
+}
+
+impl Opening {
+    fn into_upstream(self) -> UpstreamError {
+        match self {
+            Opening::WentAway => UpstreamError::Protocol(
+                "HTTP/2 handshake: the upstream closed the connection".into(),
+            ),
+            Opening::Failed(error) => error,
+        }
+    }
+}
+
+impl From<UpstreamError> for Opening {
+    fn from(error: UpstreamError) -> Self {
+        Opening::Failed(error)
+    }
+}
+
+/// Whether a sender's connection is still usable, without waiting: an error means it failed
+/// or was told to go away.
+trait ReadyNow {
+    fn poll_ready_now(&mut self) -> Result<(), h2::Error>;
+}
+
+impl ReadyNow for SendRequest<Bytes> {
+    fn poll_ready_now(&mut self) -> Result<(), h2::Error> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.poll_ready(&mut cx) {
+            Poll::Ready(result) => result,
+            Poll::Pending => Ok(()),
+        }
+    }
+}
+
+/// Drives a connection. Its first PING tells `opened` that the peer speaks HTTP/2 and that its
+/// SETTINGS (sent before it answers, and read in order) are known, so the first streams
+/// respect its `SETTINGS_MAX_CONCURRENT_STREAMS`; then it PINGs the peer every `interval`, and
+/// a peer that does not answer within [`PING_TIMEOUT`] is taken for gone (dropping the
+/// connection fails its streams).
+async fn drive<C>(
+    connection: &mut C,
+    mut ping: h2::PingPong,
+    interval: Duration,
+    opened: tokio::sync::oneshot::Sender<Result<(), Option<String>>>,
+) -> Result<(), String>
+where
+    C: Future<Output = Result<(), h2::Error>> + Unpin,
+{
+    match ping_once(connection, &mut ping).await {
+        Pinged::Answered => {
+            let _ = opened.send(Ok(()));
+        }
+        // Closed cleanly before answering: it went away (`None`); else how it failed.
+        Pinged::Ended(ended) => {
+            let _ = opened.send(Err(ended.clone().err()));
+            return ended;
+        }
+    }
+    loop {
+        let pause = tokio::time::sleep(interval);
+        tokio::select! {
+            ended = &mut *connection => return ended.map_err(|err| err.to_string()),
+            () = pause => {}
+        }
+        if let Pinged::Ended(ended) = ping_once(connection, &mut ping).await {
+            return ended;
+        }
+    }
+}
+
+enum Pinged {
+    Answered,
+    /// The connection ended (or is ended for not answering).
+    Ended(Result<(), String>),
+}
+
+/// One PING, the connection driven meanwhile.
+async fn ping_once<C>(connection: &mut C, ping: &mut h2::PingPong) -> Pinged
+where
+    C: Future<Output = Result<(), h2::Error>> + Unpin,
+{
+    let pong = tokio::time::timeout(PING_TIMEOUT, ping.ping(h2::Ping::opaque()));
+    tokio::select! {
+        ended = &mut *connection => Pinged::Ended(ended.map_err(|err| err.to_string())),
+        answered = pong => match answered {
+            Ok(Ok(_)) => Pinged::Answered,
+            Ok(Err(err)) => Pinged::Ended(Err(err.to_string())),
+            Err(_) => Pinged::Ended(Err(format!("no PING answer within {PING_TIMEOUT:?}"))),
+        },
+    }
+}
+
+/// Sends the request body on `stream`: what is at hand now from this task, and the rest, if it
+/// is still coming, from a task of its own (the response may begin before the body ends, as a
+/// bidirectional gRPC stream's does).
+async fn send_body(slot: &Arc<Mutex<Option<RequestBody>>>, stream: SendStream<Bytes>) {
+    let Some(body) = slot.lock().ok().and_then(|mut s| s.take()) else {
+        return;
+    };
+    let mut pump = Box::pin(pump_body(body, stream));
+    // One poll here: a body already read (nearly every unary call) goes out without a task.
+    let done = poll_fn(|cx| Poll::Ready(pump.as_mut().poll(cx).is_ready())).await;
+    if !done {
+        tokio::spawn(pump);
+    }
+}
+
+/// Copies `body` into `stream` in step with the stream's send window, then ends it (with the
+/// body's trailers, if any). A body that fails (the client went away, `proxy-body-size`) resets
+/// the stream; a stream the upstream reset ends the copy.
+async fn pump_body(mut body: RequestBody, mut stream: SendStream<Bytes>) {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            _ = poll_fn(|cx| stream.poll_reset(cx)) => return,
+        };
+        let frame = match frame {
+            None => {
+                let _ = stream.send_data(Bytes::new(), true);
+                return;
+            }
+            Some(Err(_)) => {
+                stream.send_reset(h2::Reason::CANCEL);
+                return;
+            }
+            Some(Ok(frame)) => frame,
+        };
+        let mut data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    let _ = stream.send_trailers(trailers);
+                } else {
+                    let _ = stream.send_data(Bytes::new(), true);
+                }
+                return;
+            }
+        };
+        let last = body.is_end_stream();
+        if data.is_empty() && !last {
+            continue;
+        }
+        loop {
+            stream.reserve_capacity(data.len().max(1));
+            let granted = if data.is_empty() {
+                0
+            } else {
+                match poll_fn(|cx| stream.poll_capacity(cx)).await {
+                    Some(Ok(n)) => n,
+                    // The stream was reset or the connection closed.
+                    _ => return,
+                }
+            };
+            let piece = data.split_to(granted.min(data.len()));
+            let end = last && data.is_empty();
+            if stream.send_data(piece, end).is_err() {
+                return;
+            }
+            if data.is_empty() {
+                break;
+            }
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+/// Methods whose request body has no defined meaning (RFC 9110 §9.3).
+fn bodiless_method(method: &http::Method) -> bool {
+    matches!(
+        *method,
+        http::Method::GET | http::Method::HEAD | http::Method::DELETE | http::Method::CONNECT
+    )
+}
+
+/// The response's declared length, which h2 holds its DATA frames to.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
 /// Whether the upstream refused the stream without processing it: REFUSED_STREAM, or a GOAWAY
 /// whose last stream id is below it (RFC 9113 §8.7: safe to retry).
-fn refused(err: &hyper::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
-                || (h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR));
-        }
-        source = e.source();
-    }
-    err.is_canceled()
+fn refused(err: &h2::Error) -> bool {
+    err.reason() == Some(h2::Reason::REFUSED_STREAM)
+        || (err.is_go_away() && err.reason() == Some(h2::Reason::NO_ERROR))
 }
 
 /// Whether the connection ended under the request before any answer: the peer closed or
@@ -339,75 +605,40 @@ impl Drop for StreamGuard {
     }
 }
 
-/// A request body that can be handed to a second connection if the first refused the stream
-/// before any of it was sent: it stays in a shared slot until the first frame is asked for.
-pub struct Replayable {
-    slot: Arc<Mutex<Option<RequestBody>>>,
-    inner: Option<RequestBody>,
-    started: bool,
-}
-
-impl Body for Replayable {
-    type Data = Bytes;
-    type Error = <RequestBody as Body>::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        if !this.started {
-            this.started = true;
-            this.inner = this.slot.lock().ok().and_then(|mut s| s.take());
-        }
-        match this.inner.as_mut() {
-            Some(body) => Pin::new(body).poll_frame(cx),
-            None => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match (&self.inner, self.started) {
-            (Some(body), _) => body.is_end_stream(),
-            (None, true) => true,
-            (None, false) => self
-                .slot
-                .lock()
-                .map(|s| s.as_ref().is_none_or(Body::is_end_stream))
-                .unwrap_or(true),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match (&self.inner, self.started) {
-            (Some(body), _) => body.size_hint(),
-            // hyper asks before the first frame: a declared length is sent as content-length.
-            (None, false) => self
-                .slot
-                .lock()
-                .ok()
-                .and_then(|s| s.as_ref().map(Body::size_hint))
-                .unwrap_or_default(),
-            (None, true) => SizeHint::with_exact(0),
-        }
-    }
-}
-
-/// A response body from an HTTP/2 upstream, trailers included.
+/// A response body from an HTTP/2 upstream: its DATA frames, then its trailers. Each frame's
+/// bytes are given back to the stream's window as the frame is taken, so the upstream sends no
+/// faster than the client reads.
 pub struct H2Body {
-    body: Incoming,
+    body: RecvStream,
+    data_done: bool,
+    length: Option<u64>,
     _guard: StreamGuard,
 }
 
 impl Body for H2Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = h2::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = &mut *self;
+        if !this.data_done {
+            match ready!(this.body.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.body.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+                None => this.data_done = true,
+            }
+        }
+        match ready!(this.body.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(err) => Poll::Ready(Some(Err(err))),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
@@ -415,7 +646,8 @@ impl Body for H2Body {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        self.length
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
@@ -461,6 +693,7 @@ mod tests {
             streams: AtomicUsize::new(streams),
             born,
             idle_since_ms: AtomicU64::new(idle_since_s * 1000),
+            closed: std::sync::atomic::AtomicBool::new(false),
         };
         let cases = [
             // (streams, idle since (s after birth, 100 s ago)) -> idle for 90 s

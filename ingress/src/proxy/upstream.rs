@@ -91,4 +91,8 @@ impl UpstreamError {
     pub fn from_hyper(err: hyper::Error) -> Self {
         UpstreamError::Protocol(crate::errors::chain(&err))
     }
+
+    pub fn from_h2(err: &h2::Error) -> Self {
+        UpstreamError::Protocol(crate::errors::chain(err))
+    }
 }
