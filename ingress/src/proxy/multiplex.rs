@@ -188,6 +188,9 @@ impl H2Pool {
                 }
             };
             let guard = StreamGuard(conn.in_flight.clone());
+            // Held by whoever waits for the response, then by its body: when they are gone
+            // (a timeout, the client left, the response ended), a body still being sent stops.
+            let (waiting, gone) = tokio::sync::oneshot::channel::<std::convert::Infallible>();
             let head = Request::from_parts(parts.clone(), ());
             // A connection that closed (a GOAWAY read, the peer gone) after it was picked and
             // before the request was handed to it sent nothing of it: as refused.
@@ -195,7 +198,7 @@ impl H2Pool {
                 Ok(mut sender) => match sender.send_request(head, end_stream) {
                     Ok((response, stream)) => {
                         if !end_stream {
-                            send_body(&slot, stream).await;
+                            send_body(&slot, stream, gone).await;
                         }
                         (response.await, true)
                     }
@@ -211,6 +214,7 @@ impl H2Pool {
                         data_done: false,
                         length,
                         _guard: guard,
+                        _waiting: waiting,
                     }));
                 }
                 Err(err) => {
@@ -372,7 +376,8 @@ impl H2Pool {
 
 /// Why a connection could not be opened.
 enum Opening {
-    /// The peer closed it cleanly (a GOAWAY) before answering the handshake: it read nothing.
+    /// The peer closed it before answering the handshake (a GOAWAY, or a close that crossed
+    /// the handshake's PING): no request was on it.
     WentAway,
     Failed(UpstreamError),
 }
@@ -381,7 +386,7 @@ impl Opening {
     fn into_upstream(self) -> UpstreamError {
         match self {
             Opening::WentAway => UpstreamError::Protocol(
-                "HTTP/2 handshake: the upstream closed the connection".into(),
+                "HTTP/2 handshake: the upstream closed the connection before answering".into(),
             ),
             Opening::Failed(error) => error,
         }
@@ -428,10 +433,16 @@ where
         Pinged::Answered => {
             let _ = opened.send(Ok(()));
         }
-        // Closed cleanly before answering: it went away (`None`); else how it failed.
+        // Closed before answering, cleanly (a GOAWAY) or under the PING (the peer's close
+        // crossing it): it went away (`None`). Else how it failed (not HTTP/2, say).
         Pinged::Ended(ended) => {
-            let _ = opened.send(Err(ended.clone().err()));
-            return ended;
+            let why = match &ended {
+                Ok(()) => None,
+                Err(Ended::Error(err)) if lost(err) => None,
+                Err(other) => Some(other.to_string()),
+            };
+            let _ = opened.send(Err(why));
+            return ended.map_err(|err| err.to_string());
         }
     }
     loop {
@@ -441,7 +452,7 @@ where
             () = pause => {}
         }
         if let Pinged::Ended(ended) = ping_once(connection, &mut ping).await {
-            return ended;
+            return ended.map_err(|err| err.to_string());
         }
     }
 }
@@ -449,7 +460,16 @@ where
 enum Pinged {
     Answered,
     /// The connection ended (or is ended for not answering).
-    Ended(Result<(), String>),
+    Ended(Result<(), Ended>),
+}
+
+/// Why a connection ended other than by closing cleanly.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("{0}")]
+    Error(h2::Error),
+    #[error("no PING answer within {PING_TIMEOUT:?}")]
+    Unanswered,
 }
 
 /// One PING, the connection driven meanwhile.
@@ -459,11 +479,11 @@ where
 {
     let pong = tokio::time::timeout(PING_TIMEOUT, ping.ping(h2::Ping::opaque()));
     tokio::select! {
-        ended = &mut *connection => Pinged::Ended(ended.map_err(|err| err.to_string())),
+        ended = &mut *connection => Pinged::Ended(ended.map_err(Ended::Error)),
         answered = pong => match answered {
             Ok(Ok(_)) => Pinged::Answered,
-            Ok(Err(err)) => Pinged::Ended(Err(err.to_string())),
-            Err(_) => Pinged::Ended(Err(format!("no PING answer within {PING_TIMEOUT:?}"))),
+            Ok(Err(err)) => Pinged::Ended(Err(Ended::Error(err))),
+            Err(_) => Pinged::Ended(Err(Ended::Unanswered)),
         },
     }
 }
@@ -471,11 +491,15 @@ where
 /// Sends the request body on `stream`: what is at hand now from this task, and the rest, if it
 /// is still coming, from a task of its own (the response may begin before the body ends, as a
 /// bidirectional gRPC stream's does).
-async fn send_body(slot: &Arc<Mutex<Option<RequestBody>>>, stream: SendStream<Bytes>) {
+async fn send_body(
+    slot: &Arc<Mutex<Option<RequestBody>>>,
+    stream: SendStream<Bytes>,
+    gone: tokio::sync::oneshot::Receiver<std::convert::Infallible>,
+) {
     let Some(body) = slot.lock().ok().and_then(|mut s| s.take()) else {
         return;
     };
-    let mut pump = Box::pin(pump_body(body, stream));
+    let mut pump = Box::pin(pump_body(body, stream, gone));
     // One poll here: a body already read (nearly every unary call) goes out without a task.
     let done = poll_fn(|cx| Poll::Ready(pump.as_mut().poll(cx).is_ready())).await;
     if !done {
@@ -483,10 +507,27 @@ async fn send_body(slot: &Arc<Mutex<Option<RequestBody>>>, stream: SendStream<By
     }
 }
 
+/// [`copy_body`], until the response's side is `gone` (nobody waits for the response any more,
+/// or its body was dropped): then the stream is reset, as the rest of the body would go nowhere.
+async fn pump_body(
+    body: RequestBody,
+    mut stream: SendStream<Bytes>,
+    gone: tokio::sync::oneshot::Receiver<std::convert::Infallible>,
+) {
+    let abandoned = tokio::select! {
+        biased;
+        () = copy_body(body, &mut stream) => false,
+        _ = gone => true,
+    };
+    if abandoned {
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+}
+
 /// Copies `body` into `stream` in step with the stream's send window, then ends it (with the
 /// body's trailers, if any). A body that fails (the client went away, `proxy-body-size`) resets
 /// the stream; a stream the upstream reset ends the copy.
-async fn pump_body(mut body: RequestBody, mut stream: SendStream<Bytes>) {
+async fn copy_body(mut body: RequestBody, stream: &mut SendStream<Bytes>) {
     loop {
         let frame = tokio::select! {
             biased;
@@ -520,11 +561,12 @@ async fn pump_body(mut body: RequestBody, mut stream: SendStream<Bytes>) {
             continue;
         }
         loop {
-            stream.reserve_capacity(data.len().max(1));
             let granted = if data.is_empty() {
                 0
             } else {
+                stream.reserve_capacity(data.len());
                 match poll_fn(|cx| stream.poll_capacity(cx)).await {
+                    Some(Ok(0)) => continue,
                     Some(Ok(n)) => n,
                     // The stream was reset or the connection closed.
                     _ => return,
@@ -613,6 +655,8 @@ pub struct H2Body {
     data_done: bool,
     length: Option<u64>,
     _guard: StreamGuard,
+    /// Dropped with the body: a request body still being sent stops (see [`pump_body`]).
+    _waiting: tokio::sync::oneshot::Sender<std::convert::Infallible>,
 }
 
 impl Body for H2Body {
