@@ -351,8 +351,7 @@ impl H2Pool {
     }
 
     fn forget(&self, key: &PoolKey, transport: &Transport, conn: &Conn) {
-        let closed = conn.in_flight.closed.load(Ordering::Relaxed)
-            || conn.sender.clone().poll_ready_now().is_err();
+        let closed = conn.in_flight.closed.load(Ordering::Relaxed) || closed_now(&conn.sender);
         if !closed {
             return;
         }
@@ -363,14 +362,6 @@ impl H2Pool {
                 .conns
                 .retain(|c| !Arc::ptr_eq(&c.in_flight, &conn.in_flight));
         }
-    }
-
-    /// Connections open now, for tests and metrics.
-    pub fn connection_count(&self) -> usize {
-        self.conns
-            .lock()
-            .map(|c| c.values().map(|e| e.conns.len()).sum())
-            .unwrap_or(0)
     }
 }
 
@@ -399,20 +390,10 @@ impl From<UpstreamError> for Opening {
     }
 }
 
-/// Whether a sender's connection is still usable, without waiting: an error means it failed
-/// or was told to go away.
-trait ReadyNow {
-    fn poll_ready_now(&mut self) -> Result<(), h2::Error>;
-}
-
-impl ReadyNow for SendRequest<Bytes> {
-    fn poll_ready_now(&mut self) -> Result<(), h2::Error> {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        match self.poll_ready(&mut cx) {
-            Poll::Ready(result) => result,
-            Poll::Pending => Ok(()),
-        }
-    }
+/// Whether a sender's connection failed or was told to go away, without waiting.
+fn closed_now(sender: &SendRequest<Bytes>) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    matches!(sender.clone().poll_ready(&mut cx), Poll::Ready(Err(_)))
 }
 
 /// Drives a connection. Its first PING tells `opened` that the peer speaks HTTP/2 and that its
