@@ -26,6 +26,7 @@ pub mod host;
 mod incremental;
 pub mod path;
 pub mod policy;
+pub mod prefix_shape;
 pub mod sni;
 pub mod sources;
 pub mod tls;

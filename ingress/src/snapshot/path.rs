@@ -18,12 +18,38 @@
 
 use regex::Regex;
 
+use super::prefix_shape::PrefixShape;
+
 /// How a rule matches, after validation.
 #[derive(Clone, Debug)]
 pub enum PathKind {
     Exact,
     Prefix,
-    Regex(Regex),
+    Regex(PathRegex),
+}
+
+/// A regex path: the compiled regex, and its shape when it has one of the few that are
+/// matched without the engine ([`PrefixShape`]).
+#[derive(Clone, Debug)]
+pub struct PathRegex {
+    regex: Regex,
+    shape: Option<PrefixShape>,
+}
+
+impl PathRegex {
+    fn new(regex: Regex, path: &str, case_insensitive: bool) -> PathRegex {
+        PathRegex {
+            regex,
+            shape: PrefixShape::of(path, case_insensitive),
+        }
+    }
+
+    pub fn is_match(&self, request_path: &str) -> bool {
+        self.shape
+            .as_ref()
+            .and_then(|shape| shape.is_match(request_path))
+            .unwrap_or_else(|| self.regex.is_match(request_path))
+    }
 }
 
 impl PathKind {
@@ -66,7 +92,7 @@ pub fn compile(path: &str, path_type: &str) -> Result<PathKind, PathError> {
         "ImplementationSpecific" => regex::RegexBuilder::new(&format!("^(?:{path})"))
             .size_limit(REGEX_SIZE_LIMIT)
             .build()
-            .map(PathKind::Regex)
+            .map(|regex| PathKind::Regex(PathRegex::new(regex, path, false)))
             .map_err(|e| PathError::Regex {
                 path: path.into(),
                 reason: e.to_string(),
@@ -80,7 +106,7 @@ pub fn compile_nginx_regex(path: &str) -> Result<PathKind, PathError> {
     regex::RegexBuilder::new(&format!("(?i)^{path}"))
         .size_limit(REGEX_SIZE_LIMIT)
         .build()
-        .map(PathKind::Regex)
+        .map(|regex| PathKind::Regex(PathRegex::new(regex, path, true)))
         .map_err(|e| PathError::Regex {
             path: path.into(),
             reason: e.to_string(),

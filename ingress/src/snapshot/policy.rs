@@ -50,6 +50,7 @@ use super::annotations::variables::Template as VarTemplate;
 use super::annotations::{Options, UrlRedirect};
 use super::backend::Backend;
 use super::client_auth::ClientAuth;
+use super::prefix_shape::PrefixShape;
 use super::sources::SourcePolicy;
 pub use super::upstream::{
     BackendProtocol, Balance, ClientIdentity, NextUpstream, ProtocolSource, TlsVersions,
@@ -225,6 +226,9 @@ pub struct Rewrite {
     pub pattern: Arc<str>,
     pub template: Arc<Template>,
     pub forwarded_prefix: Option<Arc<str>>,
+    /// The pattern's shape when it is one matched without the engine (nearly every rewrite:
+    /// ingress-nginx's recipe `/PREFIX(/|$)(.*)`).
+    pub shape: Option<PrefixShape>,
 }
 
 impl PartialEq for Rewrite {
@@ -263,6 +267,7 @@ impl Rewrite {
                     pattern: pattern.into(),
                     template: template.clone(),
                     forwarded_prefix: options.x_forwarded_prefix.clone(),
+                    shape: PrefixShape::of(path, true),
                 }),
         )
     }
@@ -276,7 +281,16 @@ impl Rewrite {
     /// way). So the anchored search goes first: it needs no reverse scan to find where the
     /// match starts, and it is the only search most requests make. Only when nothing matches
     /// at 0 does the unanchored search run.
+    ///
+    /// Before either, a pattern with a [`PrefixShape`] answers the anchored search without
+    /// the engine, wherever the shape can.
     pub fn apply(&self, path: &str) -> Option<String> {
+        if let Some(Some(groups)) = self.shape.as_ref().and_then(|s| s.captures(path)) {
+            return Some(self.template.expand(|n| {
+                let (start, end) = groups.get(n).copied().flatten()?;
+                path.get(start..end)
+            }));
+        }
         let mut slots = [None; REWRITE_SLOTS];
         let slots = &mut slots[..self.regex.group_info().slot_len().min(REWRITE_SLOTS)];
         let anchored = Input::new(path).anchored(Anchored::Yes);

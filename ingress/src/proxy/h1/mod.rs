@@ -391,7 +391,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                         && allowed(&forward.upgrades, u)
                 })
                 .map(<[u8]>::to_vec);
-            let key = forward.key.to_string();
             // The upstream span's context replaces the client's traceparent.
             let traced = match (&proxy.tracing, &mut trace) {
                 (Some(tracing), Some(trace)) => tracing.upstream(trace, &forward.key),
@@ -423,7 +422,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 )
                 .chain(traced.iter().map(|(n, v)| (*n, Some(v.as_bytes()))))
                 .collect();
-            let authority = req.authority.as_ref().map_or(key.as_str(), |a| a.raw);
+            // A request without an authority (HTTP/1.0 with no Host) names the upstream; the
+            // address is written out only then, as this runs for every request.
+            let key_text;
+            let authority = match &req.authority {
+                Some(a) => a.raw,
+                None => {
+                    key_text = forward.key.to_string();
+                    key_text.as_str()
+                }
+            };
             if forward.wire == Wire::Http2 {
                 bridged = Some(Box::new(bridge::Bridged::new(
                     &req,
