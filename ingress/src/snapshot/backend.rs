@@ -40,6 +40,9 @@ impl fmt::Display for PortRef {
 #[derive(Debug)]
 pub struct Endpoint {
     pub addr: SocketAddr,
+    /// `addr` as `Display` writes it, once: session affinity hashes it for every endpoint of
+    /// every new session.
+    addr_text: Box<str>,
     in_flight: AtomicU32,
     /// Exponentially weighted average time to the response head, in microseconds; 0 before
     /// the first sample.
@@ -50,9 +53,14 @@ impl Endpoint {
     pub fn new(addr: SocketAddr) -> Self {
         Self {
             addr,
+            addr_text: addr.to_string().into_boxed_str(),
             in_flight: AtomicU32::new(0),
             ewma_us: AtomicU64::new(0),
         }
+    }
+
+    pub fn addr_text(&self) -> &str {
+        &self.addr_text
     }
 
     pub fn in_flight(&self) -> u32 {

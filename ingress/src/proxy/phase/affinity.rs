@@ -16,7 +16,6 @@
 //!            (rendezvous over the subsets), a random member per request, retries within it
 //! ```
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -335,30 +334,12 @@ fn endpoint_key(endpoint: &Endpoint) -> [u8; 16] {
 }
 
 fn endpoint_hash(endpoint: &Endpoint) -> u64 {
-    addr_part(StableHasher::new(), &endpoint.addr).finish()
+    addr_part(StableHasher::new(), endpoint).finish()
 }
 
-/// `hasher` fed `addr` as its `Display` text: IPv4 (nearly every endpoint) written by hand,
-/// as rendezvous hashing does this for every endpoint of every new session.
-fn addr_part(hasher: StableHasher, addr: &SocketAddr) -> StableHasher {
-    let SocketAddr::V4(v4) = addr else {
-        return hasher.display_part(addr);
-    };
-    let mut numbers = itoa::Buffer::new();
-    let [a, b, c, d] = v4.ip().octets();
-    let mut text = [0u8; 21];
-    let mut len = 0;
-    for (i, piece) in [a, b, c, d].into_iter().enumerate() {
-        let digits = numbers.format(piece).as_bytes();
-        text[len..len + digits.len()].copy_from_slice(digits);
-        len += digits.len();
-        text[len] = if i < 3 { b'.' } else { b':' };
-        len += 1;
-    }
-    let port = numbers.format(v4.port()).as_bytes();
-    text[len..len + port.len()].copy_from_slice(port);
-    len += port.len();
-    hasher.part(&text[..len])
+/// `hasher` fed the endpoint's address as its `Display` text (made with the snapshot).
+fn addr_part(hasher: StableHasher, endpoint: &Endpoint) -> StableHasher {
+    hasher.part(endpoint.addr_text().as_bytes())
 }
 
 /// A persistent cookie key as the hash it spells: exactly what [`endpoint_key`] writes (16
@@ -378,7 +359,7 @@ fn rendezvous<'e>(endpoints: &'e [Arc<Endpoint>], key: &[u8]) -> Option<&'e Arc<
     let seeded = StableHasher::new().part(key);
     endpoints
         .iter()
-        .max_by_key(|e| addr_part(seeded, &e.addr).finish())
+        .max_by_key(|e| addr_part(seeded, e).finish())
 }
 
 /// The cookie, with ingress-nginx's attributes: `HttpOnly` always, `Secure` on HTTPS unless
@@ -429,6 +410,8 @@ fn set_cookie(
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use super::*;
 
     fn endpoints(n: u8) -> Vec<Arc<Endpoint>> {
@@ -698,7 +681,7 @@ mod tests {
             let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
             let seeded = StableHasher::new().part(b"key");
             assert_eq!(
-                addr_part(seeded, &addr).finish(),
+                addr_part(seeded, &Endpoint::new(addr)).finish(),
                 seeded.display_part(&addr).finish(),
                 "{addr}"
             );

@@ -33,8 +33,13 @@ pub(crate) fn check(cors: Option<&Cors>, method: &str, headers: &dyn RequestHead
     let Some(origin) = cors.allow_origin(headers.header("origin")) else {
         return Verdict::None;
     };
-    let Ok(origin) = HeaderValue::from_bytes(origin) else {
-        return Verdict::None;
+    let origin = if origin == b"*" {
+        HeaderValue::from_static("*")
+    } else {
+        match HeaderValue::from_bytes(origin) {
+            Ok(origin) => origin,
+            Err(_) => return Verdict::None,
+        }
     };
     // The rest was made with the snapshot; a clone shares its bytes.
     let mut set: SetHeaders = Vec::with_capacity(1 + cors.fixed.len());

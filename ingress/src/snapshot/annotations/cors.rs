@@ -38,7 +38,12 @@ pub struct Cors {
 pub enum Origins {
     /// `*` (the default).
     Any,
-    Matching(Regex),
+    /// A list: the regex of its entries, and the entries themselves when none has a `*`, so
+    /// the common case (a few exact origins) is a comparison per request, not a regex search.
+    Matching {
+        regex: Regex,
+        exact: Option<Box<[Box<[u8]>]>>,
+    },
     /// A list none of whose entries is a valid origin: nothing is allowed.
     Nothing,
 }
@@ -47,7 +52,7 @@ impl Origins {
     fn as_str(&self) -> &str {
         match self {
             Origins::Any => "*",
-            Origins::Matching(re) => re.as_str(),
+            Origins::Matching { regex, .. } => regex.as_str(),
             Origins::Nothing => "",
         }
     }
@@ -72,8 +77,15 @@ impl Cors {
     pub fn allow_origin<'a>(&self, origin: Option<&'a [u8]>) -> Option<&'a [u8]> {
         match &self.origins {
             Origins::Any => Some(b"*"),
-            Origins::Matching(re) => {
-                origin.filter(|o| std::str::from_utf8(o).is_ok_and(|o| re.is_match(o)))
+            // The entries are ASCII: on an ASCII Origin, ASCII case-insensitive equality is
+            // the regex's answer (only a non-ASCII Origin could match by Unicode case folding).
+            Origins::Matching {
+                exact: Some(exact), ..
+            } if origin.is_some_and(|o| o.is_ascii()) => {
+                origin.filter(|o| exact.iter().any(|e| e.eq_ignore_ascii_case(o)))
+            }
+            Origins::Matching { regex, .. } => {
+                origin.filter(|o| std::str::from_utf8(o).is_ok_and(|o| regex.is_match(o)))
             }
             Origins::Nothing => None,
         }
@@ -101,6 +113,7 @@ pub(super) fn parse(
     };
     if let Some((key, value)) = lookup(annotations, "cors-allow-origin") {
         let mut patterns = Vec::new();
+        let mut exact: Vec<Box<[u8]>> = Vec::new();
         let mut any = false;
         for origin in value.split(',').map(str::trim).filter(|o| !o.is_empty()) {
             if origin == "*" {
@@ -108,7 +121,10 @@ pub(super) fn parse(
                 break;
             }
             match origin_pattern(origin) {
-                Some(p) => patterns.push(p),
+                Some(p) => {
+                    patterns.push(p);
+                    exact.push(Box::from(origin.as_bytes()));
+                }
                 None => errors.push(format!(
                     "{key}: {origin:?} is not an origin (scheme://host[:port], the host may start with *.); it is left out"
                 )),
@@ -116,7 +132,11 @@ pub(super) fn parse(
         }
         if !any {
             cors.origins = match Regex::new(&format!("(?i)^(?:{})$", patterns.join("|"))) {
-                Ok(re) if !patterns.is_empty() => Origins::Matching(re),
+                Ok(regex) if !patterns.is_empty() => Origins::Matching {
+                    regex,
+                    exact: (!exact.iter().any(|e| e.contains(&b'*')))
+                        .then(|| exact.into_boxed_slice()),
+                },
                 _ => Origins::Nothing,
             };
         }
@@ -292,6 +312,17 @@ mod tests {
                 Some("http://a.example"),
                 None,
             ),
+            // A non-ASCII Origin is the regex's to judge: Unicode case folding (KELVIN SIGN).
+            (
+                Some("https://kiosk.example"),
+                Some("https://\u{212a}iosk.example"),
+                Some("https://\u{212a}iosk.example"),
+            ),
+            (
+                Some("https://kiosk.example"),
+                Some("https://kiosk.example."),
+                None,
+            ),
         ];
         for (allow, origin, want) in cases {
             let mut pairs = vec![on];
@@ -303,6 +334,11 @@ mod tests {
             let cors = cors.expect("enabled");
             let got = cors.allow_origin(origin.map(str::as_bytes));
             assert_eq!(got, want.map(str::as_bytes), "{allow:?} {origin:?}");
+            // An exact list answers as its regex does.
+            if let Origins::Matching { regex, .. } = &cors.origins {
+                let by_regex = origin.filter(|o| regex.is_match(o)).map(str::as_bytes);
+                assert_eq!(got, by_regex, "{allow:?} {origin:?}");
+            }
         }
     }
 
