@@ -67,6 +67,12 @@ pub fn run(bench: &Bench) -> Result<()> {
         ("ingress", INGRESS, POLICY, "/api/items"),
     ];
     let mut runs: Vec<Vec<wrk::Load>> = vec![Vec::new(); targets.len()];
+    // The proxy's CPU time in each measured slice: wrk and the upstream share CPU 1, and when
+    // it is full, requests/s also moves with what wrk spends reading the policy route's longer
+    // answers (its CORS headers and Set-Cookie); per proxy CPU-second it does not.
+    let mut cpu: Vec<Duration> = vec![Duration::ZERO; targets.len()];
+    // CPU 1's busy and total ticks in each target's slices: whether the load's core was full.
+    let mut load_core = vec![(0u64, 0u64); targets.len()];
     let warm = Duration::from_secs(1);
     for (_, port, host, path) in targets {
         let url = format!("http://127.0.0.1:{port}{path}");
@@ -79,7 +85,15 @@ pub fn run(bench: &Bench) -> Result<()> {
             let url = format!("http://127.0.0.1:{port}{path}");
             // Unmeasured: the caches become this target's (see `goal_slices`).
             wrk::run(&url, host, warm, bench.connections, Some(ORIGIN))?;
+            let proxy = if name == "nginx" { &nginx } else { &ingress };
+            let before = proxy.cpu_time()?;
+            let core_before = core_ticks(1);
             let load = wrk::run(&url, host, slice, bench.connections, Some(ORIGIN))?;
+            cpu[i] += proxy.cpu_time()?.saturating_sub(before);
+            if let (Some((b0, t0)), Some((b1, t1))) = (core_before, core_ticks(1)) {
+                load_core[i].0 += b1.saturating_sub(b0);
+                load_core[i].1 += t1.saturating_sub(t0);
+            }
             ensure!(
                 load.all_answered(),
                 "{name} {host}{path}: {} of {} answers were not 2xx ({} socket errors, {} of them timeouts)",
@@ -101,6 +115,11 @@ pub fn run(bench: &Bench) -> Result<()> {
         requests as f64 / seconds.max(f64::EPSILON)
     };
     let p99 = |i: usize| median(runs[i].iter().map(|l| l.p99_ms).collect());
+    // Requests per second of the proxy's own CPU, all slices together.
+    let per_cpu = |i: usize| {
+        let requests: u64 = runs[i].iter().map(|l| l.requests).sum();
+        requests as f64 / cpu[i].as_secs_f64().max(f64::EPSILON)
+    };
     writeln!(
         bench.report,
         "\n## Route policy: regex + rewrite-target + CORS + cookie affinity vs a plain route ({} connections, {} alternating slices of {:?})",
@@ -108,18 +127,19 @@ pub fn run(bench: &Bench) -> Result<()> {
     );
     writeln!(
         bench.report,
-        "{:<10} {:<8} {:>12} {:>10}",
-        "proxy", "route", "requests/s", "p99 ms"
+        "{:<10} {:<8} {:>12} {:>10} {:>22}",
+        "proxy", "route", "requests/s", "p99 ms", "requests per CPU-s"
     );
     for (i, (name, _, host, _)) in targets.into_iter().enumerate() {
         let route = if host == PLAIN { "plain" } else { "policy" };
         writeln!(
             bench.report,
-            "{:<10} {:<8} {:>12.0} {:>10.3}",
+            "{:<10} {:<8} {:>12.0} {:>10.3} {:>22.0}",
             name,
             route,
             rate(i),
-            p99(i)
+            p99(i),
+            per_cpu(i)
         );
     }
     // Each proxy's policy route against its plain route: all requests over all requests (the
@@ -144,6 +164,21 @@ pub fn run(bench: &Bench) -> Result<()> {
     );
     writeln!(
         bench.report,
+        "policy/plain requests per proxy CPU-second: nginx {:.2}x, ingress {:.2}x (the policy's cost to the proxy alone)",
+        per_cpu(1) / per_cpu(0).max(f64::EPSILON),
+        per_cpu(3) / per_cpu(2).max(f64::EPSILON)
+    );
+    let busy = |i: usize| 100.0 * load_core[i].0 as f64 / load_core[i].1.max(1) as f64;
+    writeln!(
+        bench.report,
+        "CPU 1 (wrk and the upstream) busy during the slices: nginx plain {:.0}%, policy {:.0}%; ingress plain {:.0}%, policy {:.0}%",
+        busy(0),
+        busy(1),
+        busy(2),
+        busy(3)
+    );
+    writeln!(
+        bench.report,
         "policy/plain slice by slice: nginx {}; ingress {}",
         spread(1, 0),
         spread(3, 2)
@@ -155,6 +190,23 @@ pub fn run(bench: &Bench) -> Result<()> {
         p99(3) / p99(1)
     );
     Ok(())
+}
+
+/// CPU `n`'s busy and total ticks since boot, from /proc/stat (busy: all but idle and iowait).
+fn core_ticks(n: usize) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let name = format!("cpu{n}");
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    Some((total.saturating_sub(idle), total))
 }
 
 /// The upstream: one nginx worker on CPU 1, on two ports (two endpoints to be sticky to).
