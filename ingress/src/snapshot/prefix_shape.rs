@@ -83,15 +83,14 @@ impl PrefixShape {
     /// Whether the pattern, anchored at the path's start, matches `path`; `None` when only the
     /// regex can say.
     pub fn is_match(&self, path: &str) -> Option<bool> {
-        match self.captures(path) {
-            Some(groups) => Some(groups.is_some()),
-            // Past the literal, nothing can make these shapes fail but a newline in `(.*)`,
-            // which cannot stop `(.*)` from matching the empty string: only the literal counts.
-            None if path.is_ascii() => Some(self.after_literal(path).is_some_and(|rest| {
-                self.tail != Tail::SlashOrEndRest || rest.is_empty() || rest.starts_with(b"/")
-            })),
-            None => None,
+        if !path.is_ascii() {
+            return None;
         }
+        // Past the literal only `(/|$)` can fail: `(.*)` matches the empty string, so a newline
+        // in the rest does not matter here.
+        Some(self.after_literal(path).is_some_and(|rest| {
+            self.tail != Tail::SlashOrEndRest || rest.is_empty() || rest.starts_with(b"/")
+        }))
     }
 
     /// The groups of the pattern's match anchored at the path's start: `Some(None)` when there
