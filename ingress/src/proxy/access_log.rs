@@ -119,8 +119,13 @@ impl Logged {
         let host = host.map(|host| keep(host.as_bytes()));
         let referer = referer.map(&mut keep);
         let user_agent = user_agent.map(&mut keep);
-        // Lossy, so that the field reads as a `str`; a usable id is printable ASCII anyway.
-        let request_id = keep(String::from_utf8_lossy(request_id).as_bytes());
+        // Lossy, so that the field reads as a `str`; a usable id is printable ASCII anyway, and
+        // ASCII (checked a word at a time) is kept as it is.
+        let request_id = if request_id.is_ascii() {
+            keep(request_id)
+        } else {
+            keep(String::from_utf8_lossy(request_id).as_bytes())
+        };
         let user = authorization.and_then(|value| basic_user(value, &mut text));
         Self {
             text,

@@ -95,6 +95,7 @@ pub fn init(args: &LogSettings) -> Result<Logging, TelemetryError> {
             }
         })?);
     }
+    crate::proxy::log_lines::widen_pipe(std::io::stdout());
     let (lines, guard) = LogLines::start(std::io::stdout()).map_err(TelemetryError::Writer)?;
     let general = |meta: &tracing::Metadata<'_>| meta.target() != ACCESS;
     let access_events = |meta: &tracing::Metadata<'_>| meta.target() == ACCESS;
