@@ -142,16 +142,16 @@ pub fn run(bench: &Bench) -> Result<()> {
             per_cpu(i)
         );
     }
-    // Each proxy's policy route against its plain route: all requests over all requests (the
-    // slices are of equal length), and the spread of the slice pairs' own ratios.
-    let total = |i: usize| runs[i].iter().map(|l| l.requests as f64).sum::<f64>();
-    let ratio = |policy: usize, plain: usize| total(policy) / total(plain).max(1.0);
+    // Each proxy's policy route against its plain route: the rates over all slices (wrk's own
+    // time, not the nominal slice: a `-d1s` run lasts 1.0 s or 1.1 s, as wrk checks its
+    // deadline on a 100 ms timer), and the spread of the slice pairs' own ratios.
+    let ratio = |policy: usize, plain: usize| rate(policy) / rate(plain).max(1.0);
     let spread = |policy: usize, plain: usize| {
         let [q1, q2, q3] = quartiles(
             runs[policy]
                 .iter()
                 .zip(&runs[plain])
-                .map(|(p, q)| p.requests as f64 / (q.requests as f64).max(1.0))
+                .map(|(p, q)| p.requests_per_sec / q.requests_per_sec.max(1.0))
                 .collect(),
         );
         format!("median {q2:.2}, middle half {q1:.2}-{q3:.2}")
