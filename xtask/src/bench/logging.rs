@@ -201,20 +201,16 @@ pub fn run(bench: &Bench) -> Result<()> {
         spread(3)
     );
     let together = side_by_side(bench, url, process)?;
-    let name = |k: usize| CONFIGS[k].0;
-    let against_off = |k: usize| {
-        let (requests, cpu) = together.total(k);
-        let (off_requests, off_cpu) = together.total(0);
-        (requests / cpu.max(0.001)) / (off_requests / off_cpu.max(0.001))
-    };
-    let compared: Vec<String> = SIDE_BY_SIDE[1..]
+    let compared: Vec<String> = SIDE_BY_SIDE
         .iter()
-        .map(|&k| {
+        .enumerate()
+        .skip(1)
+        .map(|(i, &k)| {
             format!(
                 "{} {:.3}x (rounds: {})",
-                name(k),
-                against_off(k),
-                spread_of(together.round_ratios(k))
+                CONFIGS[k].0,
+                together.against_off(i),
+                spread_of(together.round_ratios(i))
             )
         })
         .collect();
@@ -235,31 +231,38 @@ fn spread_of(ratios: Vec<f64>) -> String {
     format!("median {q2:.2}, middle half {q1:.2}-{q3:.2}")
 }
 
-/// The configurations [`side_by_side`] runs at once: "off", its twin, and the two access-log
-/// formats (the goal's).
+/// The configurations (indices into [`CONFIGS`]) that [`side_by_side`] runs at once: "off"
+/// first, its twin, and the two access-log formats (the goal's).
 const SIDE_BY_SIDE: [usize; 4] = [0, 1, 2, 3];
 
-/// What [`side_by_side`] measured: per round, each configuration's requests and CPU seconds.
+/// What [`side_by_side`] measured: per round, the requests and CPU seconds of each entry of
+/// [`SIDE_BY_SIDE`], in its order.
 struct Together {
     length: Duration,
     rounds: Vec<[(f64, f64); SIDE_BY_SIDE.len()]>,
 }
 
+/// Requests per CPU-second.
+fn per_cpu((requests, cpu): (f64, f64)) -> f64 {
+    requests / cpu.max(0.001)
+}
+
 impl Together {
-    fn total(&self, k: usize) -> (f64, f64) {
-        self.rounds
-            .iter()
-            .fold((0.0, 0.0), |(r, c), round| (r + round[k].0, c + round[k].1))
+    /// Entry `i`'s requests per CPU-second over all rounds against "off"'s (entry 0).
+    fn against_off(&self, i: usize) -> f64 {
+        let total = |i: usize| {
+            self.rounds
+                .iter()
+                .fold((0.0, 0.0), |(r, c), round| (r + round[i].0, c + round[i].1))
+        };
+        per_cpu(total(i)) / per_cpu(total(0)).max(f64::EPSILON)
     }
 
-    /// Round by round, configuration `k`'s requests per CPU-second against "off"'s.
-    fn round_ratios(&self, k: usize) -> Vec<f64> {
+    /// Round by round, entry `i`'s requests per CPU-second against "off"'s.
+    fn round_ratios(&self, i: usize) -> Vec<f64> {
         self.rounds
             .iter()
-            .map(|round| {
-                let per_cpu = |(requests, cpu): (f64, f64)| requests / cpu.max(0.001);
-                per_cpu(round[k]) / per_cpu(round[0]).max(f64::EPSILON)
-            })
+            .map(|round| per_cpu(round[i]) / per_cpu(round[0]).max(f64::EPSILON))
             .collect()
     }
 }
@@ -269,9 +272,9 @@ impl Together {
 /// "off" a second or two later; this machine's speed moves by up to 2x from one second to the
 /// next (in a local run the same configuration's slices ranged from 32k to 72k requests/s).
 /// Side by side, every configuration meets the same moments, and each one's requests per
-/// CPU-second of its own process is its cost per request at full load: its process always has
-/// work when the scheduler gives it the core. Two identical processes ("off", "off, again")
-/// come out within about 1% of each other this way.
+/// CPU-second of its own process is its cost per request with the core full (CPU 0 was 98%
+/// busy in a local run). Two identical processes ("off", "off, again") came out within about
+/// 1% of each other this way in local runs.
 fn side_by_side<'p>(
     bench: &Bench,
     url: impl Fn(usize) -> String,
