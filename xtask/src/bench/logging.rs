@@ -270,11 +270,11 @@ impl Together {
 /// The configurations of [`SIDE_BY_SIDE`] under load all at once: one wrk each on CPU 1, the
 /// processes sharing CPU 0. The slices above take turns, so a configuration is compared with
 /// "off" a second or two later; this machine's speed moves by up to 2x from one second to the
-/// next (in a local run the same configuration's slices ranged from 32k to 72k requests/s).
+/// next (in a local run the same configuration's slices ranged from 35k to 66k requests/s).
 /// Side by side, every configuration meets the same moments, and each one's requests per
 /// CPU-second of its own process is its cost per request with the core full (CPU 0 was 98%
-/// busy in a local run). Two identical processes ("off", "off, again") came out within about
-/// 1% of each other this way in local runs.
+/// busy in a local run). Two identical processes ("off", "off, again") came out at 0.98x to
+/// 1.01x of each other this way in 16 local runs.
 fn side_by_side<'p>(
     bench: &Bench,
     url: impl Fn(usize) -> String,
