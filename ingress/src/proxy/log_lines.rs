@@ -19,8 +19,8 @@
 //! nearly every line, and the context switches cost more than the lines; batches of 32 KiB
 //! instead of up to 256 KiB cost about 3% more proxy CPU per JSON line, and 40 ms and 512 KiB
 //! instead of 10 ms and 256 KiB 0.3% to 1% less in two runs, measured beside log-off
-//! processes running at the same time). The access log and the other log lines share the buffer, so they never interleave
-//! inside a line and keep their order. The other lines (warnings, errors, diagnostics: few, and
+//! processes running at the same time). The access log and the other log lines share the
+//! buffer, so they never interleave inside a line and keep their order. The other lines (warnings, errors, diagnostics: few, and
 //! read by people following the log) are pushed with [`LogLines::push_now`], which ends the
 //! linger: they and everything before them are written at once.
 //!
