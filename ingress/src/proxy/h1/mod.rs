@@ -103,6 +103,7 @@ where
         upstream_due: Deadline::new(),
         send_timeout: proxy.published.load().global.timeouts.send,
         meter: Meter::default(),
+        log_buffer: Vec::new(),
     };
     let mut stopped = pin!(stop.cancelled());
     let mut waiting_since = Instant::now();
@@ -145,6 +146,8 @@ struct Client<'a, IO> {
     send_timeout: Duration,
     /// The current request's sizes and upstream timings, for the access log.
     meter: Meter,
+    /// The last request's access-log buffer, for the next one's.
+    log_buffer: Vec<u8>,
 }
 
 // A request is moved through these once; boxing it would allocate once per request.
@@ -273,7 +276,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
                 .header("x-request-id")
                 .filter(|id| usable_request_id(id))
                 .unwrap_or(&fresh_id);
-            Logged::new(
+            Logged::new_in(
+                std::mem::take(&mut self.log_buffer),
                 req.method,
                 &req.target,
                 host,
@@ -648,6 +652,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Client<'_, IO> {
             },
             outcome: &outcome,
         });
+        if let Some(logged) = prepared.logged.take() {
+            self.log_buffer = logged.into_buffer();
+        }
         (keep_open && !ctx.close).then_some(finished)
     }
 
