@@ -95,7 +95,7 @@ pub fn init(args: &LogSettings) -> Result<Logging, TelemetryError> {
             }
         })?);
     }
-    crate::proxy::log_lines::widen_pipe(std::io::stdout());
+    let pipe = crate::proxy::log_lines::widen_pipe(std::io::stdout());
     let (lines, guard) = LogLines::start(std::io::stdout()).map_err(TelemetryError::Writer)?;
     let general = |meta: &tracing::Metadata<'_>| meta.target() != ACCESS;
     let access_events = |meta: &tracing::Metadata<'_>| meta.target() == ACCESS;
@@ -120,6 +120,11 @@ pub fn init(args: &LogSettings) -> Result<Logging, TelemetryError> {
         .with(vec![logs, access_lines])
         .try_init()
         .map_err(|_| TelemetryError::AlreadyInstalled)?;
+    // Said once logging is up, so an operator chasing log-writer wake-ups can see what took.
+    match pipe {
+        Some(size) => tracing::debug!(pipe_bytes = size, "stdout is a pipe"),
+        None => tracing::debug!("stdout is not a pipe; left as it is"),
+    }
     Ok(Logging {
         lines,
         access,

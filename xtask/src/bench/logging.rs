@@ -86,6 +86,21 @@ fn ensure_logged(bench: &Bench, k: usize, requests: u64) -> Result<()> {
     }
 }
 
+/// Every measured request was answered 2xx: a configuration that failed fast (a broken
+/// format, a refused route) would otherwise look cheap.
+fn ensure_answered(k: usize, load: &wrk::Load) -> Result<()> {
+    anyhow::ensure!(
+        load.all_answered(),
+        "{}: {} of {} answers were not 2xx ({} socket errors, {} of them timeouts)",
+        CONFIGS[k].0,
+        load.non_2xx,
+        load.requests,
+        load.socket_errors,
+        load.timeouts
+    );
+    Ok(())
+}
+
 /// One slice of one configuration: its load, and the CPU its process spent meanwhile.
 #[derive(Clone)]
 struct Slice {
@@ -133,6 +148,7 @@ pub fn run(bench: &Bench) -> Result<()> {
             let before = process(k).cpu_time()?;
             let load = wrk::run(&url(k), rig::HOST, slice, bench.connections, None)?;
             let cpu = process(k).cpu_time()?.saturating_sub(before);
+            ensure_answered(k, &load)?;
             runs[k].push(Slice { load, cpu });
         }
     }
@@ -311,6 +327,9 @@ fn side_by_side<'p>(
         let before = cpu()?;
         let loads = all_at_once(length)?;
         let after = cpu()?;
+        for (&k, load) in SIDE_BY_SIDE.iter().zip(&loads) {
+            ensure_answered(k, load)?;
+        }
         let mut round = [(0.0, 0.0); SIDE_BY_SIDE.len()];
         for (i, slot) in round.iter_mut().enumerate() {
             *slot = (
