@@ -55,8 +55,9 @@ pub enum AccessFormat {
 }
 
 /// What the access log keeps of a request from when it was read; made only when the access
-/// log is on. Every field's bytes sit in one buffer (one allocation per request, not one per
-/// field: at full load the allocator showed in the access log's cost).
+/// log is on. Every field's bytes sit in one buffer, not one per field, and an HTTP/1.x
+/// connection hands that buffer on to its next request (at full load the allocator showed in
+/// the access log's cost).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Logged {
     text: Vec<u8>,
